@@ -1,0 +1,171 @@
+"""The solver interface, the selection it returns, and the registry.
+
+Every solver maximises, over ancestor-closed subtrees S of an instance's draft tree,
+
+* ratio mode (default): the predicted throughput ``A(S) / T(S)`` (SPECFIT.md §3), or
+* rate mode: ``A(S) - λ T(S)`` for a given long-run rate λ (SPECFIT.md §3, "per-cycle ratio vs
+  long-run rate": the policy that maximises long-run sum A / sum T solves this each cycle with
+  λ the long-run rate),
+
+subject to the instance's optional budgets ``max_nodes`` and ``max_new_experts_per_layer``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+from specfit.errors import SpecFitInputError
+from specfit.instance import Instance
+from specfit.objective import evaluate
+
+#: Solver statuses. ``optimal``: proven optimal; ``feasible``: a valid selection, optimality not
+#: proven (e.g. a time limit hit); ``heuristic``: a baseline that makes no optimality claim.
+STATUSES = ("optimal", "feasible", "heuristic")
+
+
+@dataclass(frozen=True)
+class Selection:
+    """A selected subtree and its predicted value.
+
+    Attributes
+    ----------
+    solver : str
+    nodes : tuple of int
+        Sorted node ids, root (0) included; ancestor-closed.
+    expected_tokens : float
+        A(S), tokens per cycle.
+    predicted_ms : float
+        T(S), ms per cycle.
+    throughput : float
+        ``1000 * A / T``, tokens/s.
+    solve_ms : float
+        Wall-clock time of the solve in ms.
+    status : str
+        One of :data:`STATUSES`.
+    mode : str
+        ``"ratio"`` or ``"rate"``.
+    rate : float or None
+        λ in tokens/s in rate mode.
+    """
+
+    solver: str
+    nodes: tuple[int, ...]
+    expected_tokens: float
+    predicted_ms: float
+    throughput: float
+    solve_ms: float
+    status: str
+    mode: str = "ratio"
+    rate: float | None = None
+
+    @property
+    def objective(self) -> float:
+        """The maximised value: tokens/s in ratio mode, ``A - (rate/1000) T`` (tokens) in rate mode."""
+        if self.mode == "rate":
+            return self.expected_tokens - self.rate / 1000.0 * self.predicted_ms
+        return self.throughput
+
+    def to_json(self) -> dict:
+        """The selection JSON object of SPECFIT.md §4 (plus ``status``, ``mode`` and ``rate``)."""
+        out = {"solver": self.solver, "nodes": list(self.nodes), "expected_tokens": self.expected_tokens,
+               "predicted_ms": self.predicted_ms, "throughput": self.throughput, "solve_ms": self.solve_ms,
+               "status": self.status, "mode": self.mode}
+        if self.mode == "rate":
+            out["rate"] = self.rate
+        return out
+
+
+def check_rate(rate: float | None) -> float | None:
+    """Validate a long-run rate in tokens/s (None = ratio mode).
+
+    Raises
+    ------
+    SpecFitInputError
+        If the rate is negative, NaN or infinite.
+    """
+    if rate is None:
+        return None
+    r = float(rate)
+    if not (r >= 0.0 and r != float("inf")):
+        raise SpecFitInputError("rate", f"must be a finite number >= 0 (tokens/s), got {rate!r}")
+    return r
+
+
+class Solver:
+    """Base class: subclasses set ``name`` and ``exact`` and implement :meth:`select`.
+
+    ``select(instance, rate)`` returns ``(nodes, status)``; :meth:`solve` times it, evaluates
+    the objective and returns a :class:`Selection`.
+    """
+
+    name = "base"
+    #: True iff the solver proves optimality (then it is checked against CP-SAT and brute force).
+    exact = False
+
+    def select(self, instance: Instance, rate: float | None) -> tuple[Sequence[int], str]:
+        raise NotImplementedError
+
+    def solve(self, instance: Instance, rate: float | None = None) -> Selection:
+        """Select a subtree of ``instance``.
+
+        Parameters
+        ----------
+        instance : Instance
+        rate : float, optional
+            Long-run rate λ in tokens/s: maximise ``A - (λ/1000) T`` instead of ``A / T``.
+
+        Returns
+        -------
+        Selection
+
+        Raises
+        ------
+        SpecFitInputError
+            If ``rate`` is negative or not finite.
+        """
+        rate = check_rate(rate)
+        t0 = time.perf_counter()
+        nodes, status = self.select(instance, rate)
+        solve_ms = (time.perf_counter() - t0) * 1e3
+        ev = evaluate(instance, nodes)
+        return Selection(self.name, ev.nodes, ev.expected_tokens, ev.predicted_ms, ev.throughput, solve_ms, status,
+                         "ratio" if rate is None else "rate", rate)
+
+
+#: name -> "module:class". Import happens on first use so that one solver's dependencies
+#: (OR-Tools for cpsat) do not load for another.
+_REGISTRY = {
+    "exact": "solvers.exact:ExactSolver",
+    "cpsat": "solvers.cpsat:CPSATSolver",
+    "eagle": "solvers.greedy:EagleSolver",
+    "scan": "solvers.greedy:ScanSolver",
+    "greedy": "solvers.greedy:GreedySolver",
+    "bruteforce": "solvers.bruteforce:BruteForceSolver",
+}
+
+
+def available_solvers() -> list[str]:
+    """Names accepted by :func:`get_solver`."""
+    return sorted(_REGISTRY)
+
+
+def get_solver(name: str, **options) -> Solver:
+    """Instantiate the solver registered as ``name`` with keyword ``options``.
+
+    Raises
+    ------
+    SpecFitInputError
+        If ``name`` is unknown, or an option is not accepted by that solver.
+    """
+    try:
+        module, cls = _REGISTRY[name].split(":")
+    except KeyError:
+        raise SpecFitInputError("solver", f"unknown solver {name!r}; known: {', '.join(available_solvers())}") from None
+    klass = getattr(importlib.import_module(module), cls)
+    try:
+        return klass(**options)
+    except TypeError as exc:
+        raise SpecFitInputError("solver", f"{name} does not accept these options: {exc}") from None

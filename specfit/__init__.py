@@ -1,0 +1,3 @@
+"""SpecFit: throughput-optimal speculative decoding for MoE models with offloaded experts."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,5 @@
+import sys
+
+from specfit.cli import main
+
+sys.exit(main())

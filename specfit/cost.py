@@ -1,0 +1,225 @@
+"""The cycle-time cost model, named hardware profiles, and calibration from measured cycles.
+
+The model (SPECFIT.md §3) predicts the time of one verify cycle that verifies the node set S:
+
+    T(S) = fixed_ms + per_node_ms * |S| + sum_l per_expert_ms[l] * |(union_{v in S} E[v][l]) \\ C[l]|
+
+where ``E[v][l]`` are the experts node v routes to in MoE layer l and ``C[l]`` the experts already
+resident in the device expert cache. ``|S|`` counts the root.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from specfit.errors import SpecFitInputError
+
+#: Bytes of one Qwen3-30B-A3B expert in bf16: (gate, up, down) = 3 * 2048 * 768 params * 2 bytes.
+QWEN3_30B_A3B_EXPERT_BYTES = 9_437_184
+
+
+def _check_ms(name: str, value) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise SpecFitInputError(name, f"must be a number (ms), got {value!r}") from None
+    if not math.isfinite(v):
+        raise SpecFitInputError(name, "must be finite")
+    if v < 0:
+        raise SpecFitInputError(name, f"must be >= 0 (a duration in ms), got {v}")
+    return v
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Constants of the cycle-time model, in milliseconds.
+
+    Parameters
+    ----------
+    fixed_ms : float
+        Time of a verify forward that does not depend on the tree (dense weights, launch overhead).
+    per_node_ms : float
+        Extra time per verified node (root included).
+    per_expert_ms : float or sequence of float
+        H2D transfer time of one uncached expert; one number, or one per MoE layer.
+    name : str
+        A label, e.g. the profile name; informational.
+
+    Raises
+    ------
+    SpecFitInputError
+        If any constant is negative, NaN or infinite.
+    """
+
+    fixed_ms: float
+    per_node_ms: float
+    per_expert_ms: float | tuple[float, ...]
+    name: str = field(default="custom", compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "fixed_ms", _check_ms("cost.fixed_ms", self.fixed_ms))
+        object.__setattr__(self, "per_node_ms", _check_ms("cost.per_node_ms", self.per_node_ms))
+        pe = self.per_expert_ms
+        if isinstance(pe, (list, tuple, np.ndarray)):
+            if len(pe) == 0:
+                raise SpecFitInputError("cost.per_expert_ms", "a per-layer list must not be empty")
+            pe = tuple(_check_ms(f"cost.per_expert_ms[{i}]", x) for i, x in enumerate(pe))
+        else:
+            pe = _check_ms("cost.per_expert_ms", pe)
+        object.__setattr__(self, "per_expert_ms", pe)
+        if self.fixed_ms + self.per_node_ms <= 0:
+            raise SpecFitInputError("cost.fixed_ms", "fixed_ms + per_node_ms must be > 0 so that every cycle takes time")
+
+    def per_expert_array(self, num_layers: int) -> np.ndarray:
+        """``per_expert_ms`` as float64 of shape (num_layers,).
+
+        Raises
+        ------
+        SpecFitInputError
+            If a per-layer list does not have ``num_layers`` entries.
+        """
+        if isinstance(self.per_expert_ms, tuple):
+            if len(self.per_expert_ms) != num_layers:
+                raise SpecFitInputError("cost.per_expert_ms", f"has {len(self.per_expert_ms)} entries but the "
+                                        f"instance has {num_layers} MoE layers")
+            return np.asarray(self.per_expert_ms, dtype=np.float64)
+        return np.full(num_layers, float(self.per_expert_ms))
+
+    def cycle_ms(self, num_nodes: int, new_experts_per_layer: Sequence[int] | np.ndarray) -> float:
+        """Predicted cycle time in ms for ``num_nodes`` verified nodes (root included) and the
+        given count of uncached experts per layer, shape (L,). SPECFIT.md §3, T(S)."""
+        m = np.asarray(new_experts_per_layer, dtype=np.float64)
+        return self.fixed_ms + self.per_node_ms * num_nodes + float(self.per_expert_array(m.shape[0]) @ m)
+
+    def to_json(self) -> dict:
+        """The ``cost`` object of the instance JSON (SPECFIT.md §4)."""
+        pe = list(self.per_expert_ms) if isinstance(self.per_expert_ms, tuple) else self.per_expert_ms
+        return {"fixed_ms": self.fixed_ms, "per_node_ms": self.per_node_ms, "per_expert_ms": pe}
+
+    @classmethod
+    def from_json(cls, obj, name: str = "custom") -> "CostModel":
+        """Build from the instance JSON's ``cost`` object.
+
+        Raises
+        ------
+        SpecFitInputError
+            If ``obj`` is not an object, a key is missing or unknown, or a value is bad.
+        """
+        if not isinstance(obj, dict):
+            raise SpecFitInputError("cost", "must be an object with fixed_ms, per_node_ms, per_expert_ms")
+        keys = {"fixed_ms", "per_node_ms", "per_expert_ms"}
+        for k in keys:
+            if k not in obj:
+                raise SpecFitInputError(f"cost.{k}", "is required")
+        extra = set(obj) - keys
+        if extra:
+            raise SpecFitInputError(f"cost.{sorted(extra)[0]}", "is not a known cost field")
+        return cls(obj["fixed_ms"], obj["per_node_ms"], obj["per_expert_ms"], name=name)
+
+
+def _h2d_ms(expert_bytes: int, gb_per_s: float) -> float:
+    """Milliseconds to copy ``expert_bytes`` host-to-device at ``gb_per_s`` (1 GB = 1e9 bytes)."""
+    return expert_bytes / (gb_per_s * 1e9) * 1e3
+
+
+#: Named hardware profiles for Qwen3-30B-A3B (datasheet-derived, not measured here).
+#:
+#: ``qwen3-30b-a3b-pcie4`` — a 24 GB consumer GPU (RTX 4090 class) on PCIe Gen4 x16. H2D: pinned
+#: copies achieve 22-26 GB/s (SPECFIT.md §5); at 24 GB/s one 9,437,184-byte expert takes 0.393 ms.
+#: fixed_ms: the ~3.1 GB of non-expert weights read once per forward at ~1 TB/s (~3.1 ms) plus
+#: ~48 layers of attention/router/norm kernel launches (~3 ms in eager PyTorch) ≈ 6 ms.
+#: per_node_ms: attention + expert FLOPs per extra verified token (3.3 B active params, 6.6 GFLOP
+#: per token at ~80 dense TFLOP/s effective ≈ 0.08 ms) ≈ 0.1 ms.
+#:
+#: ``qwen3-30b-a3b-h200`` — an H200 on PCIe Gen5 x16: pinned copies achieve 45-55 GB/s
+#: (SPECFIT.md §5); at 50 GB/s one expert takes 0.189 ms. fixed_ms: 3.1 GB at ~4.3 TB/s (~0.7 ms)
+#: plus launches (~2.3 ms) ≈ 3 ms; per_node_ms ≈ 0.03 ms (~790 bf16 TFLOP/s peak, ~25% achieved).
+PROFILES: dict[str, CostModel] = {
+    "qwen3-30b-a3b-pcie4": CostModel(6.0, 0.1, round(_h2d_ms(QWEN3_30B_A3B_EXPERT_BYTES, 24.0), 4),
+                                     name="qwen3-30b-a3b-pcie4"),
+    "qwen3-30b-a3b-h200": CostModel(3.0, 0.03, round(_h2d_ms(QWEN3_30B_A3B_EXPERT_BYTES, 50.0), 4),
+                                    name="qwen3-30b-a3b-h200"),
+}
+
+#: The profile the evaluation uses unless told otherwise (the consumer-GPU deployment).
+DEFAULT_PROFILE = "qwen3-30b-a3b-pcie4"
+
+
+def get_profile(name: str) -> CostModel:
+    """Return the named hardware profile (see :data:`PROFILES` for the sources of each number).
+
+    Raises
+    ------
+    SpecFitInputError
+        If ``name`` is not a known profile.
+    """
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise SpecFitInputError("profile", f"unknown profile {name!r}; known: {', '.join(sorted(PROFILES))}") from None
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Result of :func:`calibrate`: the fitted model and how well it fits.
+
+    ``rmse_ms`` is the root-mean-square residual in ms, ``rel_residual`` is ``||r|| / ||y||``.
+    """
+
+    cost: CostModel
+    rmse_ms: float
+    rel_residual: float
+    num_records: int
+
+
+def calibrate(num_nodes: Sequence[int], misses_per_layer, measured_ms: Sequence[float], *,
+              per_layer: bool = False, name: str = "calibrated") -> Calibration:
+    """Fit ``fixed_ms``, ``per_node_ms`` and ``per_expert_ms`` by non-negative least squares.
+
+    Parameters
+    ----------
+    num_nodes : sequence of int, shape (R,)
+        Nodes verified in each measured cycle (root included).
+    misses_per_layer : array-like of int, shape (R, L)
+        Uncached experts transferred in each layer of each cycle.
+    measured_ms : sequence of float, shape (R,)
+        Measured cycle time in ms.
+    per_layer : bool
+        Fit one ``per_expert_ms`` per layer (needs R >= L + 2) instead of one shared constant.
+
+    Returns
+    -------
+    Calibration
+
+    Raises
+    ------
+    SpecFitInputError
+        On mismatched lengths, fewer records than unknowns, or negative/NaN measurements.
+
+    References
+    ----------
+    Lawson & Hanson, *Solving Least Squares Problems* (1974), ch. 23 (NNLS), via
+    ``scipy.optimize.nnls``.
+    """
+    from scipy.optimize import nnls
+
+    nodes = np.asarray(num_nodes, dtype=np.float64)
+    miss = np.asarray(misses_per_layer, dtype=np.float64)
+    y = np.asarray(measured_ms, dtype=np.float64)
+    if miss.ndim != 2 or miss.shape[0] != nodes.shape[0] or y.shape != nodes.shape:
+        raise SpecFitInputError("misses_per_layer", "must have shape (R, L) with R = len(num_nodes) = len(measured_ms)")
+    if not np.all(np.isfinite(y)) or np.any(y < 0):
+        raise SpecFitInputError("measured_ms", "must be finite and >= 0")
+    cols = [np.ones_like(nodes), nodes] + ([miss[:, l] for l in range(miss.shape[1])] if per_layer else [miss.sum(1)])
+    a = np.stack(cols, axis=1)
+    if a.shape[0] < a.shape[1]:
+        raise SpecFitInputError("measured_ms", f"need at least {a.shape[1]} cycle records, got {a.shape[0]}")
+    x, rnorm = nnls(a, y)
+    pe = tuple(float(v) for v in x[2:]) if per_layer else float(x[2])
+    cost = CostModel(float(x[0]), float(x[1]), pe, name=name)
+    ynorm = float(np.linalg.norm(y))
+    return Calibration(cost, float(rnorm / math.sqrt(len(y))), float(rnorm / ynorm) if ynorm else 0.0, len(y))

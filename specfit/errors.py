@@ -1,0 +1,23 @@
+"""Errors raised for bad input: every message names the field and the rule it broke."""
+
+from __future__ import annotations
+
+
+class SpecFitInputError(ValueError):
+    """Bad input to SpecFit.
+
+    Parameters
+    ----------
+    field : str
+        The offending field, in the vocabulary of the instance JSON (``parents``, ``path_prob``,
+        ``experts``, ``cost.per_expert_ms``, ...).
+    rule : str
+        The rule it broke, as a short sentence.
+
+    The message is ``"<field>: <rule>"`` so that the command line can print it as one line.
+    """
+
+    def __init__(self, field: str, rule: str):
+        self.field = field
+        self.rule = rule
+        super().__init__(f"{field}: {rule}")

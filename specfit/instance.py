@@ -1,0 +1,227 @@
+"""One selection problem: a draft tree with predicted experts, the expert cache, the cost model and
+optional budgets; and its JSON form (SPECFIT.md §4, a MUST contract)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+
+from specfit.cost import CostModel
+from specfit.errors import SpecFitInputError
+from specfit.tree import DraftTree
+
+_REQUIRED = ("parents", "path_prob", "num_experts", "experts", "cost")
+_OPTIONAL = ("cache", "max_nodes", "max_new_experts_per_layer", "tokens")
+
+
+def _check_budget(name: str, value) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) and not (
+            isinstance(value, float) and value.is_integer()):
+        raise SpecFitInputError(name, f"must be an integer or null, got {value!r}")
+    if value < 0:
+        raise SpecFitInputError(name, f"must be >= 0, got {value}")
+    return int(value)
+
+
+@dataclass(frozen=True, eq=False)
+class Instance:
+    """A subtree-selection instance.
+
+    Parameters
+    ----------
+    tree : DraftTree
+        The draft tree; ``tree.experts`` (shape (n, L, k)) are the predicted experts. A tree
+        without experts has no expert term (L = 0).
+    cost : CostModel
+        Constants of T(S) in ms.
+    cache : numpy.ndarray of bool, shape (L, num_experts), optional
+        ``cache[l, e]`` is True iff expert e of layer l is resident on the device.
+    max_nodes : int, optional
+        Budget on |S| (root included).
+    max_new_experts_per_layer : int, optional
+        Budget on uncached experts per layer.
+
+    Raises
+    ------
+    SpecFitInputError
+        If the cache shape does not match the tree, or a budget cannot hold even the root
+        ("infeasible budget").
+    """
+
+    tree: DraftTree
+    cost: CostModel
+    cache: np.ndarray | None = None
+    max_nodes: int | None = None
+    max_new_experts_per_layer: int | None = None
+
+    def __post_init__(self):
+        L, E = self.num_layers, self.num_experts
+        if self.cache is None:
+            object.__setattr__(self, "cache", np.zeros((L, E), dtype=bool))
+        elif self.cache.shape != (L, E):
+            raise SpecFitInputError("cache", f"must have shape (layers={L}, num_experts={E}), got {self.cache.shape}")
+        object.__setattr__(self, "max_nodes", _check_budget("max_nodes", self.max_nodes))
+        object.__setattr__(self, "max_new_experts_per_layer",
+                           _check_budget("max_new_experts_per_layer", self.max_new_experts_per_layer))
+        self.cost.per_expert_array(L)  # validates a per-layer list against L
+        if self.max_nodes is not None and self.max_nodes < 1:
+            raise SpecFitInputError("max_nodes", "infeasible budget: the root is always verified, so max_nodes must be >= 1")
+        if self.max_new_experts_per_layer is not None and L:
+            root_new = self.new_experts_per_layer([0])
+            if root_new.max() > self.max_new_experts_per_layer:
+                l = int(root_new.argmax())
+                raise SpecFitInputError("max_new_experts_per_layer",
+                                        f"infeasible budget: the root alone needs {int(root_new[l])} uncached experts in "
+                                        f"layer {l}, more than {self.max_new_experts_per_layer}")
+
+    # --- shape ------------------------------------------------------------------------------
+    @property
+    def n(self) -> int:
+        return self.tree.n
+
+    @property
+    def num_layers(self) -> int:
+        return self.tree.num_layers
+
+    @property
+    def num_experts(self) -> int:
+        return self.tree.num_experts or 0
+
+    @property
+    def has_budget(self) -> bool:
+        return self.max_nodes is not None or self.max_new_experts_per_layer is not None
+
+    # --- items: (layer, expert) pairs a node needs and the cache lacks ------------------------
+    @cached_property
+    def node_items(self) -> list[np.ndarray]:
+        """``node_items[v]``: sorted unique item ids ``l * num_experts + e`` that node v needs and
+        the cache lacks (int64 arrays)."""
+        if self.num_layers == 0:
+            return [np.zeros(0, dtype=np.int64) for _ in range(self.n)]
+        E = self.num_experts
+        ids = self.tree.experts + (np.arange(self.num_layers, dtype=np.int64) * E)[None, :, None]
+        flat_cache = self.cache.reshape(-1)
+        out = []
+        for v in range(self.n):
+            u = np.unique(ids[v])
+            out.append(u[~flat_cache[u]])
+        return out
+
+    @cached_property
+    def item_weight(self) -> np.ndarray:
+        """Transfer time of each item id in ms, float64 of shape (L * num_experts,)."""
+        return np.repeat(self.cost.per_expert_array(self.num_layers), self.num_experts)
+
+    def new_experts_per_layer(self, nodes) -> np.ndarray:
+        """``|(union_{v in nodes} E[v][l]) \\ C[l]|`` for each layer l; int64 of shape (L,)."""
+        L = self.num_layers
+        if L == 0:
+            return np.zeros(0, dtype=np.int64)
+        items = np.unique(np.concatenate([self.node_items[int(v)] for v in nodes]))
+        return np.bincount(items // self.num_experts, minlength=L).astype(np.int64)
+
+    # --- JSON ---------------------------------------------------------------------------------
+    @classmethod
+    def from_json(cls, obj) -> "Instance":
+        """Build from the instance JSON object of SPECFIT.md §4.
+
+        Raises
+        ------
+        SpecFitInputError
+            Naming the field and rule: missing or unknown field, cycle / parent not before its
+            child, probability outside [0, 1] or NaN, ragged layers, expert id out of range,
+            negative cost, infeasible budget.
+        """
+        if not isinstance(obj, dict):
+            raise SpecFitInputError("instance", "must be a JSON object")
+        for k in _REQUIRED:
+            if k not in obj:
+                raise SpecFitInputError(k, "is required")
+        for k in obj:
+            if k not in _REQUIRED and k not in _OPTIONAL:
+                raise SpecFitInputError(k, "is not a known instance field")
+        ne = obj["num_experts"]
+        if isinstance(ne, bool) or not isinstance(ne, int) or ne < 1:
+            raise SpecFitInputError("num_experts", f"must be an integer >= 1, got {ne!r}")
+        experts = obj["experts"]
+        if not isinstance(experts, list):
+            raise SpecFitInputError("experts", "must be a list (one entry per node) of lists (one per layer) of ids")
+        n_layers = len(experts[0]) if experts and isinstance(experts[0], list) else 0
+        k = len(experts[0][0]) if n_layers and isinstance(experts[0][0], list) else 0
+        for v, per_node in enumerate(experts):
+            if not isinstance(per_node, list) or len(per_node) != n_layers:
+                raise SpecFitInputError(f"experts[{v}]", f"ragged layers: expected {n_layers} layer lists like experts[0]")
+            for l, ids in enumerate(per_node):
+                if not isinstance(ids, list) or len(ids) != k:
+                    raise SpecFitInputError(f"experts[{v}][{l}]", f"ragged layers: expected a list of {k} expert ids "
+                                            "like experts[0][0]")
+        arr = np.asarray(experts) if k else np.zeros((len(experts), n_layers, 0), dtype=np.int64)
+        tree = DraftTree(obj["parents"], path_prob=obj["path_prob"], tokens=obj.get("tokens"), experts=arr,
+                         num_experts=ne)
+        cost = CostModel.from_json(obj["cost"])
+        cache = None
+        if obj.get("cache") is not None:
+            raw = obj["cache"]
+            if not isinstance(raw, list) or len(raw) != tree.num_layers:
+                raise SpecFitInputError("cache", f"must be a list with one list of expert ids per layer ({tree.num_layers})")
+            cache = np.zeros((tree.num_layers, ne), dtype=bool)
+            for l, ids in enumerate(raw):
+                if not isinstance(ids, list) or not all(isinstance(e, int) and not isinstance(e, bool) for e in ids):
+                    raise SpecFitInputError(f"cache[{l}]", "must be a list of integer expert ids")
+                bad = [e for e in ids if not 0 <= e < ne]
+                if bad:
+                    raise SpecFitInputError(f"cache[{l}]", f"expert id {bad[0]} is out of range [0, {ne})")
+                cache[l, ids] = True
+        return cls(tree, cost, cache, obj.get("max_nodes"), obj.get("max_new_experts_per_layer"))
+
+    def to_json(self) -> dict:
+        """The instance JSON object (SPECFIT.md §4); ``Instance.from_json(x.to_json())`` round-trips."""
+        t = self.tree
+        obj = {
+            "parents": t.parents.tolist(),
+            "path_prob": t.path_prob.tolist(),
+            "num_experts": self.num_experts,
+            "experts": t.experts.tolist() if t.experts is not None else [[] for _ in range(t.n)],
+            "cache": [np.flatnonzero(row).tolist() for row in self.cache],
+            "cost": self.cost.to_json(),
+            "max_nodes": self.max_nodes,
+            "max_new_experts_per_layer": self.max_new_experts_per_layer,
+        }
+        if t.tokens is not None:
+            obj["tokens"] = t.tokens.tolist()
+        return obj
+
+
+def load_instance(path: str | Path) -> Instance:
+    """Read an instance JSON file.
+
+    Raises
+    ------
+    SpecFitInputError
+        If the file is missing or not valid JSON (field ``instance``), or the content is invalid.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise SpecFitInputError("instance", f"cannot read {p}: {exc.strerror}") from None
+    try:
+        obj = json.loads(text, parse_constant=lambda c: float("nan"))
+    except json.JSONDecodeError as exc:
+        raise SpecFitInputError("instance", f"{p} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    return Instance.from_json(obj)
+
+
+def save_instance(instance: Instance, path: str | Path) -> None:
+    """Write an instance JSON file atomically (temporary file, then rename)."""
+    p = Path(path)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(json.dumps(instance.to_json()))
+    tmp.replace(p)
+

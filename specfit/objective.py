@@ -1,0 +1,84 @@
+"""The throughput objective of SPECFIT.md §3 evaluated on a node set.
+
+    A(S) = 1 + sum_{v in S, v != root} P_v                      expected committed tokens
+    T(S) = fixed_ms + per_node_ms |S| + sum_l per_expert_ms[l] |(U_{v in S} E[v][l]) \\ C[l]|
+    throughput = 1000 * A(S) / T(S)                             tokens/s
+
+A(S) is the expected number of committed tokens (accepted draft tokens + the bonus token) by
+linearity of expectation over the nodes of S, assuming Pr[v accepted] = P_v (the calibration
+assumption of EAGLE-2, Li et al. 2024, §3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+import numpy as np
+
+from specfit.errors import SpecFitInputError
+from specfit.instance import Instance
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """The objective's terms for one node set.
+
+    ``expected_tokens`` (tokens per cycle), ``predicted_ms`` (ms per cycle), ``throughput``
+    (tokens/s), ``new_experts`` (uncached experts per layer, int array of shape (L,)),
+    ``rate_value`` (``A - rate * T``, only meaningful in rate mode).
+    """
+
+    nodes: tuple[int, ...]
+    expected_tokens: float
+    predicted_ms: float
+    throughput: float
+    new_experts: np.ndarray
+
+    def rate_value(self, rate: float) -> float:
+        """``A(S) - rate * T(S)`` with ``rate`` in tokens per ms."""
+        return self.expected_tokens - rate * self.predicted_ms
+
+
+def _check_nodes(instance: Instance, nodes: Iterable[int]) -> tuple[int, ...]:
+    s = tuple(sorted(set(int(v) for v in nodes)))
+    if not instance.tree.is_ancestor_closed(s):
+        raise SpecFitInputError("nodes", "must be ancestor-closed: contain the root and every node's parent")
+    return s
+
+
+def expected_tokens(instance: Instance, nodes: Iterable[int]) -> float:
+    """A(S): expected committed tokens per cycle, ``1 + sum of P_v over non-root v in S``."""
+    s = _check_nodes(instance, nodes)
+    return 1.0 + float(instance.tree.path_prob[list(s[1:])].sum()) if len(s) > 1 else 1.0
+
+
+def predicted_ms(instance: Instance, nodes: Iterable[int]) -> float:
+    """T(S): predicted cycle time in ms, counting each uncached expert once per layer."""
+    s = _check_nodes(instance, nodes)
+    return instance.cost.cycle_ms(len(s), instance.new_experts_per_layer(s))
+
+
+def evaluate(instance: Instance, nodes: Iterable[int]) -> Evaluation:
+    """Evaluate A(S), T(S) and the throughput ``1000 * A / T`` (tokens/s) of node set S.
+
+    Raises
+    ------
+    SpecFitInputError
+        If ``nodes`` is not ancestor-closed (root and every node's parent included).
+    """
+    s = _check_nodes(instance, nodes)
+    a = 1.0 + float(instance.tree.path_prob[list(s[1:])].sum()) if len(s) > 1 else 1.0
+    new = instance.new_experts_per_layer(s)
+    t = instance.cost.cycle_ms(len(s), new)
+    return Evaluation(s, a, t, 1000.0 * a / t if t > 0 else float("inf"), new)
+
+
+def within_budget(instance: Instance, nodes: Iterable[int]) -> bool:
+    """True iff S respects ``max_nodes`` and ``max_new_experts_per_layer``."""
+    s = _check_nodes(instance, nodes)
+    if instance.max_nodes is not None and len(s) > instance.max_nodes:
+        return False
+    if instance.max_new_experts_per_layer is not None and instance.num_layers:
+        return bool(instance.new_experts_per_layer(s).max() <= instance.max_new_experts_per_layer)
+    return True
