@@ -1,0 +1,221 @@
+"""The CP-SAT oracle: the selection problem of SPECFIT.md §3 as an OR-Tools CP-SAT model.
+
+The model
+---------
+Boolean ``x_v`` per non-root node (the root is always in) and ``x_v -> x_parent(v)``. An *item* is
+an uncached (layer, expert) pair; items the root needs are paid once, as a constant. A node
+*owns* the items it needs that no proper ancestor needs: in an ancestor-closed set an item is
+covered iff one of its owners is selected. Items are grouped by their owner set; a group with one
+owner is folded into that owner's weight (its cost is paid exactly when the owner is selected), a
+group with several owners gets a Boolean ``y_g`` with ``x_v -> y_g`` for each owner. Budgets are
+linear: ``sum x_v <= max_nodes - 1`` and, per layer l, the uncached experts of l in the selected
+nodes' folded groups and in the chosen ``y_g`` are at most ``max_new_experts_per_layer`` minus the
+root's. This model is written from ``Instance.node_items`` alone, independently of the exact
+solver's code, so the two check each other.
+
+Ratio and rate mode
+-------------------
+Rate mode maximises ``F_λ(S) = A(S) - λ T(S)`` with λ = rate/1000 tokens/ms in one CP-SAT solve.
+Ratio mode runs Dinkelbach's method (Dinkelbach 1967): start from S_0 = {root}; at step k set
+λ_k = A(S_k)/T(S_k) and let S' maximise F_{λ_k}; if A(S')/T(S') > λ_k continue from S_{k+1} = S',
+else stop with S_k. The ratios strictly increase over a finite set, so the loop ends.
+
+Integer scaling and its tolerance
+---------------------------------
+CP-SAT needs integer objective coefficients. Each step multiplies the float weights
+(``P_v - λ(per_node_ms + owned exclusive ms)`` per node, ``-λ w_g`` per shared group) by
+``s = 2**precision_bits / M`` (M the largest weight magnitude) and rounds. Each coefficient is then
+off by at most ``0.5 / s`` tokens, the objective of any set by at most ``δ = K / (2 s)`` for K
+objective variables. So when CP-SAT proves a step OPTIMAL the returned set is within ``2δ`` of the
+true maximum of ``F_λ``, and at the end of Dinkelbach no set S has ratio above
+``λ + 2δ / T(S)``. With the default 40 bits, K ≤ 10^4 and M ≤ 100 this is below 1e-6 tokens,
+i.e. a relative error of order 1e-7 in the worst case; in practice the returned value agrees with
+an exact rational optimum to float precision unless two sets are within that margin.
+
+Status
+------
+``optimal`` only when every CP-SAT step ended OPTIMAL (within the tolerance above); otherwise
+(time limit, or the iteration cap) the best set seen is returned as ``feasible``.
+
+References
+----------
+W. Dinkelbach, "On nonlinear fractional programming", Management Science 13(7), 1967.
+L. Perron and F. Didier, CP-SAT, OR-Tools (https://developers.google.com/optimization), v9.
+SPECFIT.md §3.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import Sequence
+
+import numpy as np
+
+from solvers.base import Solver
+from specfit.errors import SpecFitInputError
+from specfit.instance import Instance
+
+#: Dinkelbach steps before giving up (status ``feasible``); ratios strictly increase, so the loop
+#: normally ends after a handful of steps.
+MAX_STEPS = 60
+
+
+def _owned_groups(instance: Instance):
+    """Per-node exclusive item weight and per-layer counts, and the shared groups.
+
+    Returns
+    -------
+    node_ms : numpy.ndarray, shape (n,)
+        Transfer ms of the items owned by v alone.
+    node_layers : numpy.ndarray, shape (n, L)
+        Count of those items per layer.
+    groups : list of (owners tuple, ms float, per-layer counts array (L,))
+        Item groups with two or more owners.
+    root_layers : numpy.ndarray, shape (L,)
+        Uncached experts the root needs per layer.
+    """
+    n, L, E = instance.n, instance.num_layers, max(instance.num_experts, 1)
+    par = instance.tree.parents
+    items = [set(instance.node_items[v].tolist()) for v in range(n)]
+    weight = instance.item_weight
+    above: list[set] = [set() for _ in range(n)]  # items needed by a proper ancestor (incl. the root)
+    owners: dict[int, list[int]] = defaultdict(list)
+    for v in range(1, n):
+        above[v] = above[par[v]] | items[par[v]]
+        for it in items[v] - above[v]:
+            owners[it].append(v)
+    node_ms, node_layers = np.zeros(n), np.zeros((n, L), dtype=np.int64)
+    shared: dict[tuple, list[int]] = defaultdict(list)
+    for it, own in owners.items():
+        if len(own) == 1:
+            node_ms[own[0]] += weight[it]
+            node_layers[own[0], it // E] += 1
+        else:
+            shared[tuple(own)].append(it)
+    groups = []
+    for own, its in shared.items():
+        counts = np.bincount(np.asarray(its) // E, minlength=L).astype(np.int64)
+        groups.append((own, float(weight[its].sum()), counts))
+    root_layers = instance.new_experts_per_layer([0])
+    return node_ms, node_layers, groups, root_layers
+
+
+class CPSATSolver(Solver):
+    """OR-Tools CP-SAT model of the selection problem; the validation oracle.
+
+    Parameters
+    ----------
+    time_limit_s : float
+        Wall-clock limit for the whole solve (all Dinkelbach steps), seconds; default 30.
+    workers : int
+        CP-SAT search workers (default 1: deterministic, one core).
+    precision_bits : int
+        Objective coefficients are scaled so that the largest is ``2**precision_bits`` (see the
+        module docstring for the tolerance this gives); default 40.
+
+    Raises
+    ------
+    SpecFitInputError
+        If ``time_limit_s`` is not a positive finite number, ``workers`` < 1, or
+        ``precision_bits`` is outside [10, 52].
+    """
+
+    name = "cpsat"
+    exact = True
+
+    def __init__(self, time_limit_s: float = 30.0, workers: int = 1, precision_bits: int = 40):
+        t = float(time_limit_s)
+        if not (0 < t < float("inf")):
+            raise SpecFitInputError("time_limit_s", f"must be a positive number of seconds, got {time_limit_s!r}")
+        if int(workers) < 1:
+            raise SpecFitInputError("workers", f"must be >= 1, got {workers!r}")
+        if not 10 <= int(precision_bits) <= 52:
+            raise SpecFitInputError("precision_bits", f"must lie in [10, 52], got {precision_bits!r}")
+        self.time_limit_s, self.workers, self.precision_bits = t, int(workers), int(precision_bits)
+
+    def select(self, instance: Instance, rate: float | None) -> tuple[Sequence[int], str]:
+        from ortools.sat.python import cp_model
+
+        t0 = time.perf_counter()
+        n, L = instance.n, instance.num_layers
+        if n == 1:
+            return [0], "optimal"
+        prob = instance.tree.path_prob
+        per_node = instance.cost.per_node_ms
+        node_ms, node_layers, groups, root_layers = _owned_groups(instance)
+
+        model = cp_model.CpModel()
+        x = [None] + [model.new_bool_var(f"x{v}") for v in range(1, n)]
+        for v in range(2, n):
+            p = int(instance.tree.parents[v])
+            if p:
+                model.add_implication(x[v], x[p])
+        y = [model.new_bool_var(f"y{g}") for g in range(len(groups))]
+        for g, (own, _, _) in enumerate(groups):
+            for v in own:
+                model.add_implication(x[v], y[g])
+        if instance.max_nodes is not None:
+            model.add(sum(x[1:]) <= instance.max_nodes - 1)
+        cap = instance.max_new_experts_per_layer
+        if cap is not None:
+            for l in range(L):
+                terms = [int(node_layers[v, l]) * x[v] for v in range(1, n) if node_layers[v, l]]
+                terms += [int(c[l]) * y[g] for g, (_, _, c) in enumerate(groups) if c[l]]
+                if terms:
+                    model.add(sum(terms) <= cap - int(root_layers[l]))
+
+        solver = cp_model.CpSolver()
+        solver.parameters.num_workers = self.workers
+        solver.parameters.random_seed = 0
+
+        def best_for(lam: float, hint: Sequence[int]) -> tuple[list[int] | None, bool]:
+            """Maximise A - lam*T (scaled); return (nodes or None, proven optimal)."""
+            w_node = prob[1:] - lam * (per_node + node_ms[1:])
+            w_group = np.array([-lam * ms for _, ms, _ in groups])
+            mag = max(float(np.abs(w_node).max(initial=0.0)), float(np.abs(w_group).max(initial=0.0)), 1e-300)
+            s = 2.0 ** self.precision_bits / mag
+            model.clear_objective()
+            model.maximize(sum(int(round(s * w)) * xv for w, xv in zip(w_node, x[1:]))
+                           + sum(int(round(s * w)) * yg for w, yg in zip(w_group, y)))
+            model.clear_hints()
+            chosen = set(hint)
+            for v in range(1, n):
+                model.add_hint(x[v], v in chosen)
+            for g, (own, _, _) in enumerate(groups):
+                model.add_hint(y[g], any(v in chosen for v in own))
+            left = self.time_limit_s - (time.perf_counter() - t0)
+            if left <= 0:
+                return None, False
+            solver.parameters.max_time_in_seconds = left
+            status = solver.solve(model)
+            if status == cp_model.MODEL_INVALID:
+                raise RuntimeError(f"cpsat: invalid model: {model.validate()}")
+            if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+                return None, False
+            nodes = [0] + [v for v in range(1, n) if solver.boolean_value(x[v])]
+            return nodes, status == cp_model.OPTIMAL
+
+        def terms(nodes) -> tuple[float, float]:
+            return instance.tree.path_prob[nodes[1:]].sum() + 1.0, instance.cost.cycle_ms(
+                len(nodes), instance.new_experts_per_layer(nodes))
+
+        if rate is not None:
+            nodes, proven = best_for(rate / 1000.0, [0])
+            return (nodes, "optimal" if proven else "feasible") if nodes else ([0], "feasible")
+
+        current = [0]
+        a, t = terms(current)
+        lam = a / t
+        for _ in range(MAX_STEPS):
+            nodes, proven = best_for(lam, current)
+            if nodes is None:
+                return current, "feasible"
+            a, t = terms(nodes)
+            if a / t > lam:
+                current, lam = nodes, a / t
+                if not proven:  # a better set, but the search did not finish: stop here
+                    return current, "feasible"
+            else:
+                return current, "optimal" if proven else "feasible"
+        return current, "feasible"
