@@ -99,23 +99,26 @@ class Instance:
 
     # --- items: (layer, expert) pairs a node needs and the cache lacks ------------------------
     @cached_property
+    def need_mask(self) -> np.ndarray:
+        """Bool array of shape (n, L * num_experts): ``need_mask[v, l * num_experts + e]`` is True
+        iff node v is predicted to route to expert e in layer l and the cache lacks it (an *item*)."""
+        n, L, E = self.n, self.num_layers, self.num_experts
+        mask = np.zeros((n, L * E), dtype=bool)
+        if L:
+            ids = self.tree.experts + (np.arange(L, dtype=np.int64) * E)[None, :, None]
+            mask[np.repeat(np.arange(n), ids.shape[1] * ids.shape[2]), ids.reshape(-1)] = True
+            mask &= ~self.cache.reshape(1, -1)
+        return mask
+
+    @cached_property
     def node_items(self) -> list[np.ndarray]:
-        """``node_items[v]``: sorted unique item ids ``l * num_experts + e`` that node v needs and
-        the cache lacks (int64 arrays)."""
-        if self.num_layers == 0:
-            return [np.zeros(0, dtype=np.int64) for _ in range(self.n)]
-        E = self.num_experts
-        ids = self.tree.experts + (np.arange(self.num_layers, dtype=np.int64) * E)[None, :, None]
-        flat_cache = self.cache.reshape(-1)
-        out = []
-        for v in range(self.n):
-            u = np.unique(ids[v])
-            out.append(u[~flat_cache[u]])
-        return out
+        """``node_items[v]``: sorted item ids ``l * num_experts + e`` that node v needs and the
+        cache lacks (int64 arrays); the rows of :attr:`need_mask` as index lists."""
+        return [np.flatnonzero(row) for row in self.need_mask]
 
     @cached_property
     def item_weight(self) -> np.ndarray:
-        """Transfer time of each item id in ms, float64 of shape (L * num_experts,)."""
+        """Transfer time of each item id ``l * num_experts + e`` in ms, float64 of shape (L * num_experts,)."""
         return np.repeat(self.cost.per_expert_array(self.num_layers), self.num_experts)
 
     def new_experts_per_layer(self, nodes) -> np.ndarray:
@@ -123,8 +126,8 @@ class Instance:
         L = self.num_layers
         if L == 0:
             return np.zeros(0, dtype=np.int64)
-        items = np.unique(np.concatenate([self.node_items[int(v)] for v in nodes]))
-        return np.bincount(items // self.num_experts, minlength=L).astype(np.int64)
+        union = self.need_mask[np.asarray(list(nodes), dtype=np.int64)].any(axis=0)
+        return union.reshape(L, self.num_experts).sum(axis=1).astype(np.int64)
 
     # --- JSON ---------------------------------------------------------------------------------
     @classmethod
