@@ -1,0 +1,455 @@
+"""Host expert store and device expert cache for offloaded Mixture-of-Experts layers.
+
+The experts of every MoE layer live in a :class:`HostExpertStore` (host memory, pinned when the
+compute device is CUDA so that H2D copies are asynchronous DMA). A :class:`DeviceExpertCache`
+keeps, per MoE layer, a fixed number of device slots, each holding one expert's weights; an expert
+needed by a forward that is not resident is a *miss* and costs one H2D transfer (SPECFIT.md §2).
+
+Weights of one expert ``e`` of one layer, in the orientation of ``torch.nn.functional.linear``:
+
+* ``gate_up[e]``: (2 * I, H), rows ``[:I]`` the gate projection, rows ``[I:]`` the up projection;
+* ``down[e]``: (H, I).
+
+``expert(x) = down @ (silu(gate @ x) * (up @ x))`` (SwiGLU; Shazeer 2020, "GLU Variants Improve
+Transformer", eq. 6). H is the hidden size, I the expert intermediate size.
+
+The cache never returns a wrong expert when one forward needs more distinct experts than a layer has
+slots: :meth:`DeviceExpertCache.run` processes the needed experts in rounds, and a slot handed out in a
+round is never evicted before that round's computation finished (PITFALLS.md, "Offloaded MoE runtime").
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+import torch
+
+from specfit.errors import SpecFitInputError
+
+#: Accepted units of a memory budget string, in bytes.
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_bytes(text: str | int, field: str = "gpu_memory") -> int:
+    """Parse a memory size such as ``"20GiB"``, ``"512MB"`` or ``1048576`` into bytes.
+
+    Parameters
+    ----------
+    text : str or int
+        A non-negative number with an optional unit (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB;
+        case-insensitive). A bare number is bytes.
+    field : str
+        Field name used in the error message.
+
+    Returns
+    -------
+    int
+        The size in bytes.
+
+    Raises
+    ------
+    SpecFitInputError
+        If the text is not a non-negative number with a known unit.
+    """
+    if isinstance(text, int) and text >= 0:
+        return text
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).upper() not in _UNITS:
+        raise SpecFitInputError(field, f"must be a size like '20GiB' or '512MB', got {text!r}")
+    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+
+
+class HostExpertStore:
+    """The expert weights of every MoE layer, in host memory.
+
+    Parameters
+    ----------
+    num_layers : int
+        Number of MoE layers L.
+    num_experts : int
+        Experts per layer E.
+    hidden_size : int
+        H.
+    intermediate_size : int
+        Expert intermediate size I.
+    dtype : torch.dtype
+        Storage dtype (the compute dtype: float32 on CPU, bfloat16 on CUDA).
+    pin_memory : bool
+        Allocate page-locked memory (use when the compute device is CUDA).
+
+    Notes
+    -----
+    Per layer, ``gate_up[l]`` is one (E, 2I, H) tensor and ``down[l]`` one (E, H, I) tensor; they are
+    filled expert by expert with :meth:`set_expert` so that a loader never holds more than one
+    checkpoint tensor besides the store.
+    """
+
+    def __init__(self, num_layers: int, num_experts: int, hidden_size: int, intermediate_size: int,
+                 dtype: torch.dtype, pin_memory: bool = False):
+        self.num_layers, self.num_experts = num_layers, num_experts
+        self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
+        self.dtype = dtype
+        self.gate_up = [torch.empty(num_experts, 2 * intermediate_size, hidden_size, dtype=dtype,
+                                    pin_memory=pin_memory) for _ in range(num_layers)]
+        self.down = [torch.empty(num_experts, hidden_size, intermediate_size, dtype=dtype,
+                                 pin_memory=pin_memory) for _ in range(num_layers)]
+
+    @property
+    def expert_bytes(self) -> int:
+        """Bytes of one expert (gate, up and down) in the storage dtype."""
+        return 3 * self.hidden_size * self.intermediate_size * self.dtype.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        """Host bytes held by the store."""
+        return self.num_layers * self.num_experts * self.expert_bytes
+
+    def set_expert(self, layer: int, expert: int, gate: torch.Tensor, up: torch.Tensor,
+                   down: torch.Tensor) -> None:
+        """Copy one expert's weights into the store.
+
+        Parameters
+        ----------
+        layer, expert : int
+            MoE layer index and expert id.
+        gate, up : torch.Tensor
+            (I, H) each.
+        down : torch.Tensor
+            (H, I).
+        """
+        i = self.intermediate_size
+        self.gate_up[layer][expert, :i].copy_(gate)
+        self.gate_up[layer][expert, i:].copy_(up)
+        self.down[layer][expert].copy_(down)
+
+
+class LRU:
+    """Least-recently-used eviction: the victim is the resident expert used longest ago."""
+
+    name = "lru"
+
+    def victim(self, candidates: Sequence[int], last_use: Sequence[int], uses: Sequence[int]) -> int:
+        """Pick the expert to evict among ``candidates`` (resident, not in use this round)."""
+        return min(candidates, key=lambda e: last_use[e])
+
+
+class LFU:
+    """Least-frequently-used eviction over the whole history of the layer; ties go to the LRU one."""
+
+    name = "lfu"
+
+    def victim(self, candidates: Sequence[int], last_use: Sequence[int], uses: Sequence[int]) -> int:
+        """Pick the expert to evict among ``candidates`` (resident, not in use this round)."""
+        return min(candidates, key=lambda e: (uses[e], last_use[e]))
+
+
+#: Eviction policies by name.
+POLICIES = {"lru": LRU, "lfu": LFU}
+
+
+@dataclass
+class LayerStats:
+    """Counters of one MoE layer's expert cache.
+
+    ``hits``/``misses`` count (forward, expert) pairs: an expert needed by a forward is a hit when it
+    was resident when the forward reached the layer, a miss otherwise (one H2D transfer each).
+    ``prefetched`` counts experts loaded by :meth:`DeviceExpertCache.prefetch`; their bytes and time
+    are included in ``bytes_moved`` and ``transfer_ms``.
+    """
+
+    hits: int = 0
+    misses: int = 0
+    prefetched: int = 0
+    bytes_moved: int = 0
+    transfer_ms: float = 0.0
+
+
+class _Timer:
+    """Device-generic interval timer: CUDA events on CUDA (resolved lazily), perf_counter otherwise."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self._pending: list[tuple[object, object, Callable[[float], None]]] = []
+
+    def start(self):
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def stop(self, start, sink: Callable[[float], None]) -> None:
+        """Close the interval opened by :meth:`start`; ``sink(ms)`` is called now or at :meth:`flush`."""
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self._pending.append((start, ev, sink))
+        else:
+            sink((time.perf_counter() - start) * 1e3)
+
+    def flush(self) -> None:
+        """Synchronise and deliver the pending CUDA intervals."""
+        if self._pending:
+            self._pending[-1][1].synchronize()
+            for a, b, sink in self._pending:
+                sink(a.elapsed_time(b))
+            self._pending.clear()
+
+
+class DeviceExpertCache:
+    """Per-layer device slots holding experts copied from a :class:`HostExpertStore`.
+
+    Parameters
+    ----------
+    store : HostExpertStore
+        The host copy of every expert.
+    device : torch.device or str
+        The compute device (``"cpu"``, ``"cuda"``, ``"cuda:1"``).
+    slots : int or "all"
+        Slots per layer. ``0``: nothing is kept between forwards, every needed expert is
+        transferred for each forward (the vanilla offloading setting); ``"all"``: every expert is
+        resident (loaded once at construction, not counted in the stats); otherwise ``1..E``.
+    policy : str
+        Eviction policy, ``"lru"`` (default) or ``"lfu"``.
+    staging_slots : int or None
+        With ``slots=0``, the size of the one transient buffer shared by all layers (default: E,
+        capped at 8, so that one AR token's top-8 experts move in one round).
+
+    Raises
+    ------
+    SpecFitInputError
+        If ``slots`` is not an integer in [0, E] nor ``"all"``, or ``policy`` is unknown.
+    """
+
+    def __init__(self, store: HostExpertStore, device, slots: int | str = 0, policy: str = "lru",
+                 staging_slots: int | None = None):
+        self.store = store
+        self.device = torch.device(device)
+        E = store.num_experts
+        if slots == "all":
+            slots = E
+        if isinstance(slots, bool) or not isinstance(slots, int) or not 0 <= slots <= E:
+            raise SpecFitInputError("cache_slots", f"must be an integer in [0, {E}] or 'all', got {slots!r}")
+        if policy not in POLICIES:
+            raise SpecFitInputError("eviction", f"must be one of {sorted(POLICIES)}, got {policy!r}")
+        self.slots, self.policy = slots, POLICIES[policy]()
+        self.timer = _Timer(self.device)
+        L, I, H, dt = store.num_layers, store.intermediate_size, store.hidden_size, store.dtype
+        if slots > 0:
+            self.gate_up = [torch.empty(slots, 2 * I, H, dtype=dt, device=self.device) for _ in range(L)]
+            self.down = [torch.empty(slots, H, I, dtype=dt, device=self.device) for _ in range(L)]
+        else:
+            n = staging_slots or min(E, 8)
+            shared_gu = torch.empty(n, 2 * I, H, dtype=dt, device=self.device)
+            shared_dn = torch.empty(n, H, I, dtype=dt, device=self.device)
+            self.gate_up, self.down = [shared_gu] * L, [shared_dn] * L
+        self._slot_of: list[dict[int, int]] = [{} for _ in range(L)]   # expert -> slot, per layer
+        self._last_use = [[0] * E for _ in range(L)]
+        self._uses = [[0] * E for _ in range(L)]
+        self._tick = 0
+        self._stats = [LayerStats() for _ in range(L)]
+        if slots == E:
+            for layer in range(L):
+                self._load(layer, range(E), range(E))
+                self._slot_of[layer] = {e: e for e in range(E)}
+            self.reset_stats()
+
+    # -- queries ---------------------------------------------------------------------------------
+    @property
+    def num_layers(self) -> int:
+        return self.store.num_layers
+
+    @property
+    def device_bytes(self) -> int:
+        """Device bytes held by the slots (or the staging buffer when ``slots=0``)."""
+        per = self.gate_up[0].nbytes + self.down[0].nbytes
+        return per * (self.num_layers if self.slots > 0 else 1)
+
+    def cached_experts(self) -> list[list[int]]:
+        """Expert ids resident per MoE layer, sorted (the selector's cache input C[l], SPECFIT.md §3).
+
+        Returns
+        -------
+        list of list of int
+            ``L`` lists; all empty when ``slots=0``.
+        """
+        return [sorted(m) for m in self._slot_of]
+
+    def stats(self) -> dict:
+        """Counters per layer and in total.
+
+        Returns
+        -------
+        dict
+            ``{"slots": int, "policy": str, "expert_bytes": int, "layers": [ {hits, misses,
+            prefetched, bytes_moved, transfer_ms}, ... ], "total": {same keys, plus "hit_rate"}}``;
+            ``transfer_ms`` in milliseconds (CUDA events on CUDA, wall clock on CPU).
+        """
+        self.timer.flush()
+        layers = [vars(s).copy() for s in self._stats]
+        total = {k: sum(d[k] for d in layers) for k in vars(LayerStats())}
+        looked_up = total["hits"] + total["misses"]
+        total["hit_rate"] = total["hits"] / looked_up if looked_up else 0.0
+        return {"slots": self.slots, "policy": self.policy.name, "expert_bytes": self.store.expert_bytes,
+                "layers": layers, "total": total}
+
+    def reset_stats(self) -> None:
+        """Zero every counter (the cache contents stay)."""
+        self.timer.flush()
+        self._stats = [LayerStats() for _ in range(self.num_layers)]
+
+    # -- movement --------------------------------------------------------------------------------
+    def _load(self, layer: int, experts: Sequence[int], slots: Sequence[int]) -> None:
+        """H2D-copy ``experts`` into ``slots`` of ``layer``, count bytes and time."""
+        if not experts:
+            return
+        st = self._stats[layer]
+        t0 = self.timer.start()
+        gu, dn = self.gate_up[layer], self.down[layer]
+        for e, s in zip(experts, slots):
+            gu[s].copy_(self.store.gate_up[layer][e], non_blocking=True)
+            dn[s].copy_(self.store.down[layer][e], non_blocking=True)
+        st.bytes_moved += len(experts) * self.store.expert_bytes
+        self.timer.stop(t0, lambda ms: setattr(st, "transfer_ms", st.transfer_ms + ms))
+
+    def _assign(self, layer: int, experts: Sequence[int], busy: set[int]) -> list[int]:
+        """Choose slots for non-resident ``experts`` (empty slots first, then the policy's victims
+        among resident experts not in ``busy``), update the maps and return the slots."""
+        slot_of = self._slot_of[layer]
+        free = sorted(set(range(self.slots)) - set(slot_of.values()))
+        out = []
+        for e in experts:
+            if free:
+                s = free.pop(0)
+            else:
+                cands = [x for x in slot_of if x not in busy]
+                v = self.policy.victim(cands, self._last_use[layer], self._uses[layer])
+                s = slot_of.pop(v)
+            slot_of[e] = s
+            busy.add(e)
+            out.append(s)
+        return out
+
+    def prefetch(self, layer: int, expert_ids: Iterable[int]) -> list[int]:
+        """Make experts resident in ``layer`` ahead of a forward (changes timing only, never results).
+
+        Parameters
+        ----------
+        layer : int
+            MoE layer index.
+        expert_ids : iterable of int
+            Experts in priority order; at most ``slots`` of them are loaded (the first ones), and
+            already resident ones are only marked as recently used. No-op when ``slots=0``.
+
+        Returns
+        -------
+        list of int
+            The experts that were transferred.
+
+        Raises
+        ------
+        SpecFitInputError
+            If ``layer`` or an expert id is out of range.
+        """
+        if not 0 <= layer < self.num_layers:
+            raise SpecFitInputError("layer", f"must be in [0, {self.num_layers}), got {layer}")
+        ids = list(dict.fromkeys(int(e) for e in expert_ids))
+        bad = [e for e in ids if not 0 <= e < self.store.num_experts]
+        if bad:
+            raise SpecFitInputError("expert_ids", f"must be in [0, {self.store.num_experts}), got {bad[0]}")
+        if self.slots == 0:
+            return []
+        ids = ids[: self.slots]
+        self._tick += 1
+        for e in ids:
+            self._last_use[layer][e] = self._tick
+        new = [e for e in ids if e not in self._slot_of[layer]]
+        self._load(layer, new, self._assign(layer, new, set(ids)))
+        self._stats[layer].prefetched += len(new)
+        return new
+
+    def run(self, layer: int, experts: Sequence[int],
+            compute: Callable[[int, torch.Tensor, torch.Tensor], None]) -> None:
+        """Call ``compute(e, gate_up_e, down_e)`` once for each expert in ``experts``, on device weights.
+
+        Resident experts are hits and run in the first round; the others are misses, transferred in
+        rounds of at most ``slots`` experts (the staging size when ``slots=0``). Within a round no
+        slot handed out is evicted, so every call receives the weights of the expert it names.
+
+        Parameters
+        ----------
+        layer : int
+            MoE layer index.
+        experts : sequence of int
+            Distinct expert ids the forward needs in this layer.
+        compute : callable
+            ``compute(expert_id, gate_up (2I, H), down (H, I))``; device tensors valid during the call.
+        """
+        st, slot_of = self._stats[layer], self._slot_of[layer]
+        self._tick += 1
+        for e in experts:
+            self._last_use[layer][e] = self._tick
+            self._uses[layer][e] += 1
+        hits = [e for e in experts if e in slot_of]
+        misses = [e for e in experts if e not in slot_of]
+        st.hits += len(hits)
+        st.misses += len(misses)
+        gu, dn = self.gate_up[layer], self.down[layer]
+        if self.slots == 0:
+            width = gu.shape[0]
+            for r in range(0, len(misses), width):
+                batch = misses[r:r + width]
+                self._load(layer, batch, range(len(batch)))
+                for s, e in enumerate(batch):
+                    compute(e, gu[s], dn[s])
+            return
+        busy = set(hits)
+        batch = misses[: self.slots - len(hits)]
+        rest = misses[len(batch):]
+        while True:
+            slots = self._assign(layer, batch, busy)
+            self._load(layer, batch, slots)
+            for e in sorted(busy):
+                compute(e, gu[slot_of[e]], dn[slot_of[e]])
+            if not rest:
+                return
+            busy = set()
+            batch, rest = rest[: self.slots], rest[self.slots:]
+
+
+def slots_for_budget(budget_bytes: int, resident_bytes: int, num_layers: int, num_experts: int,
+                     expert_bytes: int) -> int:
+    """Slots per layer that fit in a device memory budget.
+
+    ``slots = floor((budget - resident) / (num_layers * expert_bytes))``, capped at ``num_experts``.
+
+    Parameters
+    ----------
+    budget_bytes : int
+        Device memory the runtime may use, bytes.
+    resident_bytes : int
+        Bytes already committed on the device (non-expert weights, KV cache, staging buffer).
+    num_layers, num_experts : int
+        MoE layers and experts per layer.
+    expert_bytes : int
+        Bytes of one expert.
+
+    Returns
+    -------
+    int
+        Slots per layer in [0, num_experts].
+
+    Raises
+    ------
+    SpecFitInputError
+        If the budget does not even hold the resident weights.
+    """
+    free = budget_bytes - resident_bytes
+    if free < 0:
+        raise SpecFitInputError("gpu_memory", f"{budget_bytes} bytes cannot hold the resident weights, "
+                                f"KV cache and staging buffer ({resident_bytes} bytes)")
+    return min(num_experts, free // (num_layers * expert_bytes))

@@ -1,0 +1,165 @@
+"""Lazy, tensor-by-tensor reading of a Qwen3-MoE safetensors checkpoint.
+
+A checkpoint is ``model.safetensors`` or shards listed in ``model.safetensors.index.json``. Tensors
+are read one at a time with ``safetensors.safe_open`` (memory-mapped), so a 60 GB checkpoint is
+never held twice. Experts are read in either layout:
+
+* per expert (published checkpoints and transformers 5.x ``save_pretrained``):
+  ``model.layers.N.mlp.experts.E.{gate,up,down}_proj.weight`` of shapes (I, H), (I, H), (H, I);
+* fused (transformers' in-memory ``Qwen3MoeExperts`` parameters):
+  ``model.layers.N.mlp.experts.gate_up_proj`` (E, 2I, H), gate rows first, and
+  ``model.layers.N.mlp.experts.down_proj`` (E, H, I).
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import ExitStack
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from models.experts import HostExpertStore
+from models.qwen3_moe.config import CheckpointError, Qwen3MoeSpec
+
+
+class CheckpointReader:
+    """Maps tensor names to shard files and reads single tensors with their shapes checked.
+
+    Parameters
+    ----------
+    model_dir : str or Path
+        Directory with ``model.safetensors`` or ``model.safetensors.index.json`` and its shards.
+
+    Raises
+    ------
+    CheckpointError
+        If neither file exists, the index is malformed, or a shard it names is missing.
+    """
+
+    def __init__(self, model_dir: str | Path):
+        self.dir = Path(model_dir)
+        self._stack = ExitStack()
+        self._handles: dict[Path, object] = {}
+        index, single = self.dir / "model.safetensors.index.json", self.dir / "model.safetensors"
+        if index.is_file():
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise CheckpointError(str(index), f"must be JSON with a 'weight_map' ({exc!r})") from None
+            self.file_of = {name: self.dir / fn for name, fn in weight_map.items()}
+            for name, path in self.file_of.items():
+                if not path.is_file():
+                    raise CheckpointError(f"{path}: {name}", f"shard listed in {index.name} is missing")
+        elif single.is_file():
+            self.file_of = {name: single for name in self._open(single).keys()}
+        else:
+            raise CheckpointError(str(self.dir), "has neither model.safetensors nor model.safetensors.index.json")
+
+    def _open(self, path: Path):
+        if path not in self._handles:
+            self._handles[path] = self._stack.enter_context(safe_open(str(path), framework="pt", device="cpu"))
+        return self._handles[path]
+
+    def close(self) -> None:
+        """Close every open shard."""
+        self._stack.close()
+        self._handles.clear()
+
+    def has(self, name: str) -> bool:
+        """Whether the checkpoint lists tensor ``name``."""
+        return name in self.file_of
+
+    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """Read one tensor (on the CPU) and check its shape.
+
+        Parameters
+        ----------
+        name : str
+            Tensor name in the checkpoint.
+        shape : tuple of int
+            The shape the config implies.
+        dtype : torch.dtype
+            Returned dtype.
+
+        Raises
+        ------
+        CheckpointError
+            If the tensor is absent (from the index or from its shard) or its shape differs;
+            the error names the file and the tensor.
+        """
+        if name not in self.file_of:
+            raise CheckpointError(f"{self.dir}: {name}", "tensor is missing from the checkpoint")
+        path = self.file_of[name]
+        handle = self._open(path)
+        if name not in handle.keys():
+            raise CheckpointError(f"{path}: {name}", "tensor listed in the index is missing from the shard")
+        got = tuple(handle.get_slice(name).get_shape())
+        if got != tuple(shape):
+            raise CheckpointError(f"{path}: {name}", f"expected shape {tuple(shape)}, got {got}")
+        return handle.get_tensor(name).to(dtype)
+
+
+def dense_shapes(spec: Qwen3MoeSpec) -> dict[str, tuple[int, ...]]:
+    """Names and shapes of every non-expert tensor (embeddings, attention, norms, routers, lm_head)."""
+    H, d, V = spec.hidden_size, spec.head_dim, spec.vocab_size
+    out = {"model.embed_tokens.weight": (V, H), "model.norm.weight": (H,)}
+    if not spec.tie_word_embeddings:
+        out["lm_head.weight"] = (V, H)
+    for i in range(spec.num_layers):
+        p = f"model.layers.{i}."
+        out.update({p + "input_layernorm.weight": (H,), p + "post_attention_layernorm.weight": (H,),
+                    p + "self_attn.q_proj.weight": (spec.num_heads * d, H),
+                    p + "self_attn.k_proj.weight": (spec.num_kv_heads * d, H),
+                    p + "self_attn.v_proj.weight": (spec.num_kv_heads * d, H),
+                    p + "self_attn.o_proj.weight": (H, spec.num_heads * d),
+                    p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)})
+        if i in spec.moe_layers:
+            out[p + "mlp.gate.weight"] = (spec.num_experts, H)
+        else:
+            f = spec.intermediate_size
+            out.update({p + "mlp.gate_proj.weight": (f, H), p + "mlp.up_proj.weight": (f, H),
+                        p + "mlp.down_proj.weight": (H, f)})
+    return out
+
+
+def load_dense(reader: CheckpointReader, spec: Qwen3MoeSpec, device, dtype) -> dict[str, torch.Tensor]:
+    """Read every non-expert tensor onto ``device`` in ``dtype``, keyed by checkpoint name.
+
+    Raises
+    ------
+    CheckpointError
+        On a missing tensor or a shape mismatch.
+    """
+    return {name: reader.get(name, shape, dtype).to(device) for name, shape in dense_shapes(spec).items()}
+
+
+def load_experts(reader: CheckpointReader, spec: Qwen3MoeSpec, store: HostExpertStore) -> str:
+    """Fill ``store`` with every expert, layer by layer, from either layout.
+
+    Returns
+    -------
+    str
+        ``"per_expert"`` or ``"fused"`` (the layout of the first MoE layer; layers may differ).
+
+    Raises
+    ------
+    CheckpointError
+        If a layer has neither layout, or a tensor is missing or mis-shaped.
+    """
+    H, I, E = spec.hidden_size, spec.moe_intermediate_size, spec.num_experts
+    layout = ""
+    for j, i in enumerate(spec.moe_layers):
+        p = f"model.layers.{i}.mlp.experts."
+        if reader.has(p + "gate_up_proj"):
+            layout = layout or "fused"
+            store.gate_up[j].copy_(reader.get(p + "gate_up_proj", (E, 2 * I, H), store.dtype))
+            store.down[j].copy_(reader.get(p + "down_proj", (E, H, I), store.dtype))
+            continue
+        layout = layout or "per_expert"
+        for e in range(E):
+            store.set_expert(j, e, reader.get(f"{p}{e}.gate_proj.weight", (I, H), store.dtype),
+                             reader.get(f"{p}{e}.up_proj.weight", (I, H), store.dtype),
+                             reader.get(f"{p}{e}.down_proj.weight", (H, I), store.dtype))
+    return layout

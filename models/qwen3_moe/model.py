@@ -1,0 +1,424 @@
+"""Qwen3-MoE forward with offloaded experts: prefill, decode, tree verify, KV compaction.
+
+The model (Qwen team 2025, "Qwen3 Technical Report", §2; transformers' ``Qwen3MoeForCausalLM`` is
+the numerical reference) is, per decoder layer::
+
+    x = x + o_proj(attention(rope(q_norm(q_proj(rms(x)))), rope(k_norm(k_proj(rms(x)))), v_proj(rms(x))))
+    x = x + moe(rms(x))            # or a dense SwiGLU MLP for layers outside moe_layers
+
+with RMSNorm (Zhang & Sennrich 2019), rotary embeddings (Su et al. 2021, RoFormer §3.4; the
+"rotate-half" layout), grouped-query attention (Ainslie et al. 2023) with per-head RMSNorm on
+queries and keys, and the MoE block ``moe(x) = sum_{e in topk} w_e * expert_e(x)`` where
+``w = softmax(router(x))`` restricted to the top-k and divided by its sum when ``norm_topk_prob``.
+
+Every forward is a *tree* forward over ``n`` new tokens with ``parents`` (SPECFIT.md §2): token ``i``
+attends to the whole KV prefix and to its ancestors (itself included) and sits at position
+``prefix_len + depth(i)``. Prefill and decode are chains and commit at once; :meth:`verify` writes
+the tree's KV past the prefix and :meth:`commit` keeps one accepted root path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from models.experts import DeviceExpertCache, HostExpertStore, parse_bytes, slots_for_budget
+from models.qwen3_moe.checkpoint import CheckpointReader, load_dense, load_experts
+from models.qwen3_moe.config import Qwen3MoeSpec, read_spec
+from specfit.errors import SpecFitInputError
+from specfit.tree import validate_parents
+
+
+@dataclass
+class ForwardOutput:
+    """What one forward returns, one row per new token (tree node).
+
+    Attributes
+    ----------
+    logits : torch.Tensor
+        (n, V) float32, next-token logits of each node.
+    routing : torch.Tensor
+        (n, L, k) int64 on the CPU, the router's top-k experts per node and MoE layer, in
+        decreasing router probability (the true routing E[v][l] of SPECFIT.md §3).
+    aux_hidden : torch.Tensor
+        (n, len(aux_layers) * H) in the model dtype: the concatenated hidden states an EAGLE-3 head
+        reads (see :func:`default_aux_layers` for the index convention).
+    last_hidden : torch.Tensor
+        (n, H) in the model dtype: the final-norm output, the input of ``lm_head``.
+    """
+
+    logits: torch.Tensor
+    routing: torch.Tensor
+    aux_hidden: torch.Tensor
+    last_hidden: torch.Tensor
+
+
+def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
+    """EAGLE-3's default feature layers ``(2, L // 2, L - 3)`` (Li et al. 2025, EAGLE-3, §3.2).
+
+    Index convention: index ``i`` is the hidden state *after* ``i`` decoder layers, i.e. the output
+    of 0-based decoder layer ``i - 1`` and the input of layer ``i``; index 0 is the embedding output.
+    This equals transformers' ``output_hidden_states=True`` tuple entry ``hidden_states[i]`` for
+    ``i < L`` and the capture point of the public EAGLE-3 code, which records the state entering
+    layers 2, L//2 and L-3. Indices are clipped to ``[0, L]`` for very shallow models.
+    """
+    return tuple(min(max(i, 0), num_layers) for i in (2, num_layers // 2, num_layers - 3))
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim, computed in float32 (Zhang & Sennrich 2019, eq. 4)."""
+    xf = x.float()
+    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding in the rotate-half layout; x (n, heads, d), cos/sin (n, 1, d)."""
+    h = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., h:], x[..., :h]), dim=-1) * sin
+
+
+class OffloadedQwen3Moe:
+    """A Qwen3-MoE target whose experts stay in host memory behind a device expert cache.
+
+    Build it with :meth:`from_pretrained`. Non-expert weights and the KV cache live on ``device``;
+    the experts in :attr:`store` (host) and :attr:`cache` (device slots).
+
+    Attributes
+    ----------
+    spec : Qwen3MoeSpec
+    cache : DeviceExpertCache
+        Per-MoE-layer expert cache; ``cache.cached_experts()``, ``cache.prefetch``, ``cache.stats()``.
+    kv_len : int
+        Tokens whose KV is committed.
+    max_len : int
+        Capacity of the preallocated KV cache, tokens (committed prefix plus one verify's tree).
+    aux_layers : tuple of int
+        See :func:`default_aux_layers`.
+    profile : bool
+        When true, time expert computation (``expert_compute_ms``); off by default (CUDA events
+        per expert add overhead).
+    """
+
+    def __init__(self, spec: Qwen3MoeSpec, weights: dict[str, torch.Tensor], store: HostExpertStore,
+                 device, dtype: torch.dtype, *, cache_slots: int | str = 0, gpu_memory=None,
+                 eviction: str = "lru", max_len: int = 4096, aux_layers: Sequence[int] | None = None):
+        self.spec, self.w, self.store = spec, weights, store
+        self.device, self.dtype = torch.device(device), dtype
+        if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
+            raise SpecFitInputError("max_len", f"must be a positive integer, got {max_len!r}")
+        self.max_len = max_len
+        L = spec.num_layers
+        self.aux_layers = tuple(default_aux_layers(L) if aux_layers is None else aux_layers)
+        bad = [i for i in self.aux_layers if not 0 <= i <= L]
+        if bad:
+            raise SpecFitInputError("aux_layers", f"must lie in [0, {L}] (hidden state after i layers), got {bad[0]}")
+        kv_shape = (L, spec.num_kv_heads, max_len, spec.head_dim)
+        self.k_cache = torch.zeros(kv_shape, dtype=dtype, device=self.device)
+        self.v_cache = torch.zeros(kv_shape, dtype=dtype, device=self.device)
+        if gpu_memory is not None:
+            if cache_slots not in (0, None):
+                raise SpecFitInputError("gpu_memory", "give either cache_slots or gpu_memory, not both")
+            cache_slots = self._slots_for(parse_bytes(gpu_memory))
+        self.cache = DeviceExpertCache(store, self.device, 0 if cache_slots is None else cache_slots, eviction)
+        inv_freq = 1.0 / (spec.rope_theta ** (torch.arange(0, spec.head_dim, 2, dtype=torch.float32) / spec.head_dim))
+        self._inv_freq = inv_freq.to(self.device)
+        self._moe_index = {layer: j for j, layer in enumerate(spec.moe_layers)}
+        self.kv_len = 0
+        self._pending: tuple[int, np.ndarray] | None = None  # (prefix_len, parents) of the last verify
+        self.profile = False
+        self.expert_compute_ms = 0.0
+
+    @classmethod
+    def from_pretrained(cls, model_dir: str | Path, device="cpu", dtype: torch.dtype | None = None,
+                        **kwargs) -> "OffloadedQwen3Moe":
+        """Load a Hugging Face Qwen3-MoE checkpoint directory, tensor by tensor.
+
+        Parameters
+        ----------
+        model_dir : str or Path
+            Directory with ``config.json`` and safetensors (single or sharded with an index;
+            experts per expert or fused, see :mod:`models.qwen3_moe.checkpoint`).
+        device : str or torch.device
+            Compute device (``"cpu"``, ``"cuda"``, ``"cuda:1"``).
+        dtype : torch.dtype, optional
+            Compute and storage dtype; default float32 on CPU, bfloat16 otherwise.
+        **kwargs
+            ``cache_slots`` (int in [0, E] or ``"all"``), ``gpu_memory`` (bytes or ``"20GiB"``:
+            the slots follow after the resident weights and the KV cache), ``eviction``
+            (``"lru"``/``"lfu"``), ``max_len`` (KV capacity, tokens), ``aux_layers``.
+
+        Returns
+        -------
+        OffloadedQwen3Moe
+
+        Raises
+        ------
+        CheckpointError
+            Missing config, shard or tensor, a shape mismatch, or an unsupported architecture;
+            the message names the file and the tensor.
+        SpecFitInputError
+            Bad ``cache_slots``, ``gpu_memory``, ``eviction``, ``max_len`` or ``aux_layers``.
+        """
+        device = torch.device(device)
+        dtype = dtype or (torch.float32 if device.type == "cpu" else torch.bfloat16)
+        spec = read_spec(model_dir)
+        reader = CheckpointReader(model_dir)
+        try:
+            weights = load_dense(reader, spec, device, dtype)
+            store = HostExpertStore(len(spec.moe_layers), spec.num_experts, spec.hidden_size,
+                                    spec.moe_intermediate_size, dtype, pin_memory=device.type == "cuda")
+            load_experts(reader, spec, store)
+        finally:
+            reader.close()
+        return cls(spec, weights, store, device, dtype, **kwargs)
+
+    # -- memory ------------------------------------------------------------------------------------
+    def _resident_bytes(self) -> int:
+        return sum(t.nbytes for t in self.w.values()) + self.k_cache.nbytes + self.v_cache.nbytes
+
+    def _slots_for(self, budget: int) -> int:
+        E, eb = self.spec.num_experts, self.store.expert_bytes
+        slots = slots_for_budget(budget, self._resident_bytes(), len(self.spec.moe_layers), E, eb)
+        if slots == 0:  # the transient staging buffer must still fit
+            slots_for_budget(budget, self._resident_bytes() + min(E, 8) * eb, 1, E, eb)
+        return slots
+
+    def memory(self) -> dict:
+        """Bytes the runtime holds.
+
+        Returns
+        -------
+        dict
+            ``{"device_bytes", "dense_bytes", "kv_bytes", "expert_cache_bytes", "host_bytes"}``;
+            ``host_bytes`` is the host expert store.
+        """
+        dense = sum(t.nbytes for t in self.w.values())
+        kv = self.k_cache.nbytes + self.v_cache.nbytes
+        return {"device_bytes": dense + kv + self.cache.device_bytes, "dense_bytes": dense, "kv_bytes": kv,
+                "expert_cache_bytes": self.cache.device_bytes, "host_bytes": self.store.nbytes}
+
+    # -- public forward modes ---------------------------------------------------------------------
+    def prefill(self, input_ids) -> ForwardOutput:
+        """Run ``input_ids`` (T,) after the committed prefix and commit all of them.
+
+        Returns
+        -------
+        ForwardOutput
+            One row per input token; ``logits[-1]`` predicts the next token.
+
+        Raises
+        ------
+        SpecFitInputError
+            If the ids are empty, out of the vocabulary, or overflow ``max_len``.
+        """
+        ids = self._ids(input_ids)
+        out = self._forward(ids, np.arange(len(ids)) - 1)
+        self.kv_len += len(ids)
+        self._pending = None
+        return out
+
+    def decode(self, token_id) -> ForwardOutput:
+        """Run one token after the committed prefix and commit it (AR decoding step).
+
+        Returns
+        -------
+        ForwardOutput
+            n = 1.
+        """
+        return self.prefill(self._ids([int(token_id)]))
+
+    def verify(self, tokens, parents: Sequence[int]) -> ForwardOutput:
+        """One forward over a draft tree after the committed prefix; nothing is committed.
+
+        Parameters
+        ----------
+        tokens : LongTensor or sequence of int
+            (n,) node tokens; node 0 is the root, the last committed token whose KV is not yet
+            in the cache (the previous bonus token).
+        parents : sequence of int
+            ``parents[0] = -1``, ``parents[i] < i`` (SPECFIT.md §2).
+
+        Returns
+        -------
+        ForwardOutput
+            One row per node. Node v attends to the prefix and to its root path, at position
+            ``kv_len + depth(v)``, so its logits equal sequential decoding of its root path.
+
+        Raises
+        ------
+        SpecFitInputError
+            Bad parents, a length mismatch, token ids out of range, or KV overflow.
+        """
+        ids = self._ids(tokens)
+        par = validate_parents(parents)
+        if len(par) != len(ids):
+            raise SpecFitInputError("parents", f"must have one entry per token ({len(ids)}), got {len(par)}")
+        out = self._forward(ids, par)
+        self._pending = (self.kv_len, par)
+        return out
+
+    def commit(self, path: Sequence[int]) -> None:
+        """Keep the KV of an accepted root path of the last :meth:`verify` tree, drop the rest.
+
+        Parameters
+        ----------
+        path : sequence of int
+            Node indices ``[0, v1, v2, ...]`` with ``parents[v_j] = v_{j-1}``; any root path, not
+            only the leftmost. Their KV rows move to ``kv_len, kv_len + 1, ...``.
+
+        Raises
+        ------
+        SpecFitInputError
+            If there is no pending verify or ``path`` is not a root path of its tree.
+        """
+        if self._pending is None:
+            raise SpecFitInputError("path", "commit needs a preceding verify (nothing pending)")
+        prefix, par = self._pending
+        path = [int(v) for v in path]
+        if not path or path[0] != 0:
+            raise SpecFitInputError("path", f"must start at the root node 0, got {path}")
+        for a, b in zip(path, path[1:]):
+            if not 0 < b < len(par) or par[b] != a:
+                raise SpecFitInputError("path", f"node {b} is not a child of node {a} in the verified tree")
+        src = torch.tensor(path, device=self.device) + prefix
+        n = len(path)
+        self.k_cache[:, :, prefix:prefix + n] = self.k_cache[:, :, src]
+        self.v_cache[:, :, prefix:prefix + n] = self.v_cache[:, :, src]
+        self.kv_len = prefix + n
+        self._pending = None
+
+    def reset(self) -> None:
+        """Forget the KV prefix (the expert cache keeps its contents and counters)."""
+        self.kv_len = 0
+        self._pending = None
+
+    # -- internals --------------------------------------------------------------------------------
+    def _ids(self, ids) -> torch.Tensor:
+        t = torch.as_tensor(ids).reshape(-1).to(torch.long)
+        if t.numel() == 0:
+            raise SpecFitInputError("input_ids", "must contain at least one token")
+        if int(t.min()) < 0 or int(t.max()) >= self.spec.vocab_size:
+            raise SpecFitInputError("input_ids", f"must lie in [0, {self.spec.vocab_size})")
+        return t.to(self.device)
+
+    def _forward(self, ids: torch.Tensor, parents: np.ndarray) -> ForwardOutput:
+        s, w, n, P = self.spec, self.w, len(ids), self.kv_len
+        if P + n > self.max_len:
+            raise SpecFitInputError("max_len", f"KV cache of {self.max_len} tokens cannot hold {P} + {n}")
+        depth = np.zeros(n, dtype=np.int64)
+        anc = np.eye(n, dtype=bool)
+        for i in range(1, n):
+            depth[i] = depth[parents[i]] + 1
+            anc[i] |= anc[parents[i]]
+        mask = torch.ones(n, P + n, dtype=torch.bool, device=self.device)
+        mask[:, P:] = torch.from_numpy(anc).to(self.device)
+        freqs = (torch.from_numpy(depth + P).to(self.device).float()[:, None] * self._inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
+        cos, sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+        groups, d = s.num_heads // s.num_kv_heads, s.head_dim
+        x = w["model.embed_tokens.weight"][ids]
+        hidden = {0: x}
+        routing = torch.empty(n, len(s.moe_layers), s.top_k, dtype=torch.long)
+        for i in range(s.num_layers):
+            p = f"model.layers.{i}."
+            h = rms_norm(x, w[p + "input_layernorm.weight"], s.rms_norm_eps)
+            q = rms_norm(F.linear(h, w[p + "self_attn.q_proj.weight"]).view(n, -1, d),
+                         w[p + "self_attn.q_norm.weight"], s.rms_norm_eps)
+            k = rms_norm(F.linear(h, w[p + "self_attn.k_proj.weight"]).view(n, -1, d),
+                         w[p + "self_attn.k_norm.weight"], s.rms_norm_eps)
+            v = F.linear(h, w[p + "self_attn.v_proj.weight"]).view(n, -1, d)
+            q, k = rope(q, cos, sin), rope(k, cos, sin)
+            self.k_cache[i, :, P:P + n] = k.transpose(0, 1)
+            self.v_cache[i, :, P:P + n] = v.transpose(0, 1)
+            keys = self.k_cache[i, :, :P + n].repeat_interleave(groups, dim=0)
+            vals = self.v_cache[i, :, :P + n].repeat_interleave(groups, dim=0)
+            att = F.scaled_dot_product_attention(q.transpose(0, 1), keys, vals, attn_mask=mask, scale=d ** -0.5)
+            x = x + F.linear(att.transpose(0, 1).reshape(n, -1), w[p + "self_attn.o_proj.weight"])
+            h = rms_norm(x, w[p + "post_attention_layernorm.weight"], s.rms_norm_eps)
+            if i in self._moe_index:
+                y, routing[:, self._moe_index[i]] = self._moe(self._moe_index[i], h, w[p + "mlp.gate.weight"])
+            else:
+                y = F.linear(F.silu(F.linear(h, w[p + "mlp.gate_proj.weight"])) * F.linear(h, w[p + "mlp.up_proj.weight"]),
+                             w[p + "mlp.down_proj.weight"])
+            x = x + y
+            hidden[i + 1] = x
+        last = rms_norm(x, w["model.norm.weight"], s.rms_norm_eps)
+        head = w["model.embed_tokens.weight"] if s.tie_word_embeddings else w["lm_head.weight"]
+        logits = F.linear(last, head).float()
+        aux = torch.cat([hidden[i] for i in self.aux_layers], dim=-1)
+        return ForwardOutput(logits=logits, routing=routing, aux_hidden=aux, last_hidden=last)
+
+    def _moe(self, layer: int, h: torch.Tensor, router: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sparse MoE block of MoE layer ``layer``: route, then run the needed experts via the cache.
+
+        Returns the block output (n, H) and the top-k expert ids (n, k) on the CPU.
+        """
+        probs = torch.softmax(F.linear(h, router), dim=-1, dtype=torch.float32)
+        top_w, top_i = torch.topk(probs, self.spec.top_k, dim=-1)
+        if self.spec.norm_topk_prob:
+            top_w = top_w / top_w.sum(dim=-1, keepdim=True)
+        top_w = top_w.to(h.dtype)
+        out = torch.zeros_like(h)
+        timer = self.cache.timer
+
+        def compute(e: int, gate_up: torch.Tensor, down: torch.Tensor) -> None:
+            t0 = timer.start() if self.profile else None
+            tok, slot = torch.nonzero(top_i == e, as_tuple=True)
+            gate, up = F.linear(h[tok], gate_up).chunk(2, dim=-1)
+            y = F.linear(F.silu(gate) * up, down) * top_w[tok, slot, None]
+            out.index_add_(0, tok, y)
+            if self.profile:
+                timer.stop(t0, self._add_expert_ms)
+
+        top_cpu = top_i.cpu()
+        self.cache.run(layer, torch.unique(top_cpu).tolist(), compute)
+        return out, top_cpu
+
+    def _add_expert_ms(self, ms: float) -> None:
+        self.expert_compute_ms += ms
+
+
+def greedy_generate(model: OffloadedQwen3Moe, prompt_ids, max_new_tokens: int,
+                    eos_token_id: int | Sequence[int] | None = None) -> list[int]:
+    """Greedy autoregressive decoding (argmax at every step) from a fresh KV prefix.
+
+    Parameters
+    ----------
+    model : OffloadedQwen3Moe
+        The target; its KV is reset first, its expert cache is kept.
+    prompt_ids : sequence of int or LongTensor
+        (T,) prompt token ids.
+    max_new_tokens : int
+        Upper bound on generated tokens.
+    eos_token_id : int or sequence of int, optional
+        Stop after emitting one of these ids (it is included in the output).
+
+    Returns
+    -------
+    list of int
+        The new token ids only.
+
+    Raises
+    ------
+    SpecFitInputError
+        If ``max_new_tokens`` is negative or the prompt is invalid.
+    """
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise SpecFitInputError("max_new_tokens", f"must be a non-negative integer, got {max_new_tokens!r}")
+    stop = set([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id or [])
+    model.reset()
+    out: list[int] = []
+    if max_new_tokens == 0:
+        return out
+    logits = model.prefill(prompt_ids).logits[-1]
+    while True:
+        tok = int(torch.argmax(logits))
+        out.append(tok)
+        if len(out) >= max_new_tokens or tok in stop:
+            return out
+        logits = model.decode(tok).logits[-1]
