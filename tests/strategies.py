@@ -1,0 +1,115 @@
+"""Hypothesis strategies for small random selection instances (reused across the solver tests).
+
+``instances(...)`` draws a draft tree (parents before children), path probabilities as products of
+q (with ties from a few round values), predicted experts per layer, an expert cache, a cost model
+(scalar or per-layer ``per_expert_ms``) and optional budgets. ``level_instances(...)`` draws a tree
+grown level by level (every node of level d+1 hangs off level d) for the stop-rule test.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import strategies as st
+
+from specfit.cost import CostModel
+from specfit.instance import Instance
+from specfit.tree import DraftTree
+
+#: Budget kinds accepted by :func:`instances`.
+BUDGETS = ("none", "nodes", "experts", "both")
+
+_q = st.one_of(st.sampled_from([0.0, 0.25, 0.5, 1.0]), st.floats(0.01, 1.0))
+
+
+@st.composite
+def costs(draw, layers: int, per_expert_zero: bool = False) -> CostModel:
+    """A cost model with fixed_ms in [0.5, 20], per_node_ms in [0, 3], per_expert_ms in [0, 3]."""
+    fixed = draw(st.floats(0.5, 20.0))
+    per_node = draw(st.floats(0.0, 3.0))
+    if per_expert_zero:
+        per_expert = 0.0
+    elif layers and draw(st.booleans()):
+        per_expert = draw(st.lists(st.floats(0.0, 3.0), min_size=layers, max_size=layers))
+    else:
+        per_expert = draw(st.floats(0.0, 3.0))
+    return CostModel(fixed, per_node, per_expert)
+
+
+@st.composite
+def _experts_and_cache(draw, n: int, layers: int, num_experts: int):
+    k = draw(st.integers(1, min(num_experts, 3)))
+    ids = st.lists(st.integers(0, num_experts - 1), min_size=k, max_size=k, unique=True)
+    experts = np.array([[draw(ids) for _ in range(layers)] for _ in range(n)], dtype=np.int64).reshape(n, layers, k)
+    cache = np.zeros((layers, num_experts), dtype=bool)
+    for l in range(layers):
+        cache[l, draw(st.lists(st.integers(0, num_experts - 1), max_size=num_experts, unique=True))] = True
+    return experts, cache
+
+
+def _with_budgets(draw, tree: DraftTree, cost: CostModel, cache, budget: str) -> Instance:
+    if budget not in BUDGETS:
+        raise ValueError(f"budget must be one of {BUDGETS}")
+    inst = Instance(tree, cost, cache)
+    max_nodes = draw(st.integers(1, tree.n)) if budget in ("nodes", "both") else None
+    max_new = None
+    if budget in ("experts", "both"):
+        root = int(inst.new_experts_per_layer([0]).max(initial=0))
+        max_new = draw(st.integers(root, root + 4))
+    return Instance(tree, cost, cache, max_nodes, max_new)
+
+
+@st.composite
+def instances(draw, min_nodes: int = 1, max_nodes: int = 12, budget: str = "none",
+              per_expert_zero: bool = False) -> Instance:
+    """A random instance with ``min_nodes..max_nodes`` nodes, 0-3 layers, 1-6 experts, top-1..3.
+
+    Parameters
+    ----------
+    budget : str
+        One of :data:`BUDGETS`: which of ``max_nodes`` / ``max_new_experts_per_layer`` to set
+        (always feasible for the root).
+    per_expert_zero : bool
+        Force ``per_expert_ms = 0`` (no expert term).
+    """
+    n = draw(st.integers(min_nodes, max_nodes))
+    parents = [-1] + [draw(st.integers(0, i - 1)) for i in range(1, n)]
+    q = [1.0] + [draw(_q) for _ in range(1, n)]
+    layers = draw(st.integers(0, 3))
+    num_experts = draw(st.integers(1, 6))
+    experts, cache = draw(_experts_and_cache(n, layers, num_experts))
+    tree = DraftTree(parents, q=q, experts=experts, num_experts=num_experts)
+    return _with_budgets(draw, tree, draw(costs(layers, per_expert_zero)), cache, budget)
+
+
+@st.composite
+def level_instances(draw, max_total: int = 14, budget: str = "none") -> tuple[Instance, list[int]]:
+    """A tree drafted level by level and the node count after each level.
+
+    Returns
+    -------
+    instance : Instance
+        Nodes in BFS order; the nodes of level d+1 all have parents in level d.
+    ends : list of int
+        ``ends[d]``: number of nodes in levels 0..d, so nodes ``range(ends[d])`` are the tree
+        drafted after level d (``ends[0] == 1``, ``ends[-1] == n``).
+    """
+    parents, q, ends = [-1], [1.0], [1]
+    level = [0]
+    while len(parents) < max_total:
+        new = []
+        for v in level:
+            for _ in range(draw(st.integers(0, 2))):
+                if len(parents) < max_total:
+                    parents.append(v)
+                    q.append(draw(_q))
+                    new.append(len(parents) - 1)
+        if not new:
+            break
+        ends.append(len(parents))
+        level = new
+    n = len(parents)
+    layers = draw(st.integers(0, 3))
+    num_experts = draw(st.integers(1, 6))
+    experts, cache = draw(_experts_and_cache(n, layers, num_experts))
+    tree = DraftTree(parents, q=q, experts=experts, num_experts=num_experts)
+    return _with_budgets(draw, tree, draw(costs(layers)), cache, budget), ends
