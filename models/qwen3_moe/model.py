@@ -31,7 +31,7 @@ from models.experts import DeviceExpertCache, HostExpertStore, parse_bytes, slot
 from models.qwen3_moe.checkpoint import CheckpointReader, load_dense, load_experts
 from models.qwen3_moe.config import Qwen3MoeSpec, read_spec
 from specfit.errors import SpecFitInputError
-from specfit.tree import validate_parents
+from specfit.tree import DraftTree
 
 
 @dataclass
@@ -217,7 +217,8 @@ class OffloadedQwen3Moe:
             If the ids are empty, out of the vocabulary, or overflow ``max_len``.
         """
         ids = self._ids(input_ids)
-        out = self._forward(ids, np.arange(len(ids)) - 1)
+        n = len(ids)
+        out = self._forward(ids, np.arange(n), torch.ones(n, n, dtype=torch.bool).tril())
         self.kv_len += len(ids)
         self._pending = None
         return out
@@ -255,11 +256,11 @@ class OffloadedQwen3Moe:
             Bad parents, a length mismatch, token ids out of range, or KV overflow.
         """
         ids = self._ids(tokens)
-        par = validate_parents(parents)
-        if len(par) != len(ids):
-            raise SpecFitInputError("parents", f"must have one entry per token ({len(ids)}), got {len(par)}")
-        out = self._forward(ids, par)
-        self._pending = (self.kv_len, par)
+        tree = DraftTree(parents, q=np.ones(len(parents)))
+        if tree.n != len(ids):
+            raise SpecFitInputError("parents", f"must have one entry per token ({len(ids)}), got {tree.n}")
+        out = self._forward(ids, tree.depth, torch.from_numpy(tree.ancestor_mask))
+        self._pending = (self.kv_len, tree.parents)
         return out
 
     def commit(self, path: Sequence[int]) -> None:
@@ -306,17 +307,14 @@ class OffloadedQwen3Moe:
             raise SpecFitInputError("input_ids", f"must lie in [0, {self.spec.vocab_size})")
         return t.to(self.device)
 
-    def _forward(self, ids: torch.Tensor, parents: np.ndarray) -> ForwardOutput:
+    def _forward(self, ids: torch.Tensor, depth: np.ndarray, new_mask: torch.Tensor) -> ForwardOutput:
+        """Forward ``ids`` (n,) at positions ``kv_len + depth``; ``new_mask`` (n, n) bool says which
+        new tokens each one sees (the prefix is always visible). Writes KV rows ``kv_len .. kv_len+n-1``."""
         s, w, n, P = self.spec, self.w, len(ids), self.kv_len
         if P + n > self.max_len:
             raise SpecFitInputError("max_len", f"KV cache of {self.max_len} tokens cannot hold {P} + {n}")
-        depth = np.zeros(n, dtype=np.int64)
-        anc = np.eye(n, dtype=bool)
-        for i in range(1, n):
-            depth[i] = depth[parents[i]] + 1
-            anc[i] |= anc[parents[i]]
         mask = torch.ones(n, P + n, dtype=torch.bool, device=self.device)
-        mask[:, P:] = torch.from_numpy(anc).to(self.device)
+        mask[:, P:] = new_mask.to(self.device)
         freqs = (torch.from_numpy(depth + P).to(self.device).float()[:, None] * self._inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
         cos, sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
@@ -382,43 +380,3 @@ class OffloadedQwen3Moe:
     def _add_expert_ms(self, ms: float) -> None:
         self.expert_compute_ms += ms
 
-
-def greedy_generate(model: OffloadedQwen3Moe, prompt_ids, max_new_tokens: int,
-                    eos_token_id: int | Sequence[int] | None = None) -> list[int]:
-    """Greedy autoregressive decoding (argmax at every step) from a fresh KV prefix.
-
-    Parameters
-    ----------
-    model : OffloadedQwen3Moe
-        The target; its KV is reset first, its expert cache is kept.
-    prompt_ids : sequence of int or LongTensor
-        (T,) prompt token ids.
-    max_new_tokens : int
-        Upper bound on generated tokens.
-    eos_token_id : int or sequence of int, optional
-        Stop after emitting one of these ids (it is included in the output).
-
-    Returns
-    -------
-    list of int
-        The new token ids only.
-
-    Raises
-    ------
-    SpecFitInputError
-        If ``max_new_tokens`` is negative or the prompt is invalid.
-    """
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise SpecFitInputError("max_new_tokens", f"must be a non-negative integer, got {max_new_tokens!r}")
-    stop = set([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id or [])
-    model.reset()
-    out: list[int] = []
-    if max_new_tokens == 0:
-        return out
-    logits = model.prefill(prompt_ids).logits[-1]
-    while True:
-        tok = int(torch.argmax(logits))
-        out.append(tok)
-        if len(out) >= max_new_tokens or tok in stop:
-            return out
-        logits = model.decode(tok).logits[-1]
