@@ -110,12 +110,12 @@ TREES = {
 
 
 # --- exactness against the reference ---------------------------------------------------------------
-@pytest.mark.parametrize("slots", [0, 1, "top_k", "all"])
-def test_prefill_decode_verify_match_reference(tiny, slots):
+@pytest.mark.parametrize("slots,eviction", [(0, "lru"), (1, "lru"), ("top_k", "lru"), ("top_k", "lfu"), ("all", "lru")])
+def test_prefill_decode_verify_match_reference(tiny, slots, eviction):
     path, ref, _ = tiny
     k, E = ref.config.num_experts_per_tok, ref.config.num_experts
     slots = k if slots == "top_k" else slots
-    model = OffloadedQwen3Moe.from_pretrained(path, cache_slots=slots, max_len=128)
+    model = OffloadedQwen3Moe.from_pretrained(path, cache_slots=slots, eviction=eviction, max_len=128)
     gen = torch.Generator().manual_seed(3)
     prompt = torch.randint(0, VOCAB, (12,), generator=gen)
     out = model.prefill(prompt)

@@ -1,0 +1,137 @@
+"""The host expert store and device expert cache on their own (no model): rounds, eviction, counters."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from models.experts import LFU, LRU, DeviceExpertCache, HostExpertStore, parse_bytes, slots_for_budget
+from specfit.errors import SpecFitInputError
+
+E, H, I, L = 6, 4, 3, 2
+
+
+def make_store() -> HostExpertStore:
+    """Every weight of expert e in layer l equals 100 * l + e, so a wrong slot is visible."""
+    store = HostExpertStore(L, E, H, I, torch.float32)
+    for layer in range(L):
+        for e in range(E):
+            v = float(100 * layer + e)
+            store.set_expert(layer, e, torch.full((I, H), v), torch.full((I, H), v + 0.5), torch.full((H, I), -v))
+    return store
+
+
+def run_and_check(cache: DeviceExpertCache, layer: int, experts: list[int]) -> list[int]:
+    seen = []
+
+    def compute(e, gate_up, down):
+        v = 100 * layer + e
+        assert torch.all(gate_up[:I] == v) and torch.all(gate_up[I:] == v + 0.5) and torch.all(down == -v), \
+            f"slot handed out for expert {e} holds another expert"
+        seen.append(e)
+
+    cache.run(layer, experts, compute)
+    return seen
+
+
+class MRU:
+    """An adversarial policy: evicts the most recently used candidate (the experts of the current
+    call are the most recent, so a cache that offered busy slots as candidates would hand them out)."""
+
+    name = "mru"
+
+    def victim(self, candidates, last_use, uses):
+        return max(candidates, key=lambda e: last_use[e])
+
+
+@settings(max_examples=60, deadline=None)
+@given(slots=st.sampled_from([0, 1, 2, 3, 5, E]), policy=st.sampled_from([LRU, LFU, MRU]),
+       calls=st.lists(st.tuples(st.integers(0, L - 1), st.sets(st.integers(0, E - 1), min_size=1)),
+                      min_size=1, max_size=12))
+def test_every_call_gets_its_own_weights(slots, policy, calls):
+    """Correct for any slot count, including calls that need more distinct experts than slots."""
+    cache = DeviceExpertCache(make_store(), "cpu", slots=slots)
+    cache.policy = policy()
+    hits = misses = 0
+    for layer, needed in calls:
+        before = set(cache.cached_experts()[layer])
+        seen = run_and_check(cache, layer, sorted(needed))
+        assert sorted(seen) == sorted(needed), "each needed expert runs exactly once"
+        hits += len(needed & before)
+        misses += len(needed - before)
+        assert len(cache.cached_experts()[layer]) <= slots
+    total = cache.stats()["total"]
+    assert (total["hits"], total["misses"]) == (hits, misses)
+    assert total["bytes_moved"] == misses * cache.store.expert_bytes
+    if slots == 0:
+        assert hits == 0 and cache.cached_experts() == [[], []]
+    if slots == E:
+        assert misses == 0
+
+
+def test_lru_and_lfu_victims():
+    lru = DeviceExpertCache(make_store(), "cpu", slots=2, policy="lru")
+    for needed in ([0], [0], [1], [2]):
+        run_and_check(lru, 0, needed)
+    assert lru.cached_experts()[0] == [1, 2]           # 0 was used longest ago
+    lfu = DeviceExpertCache(make_store(), "cpu", slots=2, policy="lfu")
+    for needed in ([0], [0], [1], [2]):
+        run_and_check(lfu, 0, needed)
+    assert lfu.cached_experts()[0] == [0, 2]           # 1 was used least often
+    assert lfu.cached_experts()[1] == []
+
+
+def test_rounds_keep_hits_and_count_per_layer():
+    cache = DeviceExpertCache(make_store(), "cpu", slots=2)
+    run_and_check(cache, 1, [4, 5])
+    cache.reset_stats()
+    run_and_check(cache, 1, [0, 1, 2, 4, 5])           # 2 hits, then 3 misses in 2 rounds
+    layers = cache.stats()["layers"]
+    assert (layers[1]["hits"], layers[1]["misses"]) == (2, 3)
+    assert layers[0] == {"hits": 0, "misses": 0, "prefetched": 0, "bytes_moved": 0, "transfer_ms": 0.0}
+    assert layers[1]["bytes_moved"] == 3 * 3 * H * I * 4 and layers[1]["transfer_ms"] > 0
+
+
+def test_prefetch_turns_misses_into_hits():
+    cache = DeviceExpertCache(make_store(), "cpu", slots=3)
+    assert cache.prefetch(0, [5, 1, 5, 2, 3]) == [5, 1, 2]     # deduplicated, at most 3 slots
+    assert cache.cached_experts()[0] == [1, 2, 5]
+    assert cache.prefetch(0, [1]) == []
+    run_and_check(cache, 0, [1, 2, 5])
+    st0 = cache.stats()["layers"][0]
+    assert (st0["hits"], st0["misses"], st0["prefetched"]) == (3, 0, 3)
+    assert st0["bytes_moved"] == 3 * cache.store.expert_bytes
+    assert DeviceExpertCache(make_store(), "cpu", slots=0).prefetch(0, [1]) == []
+    with pytest.raises(SpecFitInputError, match="expert_ids"):
+        cache.prefetch(0, [E])
+    with pytest.raises(SpecFitInputError, match="layer"):
+        cache.prefetch(L, [0])
+
+
+def test_all_resident_moves_nothing():
+    cache = DeviceExpertCache(make_store(), "cpu", slots="all")
+    assert cache.cached_experts() == [list(range(E))] * L
+    run_and_check(cache, 0, list(range(E)))
+    total = cache.stats()["total"]
+    assert (total["hits"], total["misses"], total["bytes_moved"], total["hit_rate"]) == (E, 0, 0, 1.0)
+
+
+@pytest.mark.parametrize("slots", [-1, E + 1, "many", 1.5, True])
+def test_bad_slots(slots):
+    with pytest.raises(SpecFitInputError, match="cache_slots"):
+        DeviceExpertCache(make_store(), "cpu", slots=slots)
+
+
+def test_parse_bytes_and_budget():
+    assert parse_bytes("20GiB") == 20 * 2**30
+    assert parse_bytes("1.5 kb") == 1500
+    assert parse_bytes(123) == 123
+    for bad in ("", "12 parsecs", "-3GB", None):
+        with pytest.raises(SpecFitInputError, match="gpu_memory"):
+            parse_bytes(bad)
+    assert slots_for_budget(1000, 100, num_layers=3, num_experts=8, expert_bytes=100) == 3
+    assert slots_for_budget(10**9, 100, num_layers=3, num_experts=8, expert_bytes=100) == 8
+    with pytest.raises(SpecFitInputError, match="gpu_memory"):
+        slots_for_budget(50, 100, num_layers=3, num_experts=8, expert_bytes=100)
