@@ -37,57 +37,61 @@ def path_prob_order(instance: Instance) -> list[int]:
 class _Coverage:
     """Incremental coverage of a growing ancestor-closed selection.
 
-    Keeps, for every node v, ``delta_ms[v]``: the transfer time (ms) of the uncached experts v
-    needs that the selection does not cover yet, and ``delta_count[v]`` of shape (L,), their count
-    per layer. Adding a node updates both for all nodes with one matrix product over the items it
-    newly covers, so a whole greedy run costs O(n · U) for U distinct uncached items.
+    ``covered`` marks the uncached items (layer, expert) the selection already transfers; a node
+    adds one node's time plus the items it needs that are not covered. With ``track_all`` it also
+    keeps ``delta_ms[v]``, that added transfer time for every node v, updated with one matrix
+    product over the items each added node newly covers (O(n · U) for a whole run, U distinct
+    uncached items), for the greedy's per-step scan of the frontier.
     """
 
-    def __init__(self, instance: Instance):
+    def __init__(self, instance: Instance, track_all: bool = False):
         self.inst = instance
-        n, L, E = instance.n, instance.num_layers, max(instance.num_experts, 1)
-        items = instance.node_items
-        universe = np.unique(np.concatenate(items)) if n else np.zeros(0, dtype=np.int64)
-        self.need = np.zeros((n, universe.shape[0]), dtype=bool)
-        for v in range(n):
-            self.need[v, np.searchsorted(universe, items[v])] = True
-        self.item_ms = instance.item_weight[universe]
-        self.item_layer = np.zeros((universe.shape[0], L))
-        self.item_layer[np.arange(universe.shape[0]), universe // E] = 1.0
-        needf = self.need.astype(np.float64)
-        self.delta_ms = needf @ self.item_ms
-        self.delta_count = needf @ self.item_layer
-        self.covered = np.zeros(universe.shape[0], dtype=bool)
-        self.layer_new = np.zeros(L)
-        self.in_set = np.zeros(n, dtype=bool)
-        self.size = 0
-        self.a = 0.0
-        self.t = instance.cost.fixed_ms
+        self.items = instance.node_items
+        self.w = instance.item_weight
+        self.L, self.E = instance.num_layers, max(instance.num_experts, 1)
+        self.cap = instance.max_new_experts_per_layer if self.L else None
+        self.covered = np.zeros(self.L * self.E, dtype=bool)
+        self.layer_new = np.zeros(self.L, dtype=np.int64)
+        self.in_set = np.zeros(instance.n, dtype=bool)
+        self.size, self.a, self.t = 0, 0.0, instance.cost.fixed_ms
+        self.universe = None
+        if track_all:
+            self.universe = np.unique(np.concatenate(self.items))
+            self.need = np.zeros((instance.n, self.universe.shape[0]))
+            for v in range(instance.n):
+                self.need[v, np.searchsorted(self.universe, self.items[v])] = 1.0
+            self.delta_ms = self.need @ self.w[self.universe]
         self.add(0)
+
+    def new_items(self, v: int) -> np.ndarray:
+        """Item ids node v needs that the selection does not cover yet."""
+        it = self.items[v]
+        return it[~self.covered[it]]
 
     def fits(self, v: int) -> bool:
         """True iff adding v keeps the selection within ``max_nodes`` and the expert budget."""
-        inst = self.inst
-        if inst.max_nodes is not None and self.size + 1 > inst.max_nodes:
+        if self.inst.max_nodes is not None and self.size + 1 > self.inst.max_nodes:
             return False
-        cap = inst.max_new_experts_per_layer
-        return cap is None or not self.layer_new.size or bool((self.layer_new + self.delta_count[v]).max() <= cap + 0.5)
+        if self.cap is None:
+            return True
+        counts = np.bincount(self.new_items(v) // self.E, minlength=self.L)
+        return bool((self.layer_new + counts).max() <= self.cap)
 
     def step_ms(self, v: int) -> float:
         """Time (ms) adding v would add: one node plus the experts it newly needs."""
-        return self.inst.cost.per_node_ms + max(float(self.delta_ms[v]), 0.0)
+        extra = max(float(self.delta_ms[v]), 0.0) if self.universe is not None else float(self.w[self.new_items(v)].sum())
+        return self.inst.cost.per_node_ms + extra
 
     def add(self, v: int) -> None:
         """Add node v (its parent must already be in the selection)."""
+        new = self.new_items(v)
         self.a += 1.0 if v == 0 else float(self.inst.tree.path_prob[v])
-        self.t += self.step_ms(v)
-        self.layer_new += np.rint(self.delta_count[v])
-        new = np.flatnonzero(self.need[v] & ~self.covered)
+        self.t += self.inst.cost.per_node_ms + float(self.w[new].sum())
         if new.size:
-            cols = self.need[:, new].astype(np.float64)
-            self.delta_ms -= cols @ self.item_ms[new]
-            self.delta_count -= cols @ self.item_layer[new]
+            self.layer_new += np.bincount(new // self.E, minlength=self.L)
             self.covered[new] = True
+            if self.universe is not None:
+                self.delta_ms -= self.need[:, np.searchsorted(self.universe, new)] @ self.w[new]
         self.in_set[v] = True
         self.size += 1
 
@@ -177,22 +181,23 @@ class GreedySolver(Solver):
 
     def select(self, instance: Instance, rate: float | None) -> tuple[Sequence[int], str]:
         lam = _lam(rate)
-        cov = _Coverage(instance)
+        cov = _Coverage(instance, track_all=True)
         prob = instance.tree.path_prob
         children = instance.tree.children
         frontier = set(children[0])
         while frontier:
-            best_v, best_r = -1, -1.0
-            for v in sorted(frontier):
-                if cov.fits(v):
-                    d = cov.step_ms(v)
-                    r = prob[v] / d if d > 0 else (np.inf if prob[v] > 0 else 0.0)
-                    if r > best_r:
-                        best_v, best_r = v, r
-            threshold = cov.a / cov.t if lam is None else lam
-            if best_v < 0 or not best_r > threshold:
+            cand = np.array(sorted(v for v in frontier if cov.fits(v)), dtype=np.int64)
+            if not cand.size:
                 break
-            cov.add(best_v)
-            frontier.remove(best_v)
-            frontier.update(children[best_v])
+            d = instance.cost.per_node_ms + np.maximum(cov.delta_ms[cand], 0.0)
+            p = prob[cand]
+            r = np.where(d > 0, p / np.where(d > 0, d, 1.0), np.where(p > 0, np.inf, 0.0))
+            i = int(np.argmax(r))  # first maximum: the lowest index among ties
+            threshold = cov.a / cov.t if lam is None else lam
+            if not r[i] > threshold:
+                break
+            v = int(cand[i])
+            cov.add(v)
+            frontier.remove(v)
+            frontier.update(children[v])
         return np.flatnonzero(cov.in_set).tolist(), "heuristic"
