@@ -141,58 +141,8 @@ def _run_compare_solvers(args) -> int:
     return 0
 
 
-def _add_compare_solvers(sub) -> None:
-    p = sub.add_parser("compare-solvers", help="compare solvers on generated or stored instances (gap, agreement, time)",
-                       description="Run solvers on the same instances and report the optimality gap against exact, "
-                                   "agreement, median and p99 solve time; writes markdown, JSON and PNG into --out.")
-    p.add_argument("--preset", default="qwen3-30b-a3b", help="generator preset: qwen3-30b-a3b (default) or small")
-    p.add_argument("--sizes", default="16,32,64,128", help="draft-tree sizes n, comma-separated (default 16,32,64,128)")
-    p.add_argument("--count", type=int, default=50, help="instances per size (default 50)")
-    p.add_argument("--layers", type=int, help="MoE layers (overrides the preset)")
-    p.add_argument("--experts", type=int, help="experts per layer")
-    p.add_argument("--top-k", type=int, help="experts per token per layer")
-    p.add_argument("--skew", type=float, help="Zipf exponent of expert popularity (0 = uniform)")
-    p.add_argument("--sharing", type=float, help="probability a node's expert slot repeats its parent's")
-    p.add_argument("--cache-fraction", type=float, help="share of each layer's experts in the expert cache")
-    p.add_argument("--cache-policy", choices=["popular", "random"], help="which experts the cache holds")
-    p.add_argument("--branch", type=int, help="EAGLE top_k of the generated draft trees")
-    p.add_argument("--profile", help="cost profile (default: the preset's)")
-    p.add_argument("--max-nodes", type=int, help="max_nodes budget for every instance")
-    p.add_argument("--max-new-experts-per-layer", type=int, help="expert budget for every generated instance")
-    p.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
-    p.add_argument("--instances", help="read instance JSON files from this folder instead of generating")
-    p.add_argument("--solvers", default="exact,cpsat,eagle,scan,greedy", help="solver names, comma-separated")
-    p.add_argument("--rate", type=float, help="rate mode with long-run rate in tokens/s (default: ratio mode)")
-    p.add_argument("--time-limit", type=float, default=30.0, help="cpsat time limit per instance, s (default 30)")
-    p.add_argument("--total-tokens", type=int, default=32, help="eagle's total_tokens (default 32)")
-    p.add_argument("--out", default="results/compare_solvers", help="output folder (default results/compare_solvers)")
-    p.add_argument("--all-cores", action="store_true", help="do not pin the process to one core while timing")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-
-
-def _run_compare_solvers(args) -> int:
-    from eval.compare import compare_solvers, parse_sizes
-    from eval.instances import get_preset, with_options
-
-    names = [s.strip() for s in args.solvers.split(",") if s.strip()]
-    spec = with_options(get_preset(args.preset), layers=args.layers, experts=args.experts, top_k=args.top_k,
-                        skew=args.skew, sharing=args.sharing, cache_fraction=args.cache_fraction,
-                        cache_policy=args.cache_policy, branch=args.branch, profile=args.profile,
-                        max_new_experts_per_layer=args.max_new_experts_per_layer)
-    options = {"cpsat": {"time_limit_s": args.time_limit}, "eagle": {"total_tokens": args.total_tokens}}
-    text, paths = compare_solvers(solvers=names, out=args.out, instances_dir=args.instances, spec=spec,
-                                  sizes=parse_sizes(args.sizes), count=args.count, seed=args.seed,
-                                  max_nodes=args.max_nodes, rate=args.rate,
-                                  options={k: v for k, v in options.items() if k in names},
-                                  pin_one_core=not args.all_cores, progress=not args.no_progress)
-    print(text, end="")
-    print(f"wrote {paths['markdown']}, {paths['json']}, {paths['png']}")
-    return 0
-
-
 _COMMANDS = (
     ("solve", _add_solve, _run_solve),
-    ("compare-solvers", _add_compare_solvers, _run_compare_solvers),
     ("compare-solvers", _add_compare_solvers, _run_compare_solvers),
     ("generate", _add_generate, _run_generate),
 )
