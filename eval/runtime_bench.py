@@ -1,0 +1,261 @@
+"""Benchmark of the offloaded Qwen3-MoE runtime: where the time of one forward goes.
+
+For AR decode and for tree verifies of 8, 16, 32 and 64 nodes, reports per forward (medians):
+total ms, split into dense compute (attention, norms, routers, lm_head, bookkeeping = total minus
+the two others), expert compute and H2D transfer; experts transferred, achieved transfer bandwidth
+(GB/s, 1 GB = 1e9 bytes) and ms per transferred expert. It then fits the cycle-time cost model of
+SPECFIT.md §3 (``specfit.cost.calibrate``, NNLS) to every measured forward.
+
+On CUDA, times come from CUDA events (transfers and expert kernels) and a synchronised wall clock
+(total); on the CPU from ``time.perf_counter`` and "H2D" is a host memcpy into the cache slots.
+
+Usage::
+
+    python -m eval.runtime_bench --synthetic tiny --device cpu
+    python -m eval.runtime_bench --model /path/to/Qwen3-30B-A3B --device cuda --cache-slots 0
+    python -m eval.runtime_bench --synthetic qwen3-30b-a3b --layers 4 --device cuda --json out.json
+
+``--synthetic`` writes a random-weight checkpoint (per-expert layout, one shard per layer) with the
+named shape to a temporary directory first; ``qwen3-30b-a3b`` has the real dimensions of
+Qwen3-30B-A3B (SPECFIT.md §5) and ``--layers`` decoder layers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+from models.qwen3_moe import OffloadedQwen3Moe
+from specfit.cost import calibrate
+
+#: Shapes for ``--synthetic``. ``qwen3-30b-a3b`` is the real model's config (SPECFIT.md §5).
+SHAPES = {
+    "tiny": dict(vocab_size=512, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                 moe_intermediate_size=32, num_experts=16, num_experts_per_tok=4, num_hidden_layers=4),
+    "small": dict(vocab_size=4096, hidden_size=512, num_attention_heads=8, num_key_value_heads=2, head_dim=64,
+                  moe_intermediate_size=192, num_experts=64, num_experts_per_tok=8, num_hidden_layers=4),
+    "qwen3-30b-a3b": dict(vocab_size=151936, hidden_size=2048, num_attention_heads=32, num_key_value_heads=4,
+                          head_dim=128, moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8,
+                          num_hidden_layers=48, rope_theta=1_000_000.0),
+}
+
+TREE_SIZES = (8, 16, 32, 64)
+
+
+def write_synthetic_checkpoint(out_dir: Path, shape: str, num_layers: int | None = None,
+                               dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> Path:
+    """Write a random Qwen3-MoE checkpoint with one of the :data:`SHAPES` (timing only, not a model).
+
+    Weights are N(0, 0.02²) except embeddings N(0, 1) and router rows of norm 2 (so that routing
+    spreads over the experts). Experts are stored per expert, one safetensors shard per layer plus
+    ``model.safetensors.index.json``.
+
+    Returns
+    -------
+    Path
+        ``out_dir``.
+    """
+    cfg = dict(SHAPES[shape], architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", norm_topk_prob=True,
+               rms_norm_eps=1e-6, tie_word_embeddings=False, max_position_embeddings=40960, hidden_act="silu",
+               intermediate_size=4 * SHAPES[shape]["hidden_size"])
+    cfg.setdefault("rope_theta", 10000.0)
+    if num_layers:
+        cfg["num_hidden_layers"] = num_layers
+    H, V, E, I = cfg["hidden_size"], cfg["vocab_size"], cfg["num_experts"], cfg["moe_intermediate_size"]
+    d, nq, nkv = cfg["head_dim"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    gen = torch.Generator().manual_seed(seed)
+
+    def rnd(*size, std=0.02):
+        return (torch.randn(*size, generator=gen) * std).to(dtype)
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    weight_map = {}
+
+    def shard(name: str, tensors: dict) -> None:
+        save_file(tensors, out_dir / name)
+        weight_map.update({k: name for k in tensors})
+
+    shard("embed.safetensors", {"model.embed_tokens.weight": rnd(V, H, std=1.0), "model.norm.weight": torch.ones(H, dtype=dtype),
+                                "lm_head.weight": rnd(V, H)})
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        router = torch.nn.functional.normalize(torch.randn(E, H, generator=gen), dim=-1) * 2.0
+        t = {p + "input_layernorm.weight": torch.ones(H, dtype=dtype), p + "post_attention_layernorm.weight": torch.ones(H, dtype=dtype),
+             p + "self_attn.q_proj.weight": rnd(nq * d, H), p + "self_attn.k_proj.weight": rnd(nkv * d, H),
+             p + "self_attn.v_proj.weight": rnd(nkv * d, H), p + "self_attn.o_proj.weight": rnd(H, nq * d),
+             p + "self_attn.q_norm.weight": torch.ones(d, dtype=dtype), p + "self_attn.k_norm.weight": torch.ones(d, dtype=dtype),
+             p + "mlp.gate.weight": router.to(dtype)}
+        for e in range(E):
+            t[f"{p}mlp.experts.{e}.gate_proj.weight"] = rnd(I, H)
+            t[f"{p}mlp.experts.{e}.up_proj.weight"] = rnd(I, H)
+            t[f"{p}mlp.experts.{e}.down_proj.weight"] = rnd(H, I)
+        shard(f"layer-{i:03d}.safetensors", t)
+    (out_dir / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    (out_dir / "config.json").write_text(json.dumps(cfg, indent=1))
+    return out_dir
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed_forward(model: OffloadedQwen3Moe, fn) -> dict:
+    """Run ``fn()`` (one forward) and return its time split and transfer counters.
+
+    Returns
+    -------
+    dict
+        ``total_ms, h2d_ms, expert_ms, dense_ms`` (ms), ``experts_moved``, ``bytes_moved``,
+        ``misses_per_layer`` (list).
+    """
+    before = model.cache.stats()
+    e0 = model.expert_compute_ms
+    _sync(model.device)
+    t0 = time.perf_counter()
+    fn()
+    _sync(model.device)
+    total = (time.perf_counter() - t0) * 1e3
+    after = model.cache.stats()  # flushes the CUDA event timers
+    h2d = after["total"]["transfer_ms"] - before["total"]["transfer_ms"]
+    expert = model.expert_compute_ms - e0
+    return {"total_ms": total, "h2d_ms": h2d, "expert_ms": expert, "dense_ms": total - h2d - expert,
+            "experts_moved": after["total"]["misses"] - before["total"]["misses"],
+            "bytes_moved": after["total"]["bytes_moved"] - before["total"]["bytes_moved"],
+            "misses_per_layer": [a["misses"] - b["misses"] for a, b in zip(after["layers"], before["layers"])]}
+
+
+def eagle_like_tree(n: int, rng: np.random.Generator, top_k: int = 4) -> list[int]:
+    """Parents of an n-node tree grown breadth-first with up to ``top_k`` children per node."""
+    parents, frontier, nxt = [-1], [0], []
+    while len(parents) < n:
+        for p in frontier:
+            for _ in range(int(rng.integers(1, top_k + 1))):
+                if len(parents) < n:
+                    nxt.append(len(parents))
+                    parents.append(p)
+        frontier, nxt = nxt, []
+    return parents
+
+
+def summarize(rows: list[dict], expert_bytes: int) -> dict:
+    """Medians of :func:`timed_forward` rows plus bandwidth (GB/s) and ms per transferred expert."""
+    med = {k: statistics.median(r[k] for r in rows) for k in ("total_ms", "dense_ms", "expert_ms", "h2d_ms",
+                                                               "experts_moved")}
+    moved = sum(r["experts_moved"] for r in rows)
+    h2d = sum(r["h2d_ms"] for r in rows)
+    med["gb_per_s"] = moved * expert_bytes / (h2d * 1e6) if h2d > 0 else float("nan")
+    med["ms_per_expert"] = h2d / moved if moved else float("nan")
+    med["repeats"] = len(rows)
+    return med
+
+
+def run_bench(model: OffloadedQwen3Moe, *, prefix_len: int = 32, repeats: int = 5, seed: int = 0) -> dict:
+    """Measure AR decode and tree verifies of :data:`TREE_SIZES` nodes on ``model``.
+
+    Each mode runs one warm-up forward and ``repeats`` measured ones after a prefill of
+    ``prefix_len`` random tokens; verifies are not committed, so every one sees the same prefix.
+
+    Returns
+    -------
+    dict
+        ``{"modes": {name: summary}, "calibration": {...}, "memory": {...}}``.
+    """
+    rng = np.random.default_rng(seed)
+    V, eb = model.spec.vocab_size, model.store.expert_bytes
+    model.profile = True
+    model.reset()
+    model.prefill(torch.as_tensor(rng.integers(0, V, prefix_len)))
+    modes, records = {}, []
+    decode_rows = []
+    for r in range(repeats + 1):
+        row = timed_forward(model, lambda: model.decode(int(rng.integers(0, V))))
+        if r:
+            decode_rows.append(row)
+    modes["ar_decode"] = summarize(decode_rows, eb)
+    records += [(1, row) for row in decode_rows]
+    for n in TREE_SIZES:
+        rows = []
+        for r in range(repeats + 1):
+            parents = eagle_like_tree(n, rng)
+            tokens = torch.as_tensor(rng.integers(0, V, n))
+            row = timed_forward(model, lambda: model.verify(tokens, parents))
+            if r:
+                rows.append(row)
+        modes[f"verify_{n}"] = summarize(rows, eb)
+        records += [(n, row) for row in rows]
+    cal = calibrate([n for n, _ in records], [row["misses_per_layer"] for _, row in records],
+                    [row["total_ms"] for _, row in records], name="measured")
+    model.profile = False
+    return {"modes": modes, "memory": model.memory(), "expert_bytes": eb, "cache_slots": model.cache.slots,
+            "calibration": {"cost": cal.cost.to_json(), "rmse_ms": cal.rmse_ms, "rel_residual": cal.rel_residual,
+                            "records": cal.num_records}}
+
+
+def machine() -> dict:
+    """Where the numbers were taken."""
+    info = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name()
+    return info
+
+
+def format_table(result: dict) -> str:
+    """A Markdown table of the medians."""
+    lines = ["| mode | total ms | dense ms | expert ms | H2D ms | experts moved | GB/s | ms/expert |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, m in result["modes"].items():
+        lines.append(f"| {name} | {m['total_ms']:.2f} | {m['dense_ms']:.2f} | {m['expert_ms']:.2f} | {m['h2d_ms']:.2f} | "
+                     f"{m['experts_moved']:.0f} | {m['gb_per_s']:.2f} | {m['ms_per_expert']:.4f} |")
+    c = result["calibration"]
+    lines.append(f"\nfitted cost model (NNLS over {c['records']} forwards, rel. residual {c['rel_residual']:.3f}): "
+                 f"{json.dumps(c['cost'])}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="Qwen3-MoE checkpoint directory")
+    src.add_argument("--synthetic", choices=sorted(SHAPES), help="write and use a random checkpoint of this shape")
+    ap.add_argument("--layers", type=int, default=None, help="decoder layers of the synthetic checkpoint")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--cache-slots", default="0", help="slots per layer or 'all' (default 0: transfer every expert)")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--prefix-len", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    ap.add_argument("--json", default=None, help="also write the full result to this file")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    slots = int(args.cache_slots) if args.cache_slots.isdigit() else args.cache_slots
+    device = torch.device(args.device)
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = args.model or write_synthetic_checkpoint(
+            Path(tmp) / args.synthetic, args.synthetic, args.layers,
+            dtype=torch.float32 if device.type == "cpu" else torch.bfloat16)
+        model = OffloadedQwen3Moe.from_pretrained(model_dir, device=device, cache_slots=slots,
+                                                  max_len=args.prefix_len + args.repeats + 80)
+    result = run_bench(model, prefix_len=args.prefix_len, repeats=args.repeats)
+    result.update(machine=machine(), command=" ".join(["python -m eval.runtime_bench", *(argv or sys.argv[1:])]),
+                  source=args.model or f"synthetic:{args.synthetic}", layers=model.spec.num_layers)
+    print(json.dumps(result["machine"]))
+    print(format_table(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,25 @@
+"""Smoke test of eval/runtime_bench.py on a tiny synthetic checkpoint (counts, not timings)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+
+def test_runtime_bench_counts(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "-m", "eval.runtime_bench", "--synthetic", "tiny", "--repeats", "2",
+                           "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads(out.read_text())
+    assert list(res["modes"]) == ["ar_decode", "verify_8", "verify_16", "verify_32", "verify_64"]
+    layers, top_k, experts = 4, 4, 16                    # the "tiny" shape
+    assert res["modes"]["ar_decode"]["experts_moved"] == layers * top_k   # cache_slots=0: all transferred
+    for n in (8, 16, 32, 64):
+        m = res["modes"][f"verify_{n}"]
+        assert layers * top_k < m["experts_moved"] <= layers * experts
+        assert m["repeats"] == 2 and m["total_ms"] > 0
+    assert res["expert_bytes"] == 3 * 64 * 32 * 4
+    assert set(res["calibration"]["cost"]) == {"fixed_ms", "per_node_ms", "per_expert_ms"}
+    assert "| verify_64 |" in proc.stdout
