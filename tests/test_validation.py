@@ -122,18 +122,13 @@ def test_rule_through_cli(rule, mutate, field, tmp_path, capsys):
     _assert_one_line_error(*_cli(capsys, ["solve", str(path), "--solver", "greedy", "--json"]), field)
 
 
-def test_bad_json(tmp_path, capsys):
-    path = tmp_path / "bad.json"
-    path.write_text('{"parents": [-1, 0,')
-    with pytest.raises(SpecFitInputError, match="not valid JSON") as info:
-        load_instance(path)
-    assert info.value.field == "instance"
-    _assert_one_line_error(*_cli(capsys, ["solve", str(path), "--json"]), "instance")
-
-
-def test_missing_file(tmp_path, capsys):
-    path = tmp_path / "nowhere.json"
-    with pytest.raises(SpecFitInputError, match="cannot read") as info:
+@pytest.mark.parametrize("content,rule", [('{"parents": [-1, 0,', "not valid JSON"), (None, "cannot read")],
+                         ids=["bad JSON", "missing file"])
+def test_unreadable_instance_file(content, rule, tmp_path, capsys):
+    path = tmp_path / "instance.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(SpecFitInputError, match=rule) as info:
         load_instance(path)
     assert info.value.field == "instance"
     _assert_one_line_error(*_cli(capsys, ["solve", str(path), "--json"]), "instance")
