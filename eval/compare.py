@@ -255,6 +255,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullLocator
 
     fig, (ax_t, ax_g) = plt.subplots(1, 2, figsize=(11, 4))
     for name in dict.fromkeys(r["solver"] for r in rows):
@@ -265,9 +266,15 @@ def plot(rows: list[dict], path: Path) -> None:
         if rs and rs[0]["mean_gap_pct"] is not None:
             ax_g.plot(ns, [r["mean_gap_pct"] for r in rs], marker="o", color=line.get_color(), label=f"{name} mean")
             ax_g.plot(ns, [r["max_gap_pct"] for r in rs], ls="--", marker="x", color=line.get_color(), alpha=0.6)
+    sizes = sorted({r["n"] for r in rows if r["n"] != "all"})
     ax_t.set(xlabel="draft-tree nodes n", ylabel="solve time (ms; dashed = p99)", yscale="log", xscale="log")
-    ax_g.set(xlabel="draft-tree nodes n", ylabel="gap vs reference (%; dashed = max)", xscale="log")
+    ax_g.set(xlabel="draft-tree nodes n", ylabel="gap vs reference (%; dashed = max; symlog)", xscale="log")
+    ax_g.set_yscale("symlog", linthresh=0.01)
+    top = max((r["max_gap_pct"] for r in rows if r["max_gap_pct"] is not None), default=0.0)
+    ax_g.set_ylim(0.0, max(2.0 * top, 0.1))
     for ax in (ax_t, ax_g):
+        ax.set_xticks(sizes, [str(n) for n in sizes])
+        ax.xaxis.set_minor_locator(NullLocator())
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
