@@ -443,3 +443,23 @@ def test_cli_generate_errors(moe_ckpt, capsys, argv, needle):
     rc = cli_main(["generate", "--model", str(path), "--max-new-tokens", "2", *argv])
     err = capsys.readouterr().err
     assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_published_config_spelling_and_tied_embeddings(moe_ckpt, tmp_path):
+    """Published Qwen3-30B-A3B configs say num_experts / top-level rope_theta / rope_scaling: null."""
+    path, ref = moe_ckpt
+
+    def published(cfg):
+        cfg["num_experts"] = cfg.pop("num_local_experts")
+        cfg["rope_theta"] = cfg.pop("rope_parameters")["rope_theta"]
+        cfg.update(rope_scaling=None, torch_dtype="bfloat16", max_window_layers=4)
+
+    old = _copy_ckpt(path, tmp_path / "published", edit_config=published)
+    ids = torch.arange(12) * 11 % VOCAB
+    torch.testing.assert_close(OffloadedQwen3Moe.from_pretrained(old).prefill(ids).logits, ref_logits(ref, ids),
+                               atol=ATOL, rtol=0)
+    tied = build_reference(dict(CONFIGS["moe"], tie_word_embeddings=True), seed=4)
+    tied.save_pretrained(tmp_path / "tied")
+    assert "lm_head.weight" not in load_file(tmp_path / "tied" / "model.safetensors")
+    torch.testing.assert_close(OffloadedQwen3Moe.from_pretrained(tmp_path / "tied").prefill(ids).logits,
+                               ref_logits(tied, ids), atol=ATOL, rtol=0)
