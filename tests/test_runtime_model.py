@@ -395,12 +395,15 @@ def test_gpu_memory_budget_sets_slots(moe_ckpt):
 
 
 # --- the command line ----------------------------------------------------------------------------
+def generate_json(capsys, model_dir, *argv) -> dict:
+    """Run ``specfit generate --json`` in process; return the printed object."""
+    assert cli_main(["generate", "--model", str(model_dir), *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
 def test_cli_generate_json(moe_ckpt, capsys):
     path, _ = moe_ckpt
-    rc = cli_main(["generate", "--model", str(path), "--prompt-ids", "5,17,42", "--max-new-tokens", "6",
-                   "--cache-slots", "2", "--json"])
-    assert rc == 0
-    out = json.loads(capsys.readouterr().out)
+    out = generate_json(capsys, path, "--prompt-ids", "5,17,42", "--max-new-tokens", "6", "--cache-slots", "2")
     expected = greedy_generate(OffloadedQwen3Moe.from_pretrained(path), [5, 17, 42], 6)
     assert out["output_ids"] == expected
     assert out["text"] is None
@@ -421,10 +424,7 @@ def test_cli_generate_text_with_tokenizer(moe_ckpt, tmp_path, capsys):
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     ref.save_pretrained(tmp_path)
     PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>").save_pretrained(tmp_path)
-    rc = cli_main(["generate", "--model", str(tmp_path), "--prompt", "w5 w17 w42", "--max-new-tokens", "4",
-                   "--cache-slots", "all", "--json"])
-    assert rc == 0
-    out = json.loads(capsys.readouterr().out)
+    out = generate_json(capsys, tmp_path, "--prompt", "w5 w17 w42", "--max-new-tokens", "4", "--cache-slots", "all")
     expected = greedy_generate(OffloadedQwen3Moe.from_pretrained(path), [5, 17, 42], 4)
     assert out["output_ids"] == expected
     assert out["text"].split() == [words[i] for i in expected]
