@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from models.qwen3_moe import CheckpointError, OffloadedQwen3Moe, greedy_generate
+from models.qwen3_moe import CheckpointError, OffloadedQwen3Moe, default_aux_layers, greedy_generate
 from specfit.cli import main as cli_main
 from specfit.errors import SpecFitInputError
 
@@ -158,7 +158,8 @@ def test_hidden_states_match_reference(tiny):
         last = ref.model(ids[None]).last_hidden_state[0]
     torch.testing.assert_close(out.last_hidden, last, atol=ATOL, rtol=0)
     assert model.aux_layers == (0, 1, 2, 3)
-    assert OffloadedQwen3Moe.from_pretrained(path).aux_layers == (2, L // 2, L - 3)
+    assert OffloadedQwen3Moe.from_pretrained(path).aux_layers == default_aux_layers(L) == (1, 2, 3)
+    assert default_aux_layers(48) == (2, 24, 45)
 
 
 def test_comparison_is_sensitive(moe_ckpt):

@@ -64,10 +64,15 @@ def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
     Index convention: index ``i`` is the hidden state *after* ``i`` decoder layers, i.e. the output
     of 0-based decoder layer ``i - 1`` and the input of layer ``i``; index 0 is the embedding output.
     This equals transformers' ``output_hidden_states=True`` tuple entry ``hidden_states[i]`` for
-    ``i < L`` and the capture point of the public EAGLE-3 code, which records the state entering
-    layers 2, L//2 and L-3. Indices are clipped to ``[0, L]`` for very shallow models.
+    ``i < L``, the capture point of the public EAGLE-3 code (the state entering layers 2, L//2 and
+    L-3) and SGLang/vLLM's ``eagle_aux_hidden_state_layer_ids``. For targets too shallow for three
+    increasing ids (L < 7) it uses ``(1, L // 2, L - 1)``, the rule of
+    ``models.eagle3.default_aux_layer_ids``, clipped to ``[0, L]``.
     """
-    return tuple(min(max(i, 0), num_layers) for i in (2, num_layers // 2, num_layers - 3))
+    ids = (2, num_layers // 2, num_layers - 3)
+    if not ids[0] < ids[1] < ids[2]:
+        ids = (1, num_layers // 2, num_layers - 1)
+    return tuple(min(max(i, 0), num_layers) for i in ids)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
