@@ -464,3 +464,20 @@ def test_published_config_spelling_and_tied_embeddings(moe_ckpt, tmp_path):
     assert "lm_head.weight" not in load_file(tmp_path / "tied" / "model.safetensors")
     torch.testing.assert_close(OffloadedQwen3Moe.from_pretrained(tmp_path / "tied").prefill(ids).logits,
                                ref_logits(tied, ids), atol=ATOL, rtol=0)
+
+
+def test_bfloat16_path_runs(moe_ckpt):
+    """The CUDA dtype (bfloat16) through every forward mode, here on the CPU: close to float32."""
+    path, _ = moe_ckpt
+    ids = torch.arange(10) * 13 % VOCAB
+    outs = []
+    for dtype in (torch.float32, torch.bfloat16):
+        model = OffloadedQwen3Moe.from_pretrained(path, dtype=dtype, cache_slots=1, max_len=32)
+        assert model.k_cache.dtype == model.store.gate_up[0].dtype == dtype
+        model.prefill(ids)
+        out = model.verify([3, 4, 5, 6], [-1, 0, 0, 1])
+        model.commit([0, 1, 3])
+        outs.append((out.logits, model.decode(2).logits))
+        assert out.logits.dtype == torch.float32 and out.aux_hidden.dtype == dtype
+    for a, b in zip(*outs):
+        torch.testing.assert_close(a, b, atol=0.15, rtol=0.05)
