@@ -179,7 +179,8 @@ def train_target(tokenizer, sources: dict[str, list[str]], out_dir: Path, *, ste
     model = build_target(len(tokenizer), tokenizer.eos_token_id).to(device)
     model.config.output_router_logits = True
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
-    log = open(log_path, "w") if log_path else None
+    if log_path:  # reopened per record: checkpoints replace the directory the log lives in
+        Path(log_path).write_text("")
     t0 = time.time()
     step = 0
     for step in range(steps):
@@ -194,9 +195,9 @@ def train_target(tokenizer, sources: dict[str, list[str]], out_dir: Path, *, ste
         lm_loss = out.loss.item() - model.config.router_aux_loss_coef * out.aux_loss.item()
         rec = {"step": step + 1, "loss": lm_loss, "aux_loss": out.aux_loss.item(),
                "lr": opt.param_groups[0]["lr"], "seconds": time.time() - t0}
-        if log:
-            log.write(json.dumps(rec) + "\n")
-            log.flush()
+        if log_path:
+            with open(log_path, "a") as log:
+                log.write(json.dumps(rec) + "\n")
         timed_out = max_minutes is not None and time.time() - t0 > 60 * max_minutes
         if (step + 1) % ckpt_every == 0 or step + 1 == steps or timed_out:
             model.config.output_router_logits = False
@@ -204,6 +205,4 @@ def train_target(tokenizer, sources: dict[str, list[str]], out_dir: Path, *, ste
             model.config.output_router_logits = True
         if timed_out:
             break
-    if log:
-        log.close()
     return {"steps": step + 1, "tokens": (step + 1) * batch * seq_len, "minutes": (time.time() - t0) / 60}

@@ -1,0 +1,713 @@
+"""EAGLE-3 draft head and level-by-level draft-tree growth (EAGLE-2 dynamic tree).
+
+The head (Li et al. 2025, "EAGLE-3: Scaling up Inference Acceleration of Large Language Models via
+Training-Time Test", §3) reads three hidden states of the target (low, middle, high layers), fuses
+them with ``fc`` (3·H_target → H), and runs one decoder layer whose attention input is the
+concatenation of the normed token embedding and the normed feature (2H → attention). A final norm
+and an ``lm_head`` over a reduced *draft vocabulary* give the draft distribution q; ``d2t`` maps a
+draft id d to the target id ``d + d2t[d]`` and ``t2d`` marks which target ids the draft can emit.
+
+Checkpoint layout (the public one, as published for Qwen3 targets, e.g. AngelSlim/Qwen3-a3B_eagle3):
+``config.json`` with Llama-style keys plus ``draft_vocab_size``, optional ``target_hidden_size``
+and ``eagle_config.eagle_aux_hidden_state_layer_ids``; weights ``fc.weight``,
+``midlayer.{input_layernorm,hidden_norm,post_attention_layernorm}.weight``,
+``midlayer.self_attn.{q,k,v,o}_proj.weight``, ``midlayer.mlp.{gate,up,down}_proj.weight``,
+``norm.weight``, ``lm_head.weight``, ``d2t`` (int64 offsets), ``t2d`` (bool) and optionally
+``embed_tokens.weight`` (otherwise the target's input embedding is used, as EAGLE does).
+
+Aux layer ids index the target's ``output_hidden_states`` tuple (0 = embedding output, i = output
+of decoder layer i-1 = input of layer i), the convention of SGLang/vLLM's
+``eagle_aux_hidden_state_layer_ids``. EAGLE-3's default is ``(2, L//2, L-3)``; for targets too
+shallow for it to give three distinct layers (L < 7) :func:`default_aux_layer_ids` uses
+``(1, L//2, L-1)`` (``(0, 1, 2)`` for L = 3), the same low/middle/high spread.
+
+Drafting (:class:`Eagle3Drafter`): the drafter's KV cache holds committed tokens only, each paired
+with the *target's* feature of the previous token (EAGLE's one-step shift: slot s holds
+``(embed(x[s+1]), fc(f[s]))`` at position s+1 and predicts x[s+2]). Tree nodes live in a temporary
+cache that is dropped after each :meth:`Eagle3Drafter.draft_levels` call, so rejected branches
+never stay visible (no ghost KV).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specfit.errors import SpecFitInputError
+
+#: Weight names of the public EAGLE-3 layout (besides the optional ``embed_tokens.weight``).
+WEIGHT_NAMES = (
+    "fc.weight",
+    "midlayer.input_layernorm.weight",
+    "midlayer.hidden_norm.weight",
+    "midlayer.self_attn.q_proj.weight",
+    "midlayer.self_attn.k_proj.weight",
+    "midlayer.self_attn.v_proj.weight",
+    "midlayer.self_attn.o_proj.weight",
+    "midlayer.post_attention_layernorm.weight",
+    "midlayer.mlp.gate_proj.weight",
+    "midlayer.mlp.up_proj.weight",
+    "midlayer.mlp.down_proj.weight",
+    "norm.weight",
+    "lm_head.weight",
+    "d2t",
+    "t2d",
+)
+
+
+def default_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:
+    """EAGLE-3's aux layers ``(2, L//2, L-3)``; ``(1, L//2, L-1)`` (or ``(0, 1, 2)``) when not distinct.
+
+    Parameters
+    ----------
+    num_layers : int
+        Decoder layers L of the target.
+
+    Returns
+    -------
+    tuple of three int
+        Indices into the target's ``output_hidden_states`` (0 = embeddings).
+
+    Raises
+    ------
+    SpecFitInputError
+        If ``num_layers < 3`` (three distinct layers do not exist).
+    """
+    if num_layers < 3:
+        raise SpecFitInputError("num_hidden_layers", f"an EAGLE-3 head needs a target with >= 3 layers, got {num_layers}")
+    for ids in ((2, num_layers // 2, num_layers - 3), (1, num_layers // 2, num_layers - 1), (0, 1, 2)):
+        if ids[0] < ids[1] < ids[2]:
+            return ids
+
+
+@dataclass(frozen=True)
+class Eagle3Config:
+    """Shape of an EAGLE-3 head (one decoder layer).
+
+    ``vocab_size`` is the target's vocabulary; ``draft_vocab_size`` the lm_head's rows;
+    ``aux_layer_ids`` may be ``None`` (then :func:`default_aux_layer_ids` of the target applies).
+    """
+
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    draft_vocab_size: int
+    target_hidden_size: int
+    aux_layer_ids: tuple[int, ...] | None = None
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 4096
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "Eagle3Config":
+        """Read a public EAGLE-3 ``config.json`` (Llama keys + EAGLE-3 keys).
+
+        Raises
+        ------
+        SpecFitInputError
+            If a required key is missing or not a positive integer, or ``num_hidden_layers != 1``.
+        """
+
+        def need(key):
+            if key not in d:
+                raise SpecFitInputError(f"config.{key}", "required in an EAGLE-3 config.json")
+            return _positive_int(d[key], f"config.{key}")
+
+        if int(d.get("num_hidden_layers", 1)) != 1:
+            raise SpecFitInputError("config.num_hidden_layers", f"must be 1 for an EAGLE-3 head, got {d['num_hidden_layers']}")
+        hidden, heads = need("hidden_size"), need("num_attention_heads")
+        eagle = d.get("eagle_config") or {}
+        aux = eagle.get("eagle_aux_hidden_state_layer_ids", d.get("eagle_aux_hidden_state_layer_ids"))
+        rope = d.get("rope_theta") or (d.get("rope_parameters") or {}).get("rope_theta") or 10000.0
+        vocab = need("vocab_size")
+        return cls(
+            hidden_size=hidden,
+            intermediate_size=need("intermediate_size"),
+            num_attention_heads=heads,
+            num_key_value_heads=_positive_int(d.get("num_key_value_heads", heads), "config.num_key_value_heads"),
+            head_dim=_positive_int(d.get("head_dim") or hidden // heads, "config.head_dim"),
+            vocab_size=vocab,
+            draft_vocab_size=_positive_int(d.get("draft_vocab_size") or vocab, "config.draft_vocab_size"),
+            target_hidden_size=_positive_int(d.get("target_hidden_size") or hidden, "config.target_hidden_size"),
+            aux_layer_ids=tuple(int(i) for i in aux) if aux is not None else None,
+            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(rope),
+            max_position_embeddings=int(d.get("max_position_embeddings", 4096)),
+        )
+
+    def to_dict(self) -> dict:
+        """The public ``config.json`` layout (``LlamaForCausalLMEagle3``)."""
+        d = {
+            "architectures": ["LlamaForCausalLMEagle3"],
+            "model_type": "llama",
+            "num_hidden_layers": 1,
+            "hidden_act": "silu",
+            "tie_word_embeddings": False,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "vocab_size": self.vocab_size,
+            "draft_vocab_size": self.draft_vocab_size,
+            "target_hidden_size": self.target_hidden_size,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "max_position_embeddings": self.max_position_embeddings,
+        }
+        if self.aux_layer_ids is not None:
+            d["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(self.aux_layer_ids), "use_aux_hidden_state": True}
+        return d
+
+
+def _positive_int(value, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise SpecFitInputError(field, f"must be a positive integer, got {value!r}")
+    return value
+
+
+def _cfg_get(cfg, key):
+    return cfg.get(key) if isinstance(cfg, Mapping) else getattr(cfg, key, None)
+
+
+def check_target(cfg: Eagle3Config, target_config) -> tuple[int, int, int]:
+    """Check that a head fits a target and return the aux layer ids to read.
+
+    Parameters
+    ----------
+    cfg : Eagle3Config
+        The head's configuration.
+    target_config : transformers.PretrainedConfig or Mapping
+        The target's config (``hidden_size``, ``num_hidden_layers``, ``vocab_size``).
+
+    Returns
+    -------
+    tuple of int
+        Three indices into the target's ``output_hidden_states``.
+
+    Raises
+    ------
+    SpecFitInputError
+        ``target_hidden_size`` differs from the target's hidden size; the aux layer ids are not
+        three distinct ids in ``[0, num_hidden_layers)``; ``vocab_size`` differs from the target's.
+    """
+    hidden, layers, vocab = (_cfg_get(target_config, k) for k in ("hidden_size", "num_hidden_layers", "vocab_size"))
+    if cfg.target_hidden_size != hidden:
+        raise SpecFitInputError("target_hidden_size", f"head expects target hidden size {cfg.target_hidden_size}, target has {hidden}")
+    if cfg.vocab_size != vocab:
+        raise SpecFitInputError("vocab_size", f"head maps draft ids into a vocabulary of {cfg.vocab_size}, target has {vocab}")
+    ids = cfg.aux_layer_ids if cfg.aux_layer_ids is not None else default_aux_layer_ids(layers)
+    if len(ids) != 3 or len(set(ids)) != 3 or not all(0 <= i < layers for i in ids):
+        raise SpecFitInputError(
+            "eagle_config.eagle_aux_hidden_state_layer_ids",
+            f"must be 3 distinct ids in [0, {layers}) for a {layers}-layer target, got {list(ids)}",
+        )
+    return tuple(ids)
+
+
+def select_aux_hidden(hidden_states, layer_ids) -> torch.Tensor:
+    """Concatenate the target's hidden states at ``layer_ids`` into the head's input feature.
+
+    Parameters
+    ----------
+    hidden_states : sequence of torch.Tensor
+        The target's ``output_hidden_states``, each (..., T, H).
+    layer_ids : sequence of int
+        Indices into ``hidden_states`` (see :func:`check_target`).
+
+    Returns
+    -------
+    torch.Tensor
+        (..., T, 3H), the layers in the given order.
+    """
+    return torch.cat([hidden_states[i] for i in layer_ids], dim=-1)
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm (Zhang & Sennrich 2019), computed in float32."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+
+
+def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary position embedding (Su et al. 2021), half-split (Llama/Qwen) layout.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        (B, n, heads, head_dim).
+    positions : torch.Tensor
+        (n,) or (B, n) integer positions.
+    """
+    half = x.shape[-1] // 2
+    inv = 1.0 / theta ** (torch.arange(half, device=x.device, dtype=torch.float32) / half)
+    ang = positions.to(torch.float32)[..., None] * inv  # (B?, n, half)
+    if ang.dim() == 2:
+        ang = ang[None]
+    cos, sin = ang.cos()[:, :, None, :], ang.sin()[:, :, None, :]
+    x1, x2 = x[..., :half].float(), x[..., half:].float()
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+class Eagle3Layer(nn.Module):
+    """The head's decoder layer: attention over concat(norm(embed), norm(feature)), then a SwiGLU MLP."""
+
+    def __init__(self, cfg: Eagle3Config):
+        super().__init__()
+        h, nh, nkv, hd = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.cfg = cfg
+        self.input_layernorm = RMSNorm(h, cfg.rms_norm_eps)
+        self.hidden_norm = RMSNorm(h, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps)
+        self.self_attn = nn.Module()
+        self.self_attn.q_proj = nn.Linear(2 * h, nh * hd, bias=False)
+        self.self_attn.k_proj = nn.Linear(2 * h, nkv * hd, bias=False)
+        self.self_attn.v_proj = nn.Linear(2 * h, nkv * hd, bias=False)
+        self.self_attn.o_proj = nn.Linear(nh * hd, h, bias=False)
+        self.mlp = nn.Module()
+        self.mlp.gate_proj = nn.Linear(h, cfg.intermediate_size, bias=False)
+        self.mlp.up_proj = nn.Linear(h, cfg.intermediate_size, bias=False)
+        self.mlp.down_proj = nn.Linear(cfg.intermediate_size, h, bias=False)
+
+    def forward(self, embeds, hidden, positions, past_k, past_v, mask):
+        """One layer step for n new slots attending to ``past`` + themselves.
+
+        Parameters
+        ----------
+        embeds, hidden : torch.Tensor
+            (B, n, H) token embeddings and features (fused target feature or draft hidden state).
+        positions : torch.Tensor
+            (n,) or (B, n) rotary positions.
+        past_k, past_v : torch.Tensor
+            (B, P, kv_heads, head_dim) keys/values already cached (P may be 0).
+        mask : torch.Tensor
+            (n, P + n) bool, True where a new slot may attend.
+
+        Returns
+        -------
+        tuple of torch.Tensor
+            Output hidden (B, n, H) before the final norm, and the new keys/values (B, n, kv_heads, head_dim).
+        """
+        cfg = self.cfg
+        b, n, _ = hidden.shape
+        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+        a = self.self_attn
+        q = apply_rope(a.q_proj(x).view(b, n, cfg.num_attention_heads, cfg.head_dim), positions, cfg.rope_theta)
+        k = apply_rope(a.k_proj(x).view(b, n, cfg.num_key_value_heads, cfg.head_dim), positions, cfg.rope_theta)
+        v = a.v_proj(x).view(b, n, cfg.num_key_value_heads, cfg.head_dim)
+        rep = cfg.num_attention_heads // cfg.num_key_value_heads
+        keys = torch.cat([past_k, k], dim=1).repeat_interleave(rep, dim=2).transpose(1, 2)
+        vals = torch.cat([past_v, v], dim=1).repeat_interleave(rep, dim=2).transpose(1, 2)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=mask)
+        h = hidden + a.o_proj(out.transpose(1, 2).reshape(b, n, -1))
+        m = self.mlp
+        y = self.post_attention_layernorm(h)
+        h = h + m.down_proj(F.silu(m.gate_proj(y)) * m.up_proj(y))
+        return h, k, v
+
+
+class Eagle3Head(nn.Module):
+    """EAGLE-3 draft head (fc, one decoder layer, norm, lm_head over the draft vocabulary).
+
+    Parameters
+    ----------
+    cfg : Eagle3Config
+        Head shape.
+
+    Attributes
+    ----------
+    d2t : torch.Tensor
+        (draft_vocab_size,) int64; target id = draft id + ``d2t[draft id]``.
+    t2d : torch.Tensor
+        (vocab_size,) bool; True for target ids in the draft vocabulary.
+    """
+
+    def __init__(self, cfg: Eagle3Config):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.fc = nn.Linear(3 * cfg.target_hidden_size, cfg.hidden_size, bias=False)
+        self.midlayer = Eagle3Layer(cfg)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
+        t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+        t2d[: cfg.draft_vocab_size] = True
+        self.register_buffer("t2d", t2d)
+
+    def fuse(self, aux_hidden: torch.Tensor) -> torch.Tensor:
+        """Fuse target features (..., 3·H_target) → (..., H).
+
+        Raises
+        ------
+        SpecFitInputError
+            If the last dimension is not ``3 * target_hidden_size``.
+        """
+        if aux_hidden.shape[-1] != 3 * self.cfg.target_hidden_size:
+            raise SpecFitInputError(
+                "target_aux_hidden", f"last dimension must be 3 * {self.cfg.target_hidden_size}, got shape {tuple(aux_hidden.shape)}"
+            )
+        return self.fc(aux_hidden.to(self.fc.weight.dtype))
+
+    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Map draft-vocabulary ids to target ids with ``d2t``."""
+        return draft_ids + self.d2t[draft_ids]
+
+    def step(self, tokens, hidden, positions, past_k, past_v, mask):
+        """Run the layer for new slots and return (hidden (B,n,H), draft logits (B,n,Vd), k, v).
+
+        ``tokens`` are target ids (B, n); other arguments as :meth:`Eagle3Layer.forward`.
+        """
+        h, k, v = self.midlayer(self.embed_tokens(tokens), hidden, positions, past_k, past_v, mask)
+        return h, self.lm_head(self.norm(h)), k, v
+
+    def empty_kv(self, batch: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """Empty key/value caches of shape (batch, 0, kv_heads, head_dim)."""
+        w = self.fc.weight
+        z = w.new_zeros(batch, 0, self.cfg.num_key_value_heads, self.cfg.head_dim)
+        return z, z.clone()
+
+    def forward(self, input_ids: torch.Tensor, aux_hidden: torch.Tensor):
+        """Teacher-forced causal pass (training and tests).
+
+        Parameters
+        ----------
+        input_ids : torch.Tensor
+            (B, T) target ids; slot s holds token ``input_ids[:, s]``.
+        aux_hidden : torch.Tensor
+            (B, T, 3·H_target) target features paired with each slot (the feature of the
+            *previous* token in EAGLE's shift; the caller aligns them).
+
+        Returns
+        -------
+        tuple of torch.Tensor
+            Draft logits (B, T, draft_vocab_size) and output hidden states (B, T, H).
+        """
+        b, t = input_ids.shape
+        mask = torch.ones(t, t, dtype=torch.bool, device=input_ids.device).tril()
+        pk, pv = self.empty_kv(b)
+        h, logits, _, _ = self.step(input_ids, self.fuse(aux_hidden), torch.arange(t, device=input_ids.device), pk, pv, mask)
+        return logits, h
+
+
+def _atomic_dir_write(out_dir: Path, write) -> None:
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    if out_dir.exists():
+        for p in out_dir.iterdir():  # keep files written by others (model card, plots, logs)
+            if p.is_file():
+                shutil.copy2(p, tmp / p.name)
+    write(tmp)
+    old = out_dir.with_name(out_dir.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if out_dir.exists():
+        os.replace(out_dir, old)
+    os.replace(tmp, out_dir)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def save_eagle3(head: Eagle3Head, out_dir, include_embed: bool = False, dtype=torch.bfloat16) -> None:
+    """Write ``head`` in the public EAGLE-3 layout (config.json + model.safetensors), atomically.
+
+    Parameters
+    ----------
+    head : Eagle3Head
+    out_dir : str or pathlib.Path
+        Target directory (created; replaced through a temporary directory and a rename).
+    include_embed : bool
+        Also store ``embed_tokens.weight`` (public heads usually leave it to the target).
+    dtype : torch.dtype
+        Dtype of the floating-point weights.
+    """
+    from safetensors.torch import save_file
+
+    sd = head.state_dict()
+    tensors = {name: sd[name].detach().cpu().contiguous() for name in WEIGHT_NAMES}
+    if include_embed:
+        tensors["embed_tokens.weight"] = sd["embed_tokens.weight"].detach().cpu()
+    tensors = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in tensors.items()}
+
+    def write(tmp: Path):
+        (tmp / "config.json").write_text(json.dumps(head.cfg.to_dict(), indent=2) + "\n")
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+
+    _atomic_dir_write(Path(out_dir), write)
+
+
+def load_eagle3(path, target_config=None, embed_weight: torch.Tensor | None = None, device="cpu",
+                dtype=torch.float32) -> Eagle3Head:
+    """Load an EAGLE-3 head from a directory in the public layout.
+
+    Parameters
+    ----------
+    path : str or pathlib.Path
+        Directory with ``config.json`` and one or more ``*.safetensors`` files.
+    target_config : transformers.PretrainedConfig or Mapping, optional
+        The target's config; when given, :func:`check_target` runs and the resolved aux layer
+        ids are stored in ``head.aux_layer_ids``.
+    embed_weight : torch.Tensor, optional
+        (vocab_size, H) target input embedding, required when the checkpoint has no
+        ``embed_tokens.weight``.
+    device, dtype
+        Where and in which dtype to place the weights.
+
+    Returns
+    -------
+    Eagle3Head
+        In eval mode; ``head.aux_layer_ids`` is the tuple of aux ids (or ``None`` when neither
+        the config nor ``target_config`` fixes it).
+
+    Raises
+    ------
+    SpecFitInputError
+        Missing config or weights, a weight whose shape disagrees with the config, an invalid
+        ``d2t``, or (with ``target_config``) a hidden-size, aux-layer or vocabulary mismatch.
+    """
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise SpecFitInputError("eagle3_path", f"no config.json in {path}")
+    cfg = Eagle3Config.from_dict(json.loads((path / "config.json").read_text()))
+    aux_ids = check_target(cfg, target_config) if target_config is not None else cfg.aux_layer_ids
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise SpecFitInputError("eagle3_path", f"no *.safetensors weights in {path}")
+    weights = {}
+    for f in files:
+        for k, v in load_file(str(f)).items():
+            weights[k.removeprefix("model.")] = v
+    head = Eagle3Head(cfg)
+    expected = head.state_dict()
+    if "embed_tokens.weight" not in weights:
+        if embed_weight is None:
+            raise SpecFitInputError("embed_tokens", "checkpoint has no embed_tokens.weight; pass the target's input embedding")
+        weights["embed_tokens.weight"] = embed_weight
+    for name, ref in expected.items():
+        if name not in weights:
+            raise SpecFitInputError(f"weights.{name}", "missing from the checkpoint")
+        if tuple(weights[name].shape) != tuple(ref.shape):
+            raise SpecFitInputError(f"weights.{name}", f"shape {tuple(weights[name].shape)} does not match the config's {tuple(ref.shape)}")
+    d2t = weights["d2t"].long()
+    tgt = d2t + torch.arange(cfg.draft_vocab_size)
+    if tgt.min() < 0 or tgt.max() >= cfg.vocab_size:
+        raise SpecFitInputError("d2t", f"draft id + d2t must lie in [0, {cfg.vocab_size}) (the target vocabulary)")
+    state = {k: (weights[k].to(dtype) if ref.is_floating_point() else weights[k].to(ref.dtype)) for k, ref in expected.items()}
+    head.load_state_dict(state)
+    head.aux_layer_ids = aux_ids
+    return head.to(device).eval()
+
+
+@dataclass
+class DraftLevel:
+    """The nodes one level of draft-tree growth adds (all tensors on the drafter's device).
+
+    Node ids are global within one :meth:`Eagle3Drafter.draft_levels` call: the root is 0 and
+    nodes are numbered in the order levels yield them, so every parent id is smaller than the
+    child's and belongs to an earlier level.
+
+    Attributes
+    ----------
+    depth : int
+        Depth of the new nodes (root = 0, first level = 1).
+    node_ids : torch.Tensor
+        (m,) int64 global ids of the new nodes.
+    parents : torch.Tensor
+        (m,) int64 global ids of their parents.
+    tokens : torch.Tensor
+        (m,) int64 target token ids.
+    q : torch.Tensor
+        (m,) float32 draft probability of the token given its parent.
+    path_prob : torch.Tensor
+        (m,) float32 path probability P = P_parent · q (EAGLE-2, Li et al. 2024, §4).
+    hidden : torch.Tensor
+        (m, H) the draft hidden state that produced q (the parent's step output).
+    """
+
+    depth: int
+    node_ids: torch.Tensor
+    parents: torch.Tensor
+    tokens: torch.Tensor
+    q: torch.Tensor
+    path_prob: torch.Tensor
+    hidden: torch.Tensor
+
+
+class Eagle3Drafter:
+    """Stateful EAGLE-3 drafter over committed tokens (see the module docstring).
+
+    Parameters
+    ----------
+    head : Eagle3Head
+        The draft head (its device and dtype are used).
+    """
+
+    def __init__(self, head: Eagle3Head):
+        self.head = head
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget all committed tokens."""
+        self.k, self.v = self.head.empty_kv(1)
+        self.pending: torch.Tensor | None = None  # fused target feature of the last committed token
+        self.n_committed = 0
+
+    @torch.no_grad()
+    def prefill(self, token_ids: torch.Tensor, target_aux_hidden: torch.Tensor) -> None:
+        """Start over from a prompt.
+
+        Parameters
+        ----------
+        token_ids : torch.Tensor
+            (T,) committed target ids.
+        target_aux_hidden : torch.Tensor
+            (T, 3·H_target) the target's features for those tokens (:func:`select_aux_hidden`).
+        """
+        self.reset()
+        self.commit(token_ids, target_aux_hidden)
+
+    @torch.no_grad()
+    def commit(self, accepted_tokens: torch.Tensor, target_aux_hidden: torch.Tensor) -> None:
+        """Append tokens the target accepted, with the target's own features for them.
+
+        After ``commit`` the state equals a fresh :meth:`prefill` of the whole committed prefix.
+
+        Parameters
+        ----------
+        accepted_tokens : torch.Tensor
+            (m,) target ids, in order (typically the cycle's root and its accepted draft tokens;
+            the bonus token becomes the next root and is committed by the next cycle).
+        target_aux_hidden : torch.Tensor
+            (m, 3·H_target) target features for those tokens.
+
+        Raises
+        ------
+        SpecFitInputError
+            If the shapes disagree or the features have the wrong width.
+        """
+        dev = self.head.fc.weight.device
+        tokens = torch.as_tensor(accepted_tokens, device=dev).long().reshape(-1)
+        aux = torch.as_tensor(target_aux_hidden, device=dev)
+        if aux.dim() != 2 or aux.shape[0] != tokens.shape[0]:
+            raise SpecFitInputError("target_aux_hidden", f"must be (m, 3H) with m = {tokens.shape[0]} tokens, got {tuple(aux.shape)}")
+        if tokens.numel() == 0:
+            return
+        feats = self.head.fuse(aux)
+        if self.pending is None:
+            slot_tokens, slot_hidden, first_pos = tokens[1:], feats[:-1], 1
+        else:
+            slot_tokens, slot_hidden, first_pos = tokens, torch.cat([self.pending[None], feats[:-1]]), self.n_committed
+        n = slot_tokens.shape[0]
+        if n:
+            past = self.k.shape[1]
+            mask = torch.ones(n, past + n, dtype=torch.bool, device=dev)
+            mask[:, past:] = torch.ones(n, n, dtype=torch.bool, device=dev).tril()
+            pos = torch.arange(first_pos, first_pos + n, device=dev)
+            _, _, k, v = self.head.step(slot_tokens[None], slot_hidden[None], pos, self.k, self.v, mask)
+            self.k, self.v = torch.cat([self.k, k], 1), torch.cat([self.v, v], 1)
+        self.pending = feats[-1]
+        self.n_committed += tokens.shape[0]
+
+    @torch.no_grad()
+    def draft_levels(self, root_token: int, top_k: int, max_depth: int) -> Iterator[DraftLevel]:
+        """Grow the draft tree below ``root_token`` one level at a time (EAGLE-2 dynamic tree).
+
+        Level 1 holds the root's ``top_k`` most likely children. Each later level expands the
+        ``top_k`` nodes of the previous level with the highest path probability, each proposing
+        its ``top_k`` most likely children (Li et al. 2024, EAGLE-2, §4 "expansion phase").
+        Tree nodes attend to the committed tokens and to their own ancestors only (positions
+        ``n_committed + depth``), in a temporary cache dropped when the generator ends.
+
+        Parameters
+        ----------
+        root_token : int
+            The cycle's root: the last token produced by the target (not yet committed).
+        top_k : int
+            Children per expanded node and nodes expanded per level (>= 1).
+        max_depth : int
+            Number of levels to yield (>= 1).
+
+        Yields
+        ------
+        DraftLevel
+            One per depth 1..max_depth, in order.
+
+        Raises
+        ------
+        SpecFitInputError
+            Bad ``top_k``/``max_depth``/``root_token``, or nothing committed yet.
+        """
+        head = self.head
+        if self.pending is None:
+            raise SpecFitInputError("drafter", "prefill the drafter with the prompt before drafting")
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= head.cfg.draft_vocab_size:
+            raise SpecFitInputError("top_k", f"must be an integer in [1, {head.cfg.draft_vocab_size}], got {top_k!r}")
+        if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 1:
+            raise SpecFitInputError("max_depth", f"must be a positive integer, got {max_depth!r}")
+        if not 0 <= int(root_token) < head.cfg.vocab_size:
+            raise SpecFitInputError("root_token", f"must be a target id in [0, {head.cfg.vocab_size}), got {root_token}")
+        dev = head.fc.weight.device
+        past = self.k.shape[1]
+        # Frontier: nodes to expand, with their token, the hidden state fed with it, path
+        # probability, global id and the tree slots (ancestors incl. itself after expansion) they see.
+        tokens = torch.tensor([int(root_token)], device=dev)
+        hidden = self.pending[None]
+        probs = torch.ones(1, device=dev)
+        ids = torch.zeros(1, dtype=torch.long, device=dev)
+        visible = torch.zeros(1, 0, dtype=torch.bool, device=dev)  # (frontier, tree slots)
+        tree_k, tree_v = self.k[:, :0], self.v[:, :0]
+        next_id = 1
+        for depth in range(1, max_depth + 1):
+            n, s = tokens.shape[0], tree_k.shape[1]
+            mask = torch.cat(
+                [torch.ones(n, past, dtype=torch.bool, device=dev), visible, torch.eye(n, dtype=torch.bool, device=dev)], dim=1
+            )
+            pos = torch.full((n,), self.n_committed + depth - 1, device=dev)
+            h, logits, k, v = head.step(tokens[None], hidden[None], pos, torch.cat([self.k, tree_k], 1),
+                                        torch.cat([self.v, tree_v], 1), mask)
+            h, logits = h[0], logits[0]
+            tree_k, tree_v = torch.cat([tree_k, k], 1), torch.cat([tree_v, v], 1)
+            visible = torch.cat([visible, torch.zeros(n, n, dtype=torch.bool, device=dev)], 1)
+            visible[:, s:] = torch.eye(n, dtype=torch.bool, device=dev)
+            q, draft_ids = torch.softmax(logits.float(), dim=-1).topk(top_k, dim=-1)  # (n, top_k)
+            m = n * top_k
+            level = DraftLevel(
+                depth=depth,
+                node_ids=torch.arange(next_id, next_id + m, device=dev),
+                parents=ids.repeat_interleave(top_k),
+                tokens=head.draft_to_target(draft_ids).reshape(-1),
+                q=q.reshape(-1),
+                path_prob=(probs[:, None] * q).reshape(-1),
+                hidden=h.repeat_interleave(top_k, dim=0),
+            )
+            next_id += m
+            yield level
+            if depth == max_depth:
+                return
+            keep = level.path_prob.topk(min(top_k, m)).indices.sort().values
+            tokens, hidden, probs, ids = level.tokens[keep], level.hidden[keep], level.path_prob[keep], level.node_ids[keep]
+            visible = visible.repeat_interleave(top_k, dim=0)[keep]
+
+    def state(self) -> dict[str, torch.Tensor | int | None]:
+        """The committed state (keys, values, pending feature, committed count), for checks."""
+        return {"k": self.k, "v": self.v, "pending": self.pending, "n_committed": self.n_committed}

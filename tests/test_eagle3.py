@@ -1,0 +1,280 @@
+"""EAGLE-3 head: forward, public checkpoint layout, mismatch errors, level-by-level drafting."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from models.eagle3 import (
+    WEIGHT_NAMES,
+    Eagle3Config,
+    Eagle3Drafter,
+    Eagle3Head,
+    check_target,
+    default_aux_layer_ids,
+    load_eagle3,
+    save_eagle3,
+    select_aux_hidden,
+)
+from specfit.errors import SpecFitInputError
+
+torch.set_num_threads(1)
+
+CFG = Eagle3Config(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                   head_dim=8, vocab_size=50, draft_vocab_size=40, target_hidden_size=24, aux_layer_ids=(1, 2, 4))
+TARGET = {"hidden_size": 24, "num_hidden_layers": 6, "vocab_size": 50}
+
+
+def random_head(seed=0, cfg=CFG):
+    torch.manual_seed(seed)
+    head = Eagle3Head(cfg).eval()
+    with torch.no_grad():
+        for p in head.parameters():
+            p.normal_(0, 0.4)
+        # a non-trivial draft → target map: draft ids spread over the target vocabulary
+        keep = torch.randperm(cfg.vocab_size)[: cfg.draft_vocab_size].sort().values
+        head.d2t.copy_(keep - torch.arange(cfg.draft_vocab_size))
+        head.t2d.zero_()
+        head.t2d[keep] = True
+    return head
+
+
+def prompt(seed=1, n=9):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, CFG.vocab_size, (n,), generator=g), torch.randn(n, 3 * CFG.target_hidden_size, generator=g)
+
+
+@torch.no_grad()
+def chain_step_logits(head, tokens, aux, path):
+    """Reference: the draft logits after feeding ``path`` (root first) one token at a time.
+
+    Runs causal attention over plain sequences (no tree mask, no drafter): the committed slots
+    (token s+1, fused feature s), then the path tokens with the previous step's hidden state.
+    """
+    feats = head.fuse(aux)
+    seq_tok = list(tokens[1:].tolist()) + [path[0]]
+    hid = [feats[i] for i in range(len(tokens))]
+    logits = None
+    for j in range(len(path)):
+        toks = torch.tensor(seq_tok)[None]
+        x = torch.stack(hid)[None]
+        t = toks.shape[1]
+        mask = torch.ones(t, t, dtype=torch.bool).tril()
+        pk, pv = head.empty_kv(1)
+        h, lg, _, _ = head.step(toks, x, torch.arange(1, t + 1), pk, pv, mask)
+        logits = lg[0, -1]
+        if j + 1 < len(path):
+            seq_tok.append(path[j + 1])
+            hid.append(h[0, -1])
+    return logits
+
+
+def test_forward_shapes_and_causality():
+    head = random_head()
+    ids = torch.randint(0, 50, (2, 7))
+    aux = torch.randn(2, 7, 72)
+    logits, h = head(ids, aux)
+    assert logits.shape == (2, 7, 40) and h.shape == (2, 7, 32)
+    ids2, aux2 = ids.clone(), aux.clone()
+    ids2[:, 5:], aux2[:, 5:] = 3, 0.0  # changing the future must not change the past
+    logits2, _ = head(ids2, aux2)
+    torch.testing.assert_close(logits[:, :5], logits2[:, :5])
+    assert not torch.allclose(logits[:, 5:], logits2[:, 5:])
+
+
+def test_fuse_rejects_wrong_width():
+    with pytest.raises(SpecFitInputError, match="target_aux_hidden"):
+        random_head().fuse(torch.randn(3, 70))
+
+
+def write_public_checkpoint(path, head, *, prefix="", config_edit=None, drop=(), include_embed=True):
+    """Write a checkpoint by hand in the public layout (independent of save_eagle3)."""
+    path.mkdir(parents=True, exist_ok=True)
+    cfg = {
+        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "num_hidden_layers": 1,
+        "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 8, "vocab_size": 50, "draft_vocab_size": 40, "target_hidden_size": 24,
+        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": False,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 4], "use_aux_hidden_state": True},
+    }
+    cfg.update(config_edit or {})
+    (path / "config.json").write_text(json.dumps(cfg))
+    sd = head.state_dict()
+    names = list(WEIGHT_NAMES) + (["embed_tokens.weight"] if include_embed else [])
+    tensors = {prefix + n: sd[n].clone().contiguous() for n in names if n not in drop}
+    save_file(tensors, str(path / "model.safetensors"))
+
+
+def test_load_public_layout_roundtrip(tmp_path):
+    head = random_head()
+    write_public_checkpoint(tmp_path / "a", head)
+    loaded = load_eagle3(tmp_path / "a", TARGET)
+    assert loaded.aux_layer_ids == (1, 2, 4)
+    ids, aux = torch.randint(0, 50, (1, 6)), torch.randn(1, 6, 72)
+    torch.testing.assert_close(loaded(ids, aux)[0], head(ids, aux)[0])
+    torch.testing.assert_close(loaded.d2t, head.d2t)
+    # "model." prefixed names and a head without its own embedding (the target's is passed in)
+    write_public_checkpoint(tmp_path / "b", head, prefix="model.", include_embed=False)
+    loaded = load_eagle3(tmp_path / "b", TARGET, embed_weight=head.embed_tokens.weight.detach())
+    torch.testing.assert_close(loaded(ids, aux)[0], head(ids, aux)[0])
+    # save_eagle3 writes the same layout back
+    save_eagle3(loaded, tmp_path / "c", dtype=torch.float32)
+    cfg = json.loads((tmp_path / "c" / "config.json").read_text())
+    assert cfg["draft_vocab_size"] == 40 and cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 4]
+    again = load_eagle3(tmp_path / "c", TARGET, embed_weight=head.embed_tokens.weight.detach())
+    torch.testing.assert_close(again(ids, aux)[0], head(ids, aux)[0])
+
+
+@pytest.mark.parametrize(
+    "target, field",
+    [
+        ({**TARGET, "hidden_size": 32}, "target_hidden_size"),
+        ({**TARGET, "vocab_size": 51}, "vocab_size"),
+        ({**TARGET, "num_hidden_layers": 4}, "eagle_aux_hidden_state_layer_ids"),  # id 4 out of range
+    ],
+)
+def test_target_mismatch_errors(tmp_path, target, field):
+    write_public_checkpoint(tmp_path, random_head())
+    with pytest.raises(SpecFitInputError, match=field):
+        load_eagle3(tmp_path, target)
+
+
+@pytest.mark.parametrize(
+    "edit, drop, field",
+    [
+        ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 2, 4]}}, (), "eagle_aux_hidden_state_layer_ids"),
+        ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2]}}, (), "eagle_aux_hidden_state_layer_ids"),
+        ({"draft_vocab_size": 41}, (), r"weights\.(d2t|lm_head\.weight)"),
+        ({"target_hidden_size": 16}, (), "weights.fc.weight"),
+        ({"num_hidden_layers": 2}, (), "num_hidden_layers"),
+        ({}, ("midlayer.hidden_norm.weight",), "weights.midlayer.hidden_norm.weight"),
+        ({}, ("d2t",), "weights.d2t"),
+    ],
+)
+def test_checkpoint_errors(tmp_path, edit, drop, field):
+    write_public_checkpoint(tmp_path, random_head(), config_edit=edit, drop=drop)
+    target = {**TARGET, "hidden_size": edit.get("target_hidden_size", 24)}
+    with pytest.raises(SpecFitInputError, match=field):
+        load_eagle3(tmp_path, target)
+
+
+def test_d2t_out_of_vocabulary_and_missing_embedding(tmp_path):
+    head = random_head()
+    with torch.no_grad():
+        head.d2t[-1] = 100
+    write_public_checkpoint(tmp_path / "a", head)
+    with pytest.raises(SpecFitInputError, match="d2t"):
+        load_eagle3(tmp_path / "a", TARGET)
+    write_public_checkpoint(tmp_path / "b", random_head(), include_embed=False)
+    with pytest.raises(SpecFitInputError, match="embed_tokens"):
+        load_eagle3(tmp_path / "b", TARGET)
+
+
+def test_default_aux_layer_ids():
+    assert default_aux_layer_ids(48) == (2, 24, 45)  # Qwen3-30B-A3B: EAGLE-3's (2, L/2, L-3)
+    assert default_aux_layer_ids(6) == (1, 3, 5)  # shallow proxy: (2, 3, 3) is not distinct
+    for n in range(3, 60):
+        ids = default_aux_layer_ids(n)
+        assert 0 <= ids[0] < ids[1] < ids[2] < n
+    with pytest.raises(SpecFitInputError):
+        default_aux_layer_ids(2)
+    hs = [torch.full((1, 2, 3), float(i)) for i in range(5)]
+    assert select_aux_hidden(hs, (1, 2, 4))[0, 0].tolist() == [1.0] * 3 + [2.0] * 3 + [4.0] * 3
+    assert check_target(Eagle3Config(**{**CFG.__dict__, "aux_layer_ids": None}), TARGET) == (1, 3, 5)
+
+
+@pytest.mark.parametrize("top_k, depth", [(1, 5), (2, 4), (3, 3), (4, 2)])
+def test_levels_are_consistent(top_k, depth):
+    head = random_head(2)
+    tokens, aux = prompt()
+    d = Eagle3Drafter(head)
+    d.prefill(tokens, aux)
+    prob = {0: 1.0}
+    level_of = {0: 0}
+    seen = 1
+    for lv in d.draft_levels(7, top_k, depth):
+        m = lv.node_ids.numel()
+        expanded = 1 if lv.depth == 1 else min(top_k, top_k ** (lv.depth - 1))
+        assert m == expanded * top_k
+        assert lv.node_ids.tolist() == list(range(seen, seen + m))
+        for nid, par, q, p in zip(lv.node_ids.tolist(), lv.parents.tolist(), lv.q.tolist(), lv.path_prob.tolist()):
+            assert level_of[par] == lv.depth - 1  # parent in the previous (earlier) level
+            assert p == pytest.approx(prob[par] * q, rel=1e-5)
+            assert p <= prob[par] + 1e-9  # P non-increasing along every path
+            prob[nid], level_of[nid] = p, lv.depth
+        assert bool(head.t2d[lv.tokens].all())  # every token is a draft-vocabulary token
+        assert lv.hidden.shape == (m, CFG.hidden_size)
+        seen += m
+    assert max(level_of.values()) == depth
+
+
+def test_tree_logits_equal_sequential_root_paths():
+    """Every node's q equals the draft distribution of running its root path sequentially."""
+    head = random_head(3)
+    tokens, aux = prompt(4)
+    d = Eagle3Drafter(head)
+    d.prefill(tokens, aux)
+    path_of = {0: [5]}
+    for lv in d.draft_levels(5, 3, 3):
+        for nid, par, tok, q in zip(lv.node_ids.tolist(), lv.parents.tolist(), lv.tokens.tolist(), lv.q.tolist()):
+            path_of[nid] = path_of[par] + [tok]
+            ref = torch.softmax(chain_step_logits(head, tokens, aux, path_of[par]), -1)
+            draft_id = int((torch.arange(40) + head.d2t == tok).nonzero()[0, 0])
+            assert q == pytest.approx(float(ref[draft_id]), rel=1e-4, abs=1e-6)
+
+
+def test_top_k_1_is_greedy_chain():
+    head = random_head(5)
+    tokens, aux = prompt(6)
+    d = Eagle3Drafter(head)
+    d.prefill(tokens, aux)
+    chain = [int(lv.tokens[0]) for lv in d.draft_levels(11, 1, 5)]
+    path = [11]
+    for _ in range(5):
+        logits = chain_step_logits(head, tokens, aux, path)
+        path.append(int(head.draft_to_target(logits.argmax())))
+    assert chain == path[1:]
+
+
+def assert_same_state(a, b):
+    sa, sb = a.state(), b.state()
+    assert sa["n_committed"] == sb["n_committed"]
+    torch.testing.assert_close(sa["k"], sb["k"], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(sa["v"], sb["v"], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(sa["pending"], sb["pending"])
+
+
+def test_commit_equals_fresh_prefill_without_ghost_kv():
+    head = random_head(7)
+    tokens, aux = prompt(8, n=14)
+    d = Eagle3Drafter(head)
+    d.prefill(tokens[:6], aux[:6])
+    # a cycle: draft a branching tree, accept the root + two tokens, commit with the target's features
+    levels = list(d.draft_levels(int(tokens[6]), 4, 4))
+    assert sum(lv.node_ids.numel() for lv in levels) > 3
+    d.commit(tokens[6:9], aux[6:9])
+    # another cycle where only the root is accepted
+    list(d.draft_levels(int(tokens[9]), 2, 3))
+    d.commit(tokens[9:10], aux[9:10])
+    fresh = Eagle3Drafter(head)
+    fresh.prefill(tokens[:10], aux[:10])
+    assert_same_state(d, fresh)
+    # the next draft is identical too
+    a = [lv.q for lv in d.draft_levels(int(tokens[10]), 3, 3)]
+    b = [lv.q for lv in fresh.draft_levels(int(tokens[10]), 3, 3)]
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-6)
+
+
+def test_drafting_input_errors():
+    d = Eagle3Drafter(random_head())
+    with pytest.raises(SpecFitInputError, match="drafter"):
+        next(d.draft_levels(1, 2, 2))
+    tokens, aux = prompt()
+    d.prefill(tokens, aux)
+    for kwargs, field in [((1, 0, 2), "top_k"), ((1, 2, 0), "max_depth"), ((99, 2, 2), "root_token")]:
+        with pytest.raises(SpecFitInputError, match=field):
+            next(d.draft_levels(*kwargs))
+    with pytest.raises(SpecFitInputError, match="target_aux_hidden"):
+        d.commit(tokens[:2], aux[:3])
