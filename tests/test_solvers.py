@@ -51,7 +51,7 @@ def check_selection(inst: Instance, sel, rate) -> None:
 
 
 @pytest.mark.parametrize("budget", BUDGETS)
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(data=st.data(), rate=RATES)
 def test_exact_solvers_agree_on_the_optimum(budget, data, rate):
     inst = data.draw(instances(budget=budget))
