@@ -126,11 +126,27 @@ def get_preset(name: str) -> InstanceSpec:
 def draft_tree_shape(n: int, spec: InstanceSpec, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Grow an EAGLE-like pool level by level and keep its ``n`` most probable nodes.
 
+    The pool grows until it holds at least ``2 n`` nodes, so the kept tree is the EAGLE-2
+    reranking of a deeper drafted tree (Li et al. 2024, §4.2).
+
+    Parameters
+    ----------
+    n : int
+        Nodes to keep, root included.
+    spec : InstanceSpec
+        Uses ``branch``, ``alpha`` and ``vocab``.
+    rng : numpy.random.Generator
+
     Returns
     -------
     parents : numpy.ndarray of int64, shape (n,)
         In BFS order (depth, then decreasing path probability), ``parents[0] = -1``.
     path_prob : numpy.ndarray of float64, shape (n,)
+
+    Raises
+    ------
+    SpecFitInputError
+        If ``n < 1``.
     """
     if n < 1:
         raise SpecFitInputError("n", f"must be >= 1, got {n}")
@@ -155,6 +171,14 @@ def draft_tree_shape(n: int, spec: InstanceSpec, rng: np.random.Generator) -> tu
 
 def predicted_experts(parents: np.ndarray, spec: InstanceSpec, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Draw each node's top-k experts per layer (skewed popularity, inherited with ``sharing``).
+
+    Parameters
+    ----------
+    parents : numpy.ndarray of int64, shape (n,)
+        Parents before children.
+    spec : InstanceSpec
+        Uses ``layers``, ``experts``, ``top_k``, ``skew`` and ``sharing``.
+    rng : numpy.random.Generator
 
     Returns
     -------
