@@ -1,0 +1,553 @@
+"""Expert predictors: which experts will the target route each draft node to, per MoE layer?
+
+The selector (SPECFIT.md §3) needs E[v][l], the experts of node v in MoE layer l, before the target
+has seen node v. A predictor returns exactly ``k`` distinct expert ids per node and layer (``k`` =
+the target's top-k); the engine reports the true routing of committed tokens after each cycle
+(:meth:`ExpertPredictor.observe`) and asks for new draft nodes (:meth:`ExpertPredictor.predict`).
+
+Predictors (registry :func:`get_predictor`):
+
+* ``recency`` — context: per layer, the k experts used most by the last W observed tokens (ties:
+  most recently used, then the prior order). MoE routing is temporally local (Eliseev & Mazur 2023,
+  "Fast Inference of Mixture-of-Experts Language Models with Offloading", §3.1 — LRU caching works
+  because consecutive tokens reuse experts).
+* ``frequency`` — per-(layer, token id) frequency tables from a recorded trace, smoothed towards the
+  layer's global frequency (unseen tokens get the global frequency), optionally blended with the
+  recency context. Routing depends strongly on the token id, most of all in early layers.
+* ``probe`` — a linear probe per layer on the draft hidden state (softmax over E experts, top-k at
+  prediction), trained on recorded routing with :func:`train_probe`. Nodes without a hidden state
+  fall back to ``recency``.
+
+Everything here is numpy at the interface; torch is used only inside :func:`train_probe`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable, Protocol
+
+import numpy as np
+
+from models.traces import RoutingTrace, check_hidden, check_routing, check_tokens
+from specfit.errors import SpecFitInputError
+
+
+class ExpertPredictor(Protocol):
+    """What the engine calls (all arrays numpy; L = MoE layers, k = the target's top-k)."""
+
+    name: str
+
+    def reset(self) -> None:
+        """A new prompt begins: drop the per-prompt context."""
+
+    def observe(self, tokens: np.ndarray, routing: np.ndarray, draft_hidden: np.ndarray | None) -> None:
+        """True routing (T, L, k) of committed tokens (T,), reported after each cycle."""
+
+    def predict(self, tokens: np.ndarray, draft_hidden: np.ndarray | None) -> np.ndarray:
+        """Experts (m, L, k) int64 of m new draft nodes: k distinct ids per layer."""
+
+
+# -- metric ------------------------------------------------------------------------------------------
+def recall_at_k(pred, true) -> np.ndarray:
+    """Mean fraction of the true experts that the prediction contains, per layer.
+
+    ``recall@k[l] = mean_v |pred[v, l] ∩ true[v, l]| / k`` (sets; the prediction has k ids too, so
+    this is also precision@k).
+
+    Parameters
+    ----------
+    pred : array_like
+        (m, L, k) predicted expert ids.
+    true : array_like
+        (m, L, k) true expert ids (the target's top-k routing).
+
+    Returns
+    -------
+    numpy.ndarray
+        (L,) float64 in [0, 1].
+
+    Raises
+    ------
+    SpecFitInputError
+        If the shapes differ, are not (m, L, k) with m >= 1, or a row repeats an id or holds a
+        negative id (fields ``pred`` / ``true``).
+    """
+    p = check_routing(pred, field="pred")
+    t = check_routing(true, field="true")
+    if p.shape != t.shape:
+        raise SpecFitInputError("pred", f"must have the shape of true {t.shape}, got {p.shape}")
+    if p.shape[0] == 0:
+        raise SpecFitInputError("pred", "must contain at least one node")
+    hits = (p[..., :, None] == t[..., None, :]).any(-1).sum(-1)  # (m, L); ids are distinct per row
+    return hits.mean(axis=0) / p.shape[2]
+
+
+# -- helpers -----------------------------------------------------------------------------------------
+def top_k_ids(scores: np.ndarray, k: int) -> np.ndarray:
+    """Ids of the k largest scores along the last axis, best first; ties → lower id (stable)."""
+    return np.argsort(-scores, axis=-1, kind="stable")[..., :k].astype(np.int64)
+
+
+def _positive_int(value, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise SpecFitInputError(field, f"must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _check_dims(num_layers, num_experts, top_k) -> tuple[int, int, int]:
+    L, E, k = (_positive_int(num_layers, "num_layers"), _positive_int(num_experts, "num_experts"),
+               _positive_int(top_k, "top_k"))
+    if k > E:
+        raise SpecFitInputError("top_k", f"must be <= num_experts ({E}), got {k}")
+    return L, E, k
+
+
+def global_counts(trace: RoutingTrace) -> np.ndarray:
+    """(L, E) float64: how often each expert is routed to in each layer over the whole trace."""
+    r = trace.routing
+    L = r.shape[1]
+    out = np.zeros((L, trace.num_experts))
+    for l in range(L):
+        out[l] = np.bincount(r[:, l].ravel(), minlength=trace.num_experts)
+    return out
+
+
+class _Window:
+    """The routing of the last W observed tokens: per-layer counts and last-use step."""
+
+    def __init__(self, L: int, E: int, window: int):
+        self.L, self.E, self.W = L, E, window
+        self.reset()
+
+    def reset(self) -> None:
+        self.rows: list[np.ndarray] = []  # (L, k) per token, oldest first
+        self.counts = np.zeros((self.L, self.E), np.int64)
+        self.last = np.full((self.L, self.E), -1, np.int64)
+        self.step = 0
+
+    def push(self, routing: np.ndarray) -> None:
+        layers = np.arange(self.L)[:, None]
+        for row in routing[-self.W:]:
+            np.add.at(self.counts, (layers, row), 1)
+            self.last[layers, row] = self.step
+            self.step += 1
+            self.rows.append(row)
+        while len(self.rows) > self.W:
+            np.add.at(self.counts, (layers, self.rows.pop(0)), -1)
+
+    def share(self) -> np.ndarray:
+        """(L, E) fraction of the window's token slots that used each expert (0 when empty)."""
+        n = len(self.rows)
+        return self.counts / (n * self.rows[0].shape[1]) if n else np.zeros((self.L, self.E))
+
+
+# -- (a) recency -------------------------------------------------------------------------------------
+class RecencyPredictor:
+    """Per layer, the k experts used most by the last ``window`` observed tokens.
+
+    Every node of a cycle gets the same prediction (the context does not depend on the node).
+    Order: count in the window, then most recent use, then the prior order. Before any
+    observation (and to fill layers whose window holds fewer than k experts) the prior decides:
+    ``prior`` counts (L, E) when given (e.g. :func:`global_counts` of a trace), else experts
+    0..k-1.
+
+    Parameters
+    ----------
+    num_layers, num_experts, top_k : int
+        L, E, k of the target.
+    window : int
+        W, observed tokens remembered (default 32, a few cycles of committed tokens).
+    prior : array_like, optional
+        (L, E) non-negative scores for the fallback order.
+    """
+
+    name = "recency"
+
+    def __init__(self, num_layers: int, num_experts: int, top_k: int, window: int = 32, prior=None):
+        self.L, self.E, self.k = _check_dims(num_layers, num_experts, top_k)
+        self.window = _Window(self.L, self.E, _positive_int(window, "window"))
+        if prior is None:
+            prior = np.tile(-np.arange(self.E, dtype=np.float64), (self.L, 1))  # 0..k-1 first
+        prior = np.asarray(prior, dtype=np.float64)
+        if prior.shape != (self.L, self.E) or not np.isfinite(prior).all():
+            raise SpecFitInputError("prior", f"must be finite with shape ({self.L}, {self.E}), got {prior.shape}")
+        # rank 0 = worst, E-1 = best (ties → lower id first)
+        self._prior_rank = np.empty((self.L, self.E), np.int64)
+        np.put_along_axis(self._prior_rank, top_k_ids(prior, self.E), np.arange(self.E - 1, -1, -1)[None], axis=1)
+
+    def reset(self) -> None:
+        """Forget the observed context."""
+        self.window.reset()
+
+    def observe(self, tokens, routing, draft_hidden=None) -> None:
+        """Append the true routing (T, L, k) of committed tokens (T,) to the window."""
+        r = _check_observed(routing, self.L, self.E, self.k)
+        check_tokens(tokens, r.shape[0])
+        self.window.push(r)
+
+    def scores(self) -> np.ndarray:
+        """(L, E) int64 keys, larger = predicted first (count, then last use, then prior)."""
+        w = self.window
+        return (w.counts * (w.step + 1) + (w.last + 1)) * self.E + self._prior_rank
+
+    def predict(self, tokens, draft_hidden=None) -> np.ndarray:
+        """(m, L, k) int64: the same top-k per layer for every node."""
+        m = check_tokens(tokens).shape[0]
+        return np.broadcast_to(top_k_ids(self.scores(), self.k), (m, self.L, self.k)).copy()
+
+
+def _check_observed(routing, L: int, E: int, k: int) -> np.ndarray:
+    r = check_routing(routing, E)
+    if r.shape[1:] != (L, k):
+        raise SpecFitInputError("routing", f"must have shape (T, {L}, {k}), got {r.shape}")
+    return r
+
+
+# -- (b) frequency tables ----------------------------------------------------------------------------
+class FrequencyPredictor:
+    """Per-(layer, token id) expert frequencies from a recorded trace.
+
+    For a token seen ``n_t`` times, with counts ``c_t[l, e]`` and the layer's global expert share
+    ``g[l, e]`` (sums to 1 over e), the score is the additively smoothed share
+
+        s[l, e] = (c_t[l, e] / k + a * g[l, e]) / (n_t + a) + β * w[l, e]
+
+    with smoothing strength ``a`` (an unseen token gets ``g``) and ``w`` the recency window's expert
+    share (β = ``recency_weight``; 0 disables the blend). Ties go to the globally more frequent
+    expert. Build it with :func:`build_frequency`.
+
+    Parameters
+    ----------
+    token_ids : array_like
+        (n,) distinct token ids with a table row.
+    table : array_like
+        (n, L, E) routing counts of those tokens.
+    token_counts : array_like
+        (n,) occurrences of each token.
+    global_share : array_like
+        (L, E) g, rows summing to 1.
+    top_k : int
+    smoothing : float
+        a >= 0 (default 1).
+    recency_weight : float
+        β >= 0 (default 0).
+    window : int
+        Recency window W (default 32).
+    """
+
+    name = "frequency"
+
+    def __init__(self, token_ids, table, token_counts, global_share, top_k: int, smoothing: float = 1.0,
+                 recency_weight: float = 0.0, window: int = 32):
+        g = np.asarray(global_share, dtype=np.float64)
+        if g.ndim != 2:
+            raise SpecFitInputError("global_share", f"must have shape (L, E), got {g.shape}")
+        self.L, self.E, self.k = _check_dims(g.shape[0], g.shape[1], top_k)
+        ids = check_tokens(token_ids, field="token_ids")
+        table = np.asarray(table, dtype=np.float32)
+        if table.shape != (len(ids), self.L, self.E):
+            raise SpecFitInputError("table", f"must have shape ({len(ids)}, {self.L}, {self.E}), got {table.shape}")
+        for field, v in (("smoothing", smoothing), ("recency_weight", recency_weight)):
+            if not np.isfinite(v) or v < 0:
+                raise SpecFitInputError(field, f"must be a finite number >= 0, got {v!r}")
+        self.g, self.table = g, table
+        self.n = np.asarray(token_counts, dtype=np.float64)
+        self.a, self.beta = float(smoothing), float(recency_weight)
+        self._row = np.full(int(ids.max()) + 1 if len(ids) else 0, -1, np.int64)
+        self._row[ids] = np.arange(len(ids))
+        self._tiebreak = np.argsort(np.argsort(g, axis=1, kind="stable"), axis=1) / (self.E * 1e6)
+        self.window = _Window(self.L, self.E, _positive_int(window, "window"))
+
+    def reset(self) -> None:
+        """Forget the recency context (the tables stay)."""
+        self.window.reset()
+
+    def observe(self, tokens, routing, draft_hidden=None) -> None:
+        """Feed the recency context (used only when ``recency_weight > 0``)."""
+        r = _check_observed(routing, self.L, self.E, self.k)
+        check_tokens(tokens, r.shape[0])
+        self.window.push(r)
+
+    def scores(self, tokens) -> np.ndarray:
+        """(m, L, E) float64 scores of the given tokens (see the class docstring)."""
+        t = check_tokens(tokens)
+        rows = np.full(len(t), -1)
+        inside = t < len(self._row)
+        rows[inside] = self._row[t[inside]]
+        seen = rows >= 0
+        s = np.broadcast_to(self.g, (len(t), self.L, self.E)).copy()
+        if seen.any():
+            n = self.n[rows[seen]][:, None, None]
+            s[seen] = (self.table[rows[seen]] / self.k + self.a * self.g) / (n + self.a)
+        if self.beta:
+            s += self.beta * self.window.share()
+        return s + self._tiebreak
+
+    def predict(self, tokens, draft_hidden=None) -> np.ndarray:
+        """(m, L, k) int64, the top-k of :meth:`scores` per node and layer."""
+        return top_k_ids(self.scores(tokens), self.k)
+
+
+def build_frequency(trace: RoutingTrace, smoothing: float = 1.0, recency_weight: float = 0.0,
+                    window: int = 32) -> FrequencyPredictor:
+    """Build per-(layer, token id) frequency tables from a routing trace.
+
+    Parameters
+    ----------
+    trace : RoutingTrace
+        Recorded true routing (prompts used to build; evaluate on others).
+    smoothing, recency_weight, window
+        See :class:`FrequencyPredictor`.
+
+    Returns
+    -------
+    FrequencyPredictor
+
+    Raises
+    ------
+    SpecFitInputError
+        If the trace is empty.
+    """
+    tokens, r = trace.tokens, trace.routing
+    ids, inverse, counts = np.unique(tokens, return_inverse=True, return_counts=True)
+    L, k, E = r.shape[1], r.shape[2], trace.num_experts
+    table = np.zeros((len(ids), L, E), np.float32)
+    np.add.at(table, (np.repeat(inverse, L * k), np.tile(np.repeat(np.arange(L), k), len(tokens)), r.ravel()), 1)
+    g = global_counts(trace)
+    return FrequencyPredictor(ids, table, counts, g / g.sum(axis=1, keepdims=True), k, smoothing,
+                              recency_weight, window)
+
+
+# -- (c) linear probe on the draft hidden state ------------------------------------------------------
+class ProbePredictor:
+    """A linear probe per MoE layer on the draft hidden state: ``logits[l] = W[l]ᵀ z + b[l]``.
+
+    ``z = (h - mean) / std`` is the standardised draft hidden state h (Hd,); the prediction is the
+    top-k of the logits. Nodes without a hidden state (``draft_hidden`` None or a NaN row, e.g. the
+    cycle's root) get the ``recency`` prediction, whose context :meth:`observe` feeds.
+
+    Parameters
+    ----------
+    weight : array_like
+        (L, Hd, E).
+    bias : array_like
+        (L, E).
+    mean, std : array_like
+        (Hd,) standardisation of the inputs.
+    top_k : int
+    window : int
+        Recency window of the fallback.
+    prior : array_like, optional
+        (L, E) prior order of the fallback (see :class:`RecencyPredictor`).
+    """
+
+    name = "probe"
+
+    def __init__(self, weight, bias, mean, std, top_k: int, window: int = 32, prior=None):
+        self.weight = np.asarray(weight, dtype=np.float32)
+        if self.weight.ndim != 3:
+            raise SpecFitInputError("weight", f"must have shape (L, Hd, E), got {self.weight.shape}")
+        self.L, self.Hd, self.E = self.weight.shape
+        self.bias = np.asarray(bias, dtype=np.float32)
+        self.mean, self.std = np.asarray(mean, np.float32), np.asarray(std, np.float32)
+        if self.bias.shape != (self.L, self.E):
+            raise SpecFitInputError("bias", f"must have shape ({self.L}, {self.E}), got {self.bias.shape}")
+        if self.mean.shape != (self.Hd,) or self.std.shape != (self.Hd,) or (self.std <= 0).any():
+            raise SpecFitInputError("std", f"mean and std must have shape ({self.Hd},), std > 0")
+        self.fallback = RecencyPredictor(self.L, self.E, top_k, window, prior)
+        self.k = self.fallback.k
+        self.prior = prior
+
+    def reset(self) -> None:
+        """Forget the fallback's context."""
+        self.fallback.reset()
+
+    def observe(self, tokens, routing, draft_hidden=None) -> None:
+        """Feed the fallback's recency context."""
+        self.fallback.observe(tokens, routing)
+
+    def logits(self, draft_hidden) -> np.ndarray:
+        """(m, L, E) float32 probe logits of (m, Hd) hidden states."""
+        z = (np.asarray(draft_hidden, np.float32) - self.mean) / self.std
+        return np.einsum("mh,lhe->mle", z, self.weight) + self.bias
+
+    def predict(self, tokens, draft_hidden=None) -> np.ndarray:
+        """(m, L, k) int64: probe top-k for rows with a hidden state, the recency fallback otherwise."""
+        t = check_tokens(tokens)
+        out = self.fallback.predict(t)
+        h = check_hidden(draft_hidden, len(t), self.Hd)
+        if h is not None:
+            ok = ~np.isnan(h).any(axis=1)
+            if ok.any():
+                out[ok] = top_k_ids(self.logits(h[ok]), self.k)
+        return out
+
+    def save(self, path) -> None:
+        """Write the probe to ``path`` (``.npz``), atomically (temporary file, then rename)."""
+        path = Path(path)
+        arrays = dict(weight=self.weight, bias=self.bias, mean=self.mean, std=self.std, top_k=np.array(self.k))
+        if self.prior is not None:
+            arrays["prior"] = np.asarray(self.prior, np.float64)
+        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+        try:
+            with open(tmp, "wb") as f:
+                np.savez(f, **arrays)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    @classmethod
+    def load(cls, path, window: int = 32) -> "ProbePredictor":
+        """Read a probe written by :meth:`save` (field ``probe`` in errors)."""
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                return cls(z["weight"], z["bias"], z["mean"], z["std"], int(z["top_k"]), window,
+                           z["prior"] if "prior" in z.files else None)
+        except (OSError, KeyError, ValueError) as e:
+            raise SpecFitInputError("probe", f"cannot read a probe from {path} ({e})") from None
+
+
+def train_probe(hidden, routing, num_experts: int, *, epochs: int = 40, lr: float = 3e-3,
+                weight_decay: float = 1e-4, batch_size: int = 512, seed: int = 0, device="cpu",
+                window: int = 32, prior=None) -> ProbePredictor:
+    """Train one linear probe per MoE layer on draft hidden states against the true routing.
+
+    Loss: per layer, softmax cross-entropy over the E experts against the uniform distribution on
+    the k true experts (the multi-label softmax loss of Mahajan et al. 2018, "Exploring the Limits of
+    Weakly Supervised Pretraining", §2.2), summed over layers; Adam (Kingma & Ba 2015) with
+    decoupled weight decay (AdamW, Loshchilov & Hutter 2019), mini-batches, inputs standardised.
+    The layers share nothing, so this equals L independent probes.
+
+    Parameters
+    ----------
+    hidden : array_like
+        (N, Hd) draft hidden states; rows containing NaN are skipped.
+    routing : array_like
+        (N, L, k) true experts.
+    num_experts : int
+        E.
+    epochs : int
+        Passes over the data (default 40).
+    lr : float
+        Adam learning rate (default 3e-3).
+    weight_decay : float
+        Decoupled weight decay (default 1e-4).
+    batch_size : int
+        Rows per step (default 512).
+    seed : int
+        Shuffling and initialisation seed.
+    device : str or torch.device
+        Where to train (float32).
+    window, prior
+        The fallback's settings (see :class:`ProbePredictor`).
+
+    Returns
+    -------
+    ProbePredictor
+
+    Raises
+    ------
+    SpecFitInputError
+        Bad shapes (fields ``hidden``, ``routing``), no usable row, or a bad hyper-parameter.
+    """
+    import torch
+
+    r = check_routing(routing, num_experts)
+    h = check_hidden(hidden, r.shape[0], field="hidden")
+    if h is None:
+        raise SpecFitInputError("hidden", "is required to train a probe")
+    ok = ~np.isnan(h).any(axis=1)
+    if not ok.any():
+        raise SpecFitInputError("hidden", "has no row without NaN")
+    h, r = h[ok], r[ok]
+    epochs, batch_size = _positive_int(epochs, "epochs"), _positive_int(batch_size, "batch_size")
+    for field, v in (("lr", lr), ("weight_decay", weight_decay)):
+        if not np.isfinite(v) or v < 0 or (field == "lr" and v == 0):
+            raise SpecFitInputError(field, f"must be a finite number > 0 (weight_decay >= 0), got {v!r}")
+    N, L, k = r.shape
+    E = int(num_experts)
+    mean, std = h.mean(0), h.std(0) + 1e-6
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.from_numpy((h - mean) / std).to(device)
+    target = torch.zeros(N, L, E)
+    target.scatter_(2, torch.from_numpy(r), 1.0 / k)
+    target = target.to(device)
+    lin = torch.nn.Linear(h.shape[1], L * E).to(device)
+    with torch.no_grad():
+        lin.weight.normal_(0.0, 0.01, generator=gen)
+        lin.bias.zero_()
+    opt = torch.optim.AdamW(lin.parameters(), lr=lr, weight_decay=weight_decay)
+    for _ in range(epochs):
+        for idx in torch.randperm(N, generator=gen).to(device).split(batch_size):
+            logp = torch.log_softmax(lin(x[idx]).view(-1, L, E), dim=-1)
+            loss = -(target[idx] * logp).sum(-1).mean(0).sum()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+    W = lin.weight.detach().float().cpu().numpy().reshape(L, E, -1).transpose(0, 2, 1)
+    b = lin.bias.detach().float().cpu().numpy().reshape(L, E)
+    return ProbePredictor(W, b, mean, std, k, window, prior)
+
+
+# -- registry ----------------------------------------------------------------------------------------
+def _make_recency(trace: RoutingTrace | None = None, num_layers=None, num_experts=None, top_k=None,
+                  window: int = 32, prior=None) -> RecencyPredictor:
+    if trace is not None:
+        num_layers, num_experts, top_k = trace.num_layers, trace.num_experts, trace.top_k
+        prior = global_counts(trace) if prior is None else prior
+    if None in (num_layers, num_experts, top_k):
+        raise SpecFitInputError("num_layers", "recency needs a trace or num_layers, num_experts and top_k")
+    return RecencyPredictor(num_layers, num_experts, top_k, window, prior)
+
+
+def _make_frequency(trace: RoutingTrace | None = None, **options) -> FrequencyPredictor:
+    if trace is None:
+        raise SpecFitInputError("trace", "the frequency predictor is built from a routing trace")
+    return build_frequency(trace, **options)
+
+
+def _make_probe(trace: RoutingTrace | None = None, path=None, window: int = 32, **train_options) -> ProbePredictor:
+    if path is not None:
+        return ProbePredictor.load(path, window)
+    if trace is None or trace.draft_hidden is None:
+        raise SpecFitInputError("trace", "the probe needs a saved probe (path) or a trace with draft hidden states")
+    return train_probe(trace.draft_hidden, trace.routing, trace.num_experts, window=window,
+                       prior=global_counts(trace), **train_options)
+
+
+PREDICTORS: dict[str, Callable[..., ExpertPredictor]] = {
+    "recency": _make_recency,
+    "frequency": _make_frequency,
+    "probe": _make_probe,
+}
+
+
+def get_predictor(name: str, **options) -> ExpertPredictor:
+    """Build a registered expert predictor.
+
+    Parameters
+    ----------
+    name : str
+        ``"recency"``, ``"frequency"`` or ``"probe"``.
+    **options
+        ``recency``: ``trace`` (dimensions and global-count prior from it) or ``num_layers``,
+        ``num_experts``, ``top_k``; ``window``, ``prior``. ``frequency``: ``trace`` (required),
+        ``smoothing``, ``recency_weight``, ``window``. ``probe``: ``path`` of a saved probe, or
+        ``trace`` with draft hidden states plus :func:`train_probe` hyper-parameters; ``window``.
+
+    Returns
+    -------
+    ExpertPredictor
+
+    Raises
+    ------
+    SpecFitInputError
+        Unknown name (field ``predictor``), unknown option (``options``), or bad option values.
+    """
+    if name not in PREDICTORS:
+        raise SpecFitInputError("predictor", f"must be one of {sorted(PREDICTORS)}, got {name!r}")
+    try:
+        return PREDICTORS[name](**options)
+    except TypeError as e:
+        raise SpecFitInputError("options", f"bad option for predictor {name!r}: {e}") from None
