@@ -63,6 +63,32 @@ def parse_bytes(text: str | int, field: str = "gpu_memory") -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
 
 
+def check_cache_args(slots: int | str, policy: str, num_experts: int) -> int:
+    """Validate expert-cache arguments and return the slots per layer as an integer.
+
+    Parameters
+    ----------
+    slots : int or "all"
+        Slots per layer, in [0, num_experts], or ``"all"`` (= num_experts).
+    policy : str
+        A key of :data:`POLICIES`.
+    num_experts : int
+        Experts per layer E.
+
+    Raises
+    ------
+    SpecFitInputError
+        If ``slots`` or ``policy`` is invalid.
+    """
+    if slots == "all":
+        slots = num_experts
+    if isinstance(slots, bool) or not isinstance(slots, int) or not 0 <= slots <= num_experts:
+        raise SpecFitInputError("cache_slots", f"must be an integer in [0, {num_experts}] or 'all', got {slots!r}")
+    if policy not in POLICIES:
+        raise SpecFitInputError("eviction", f"must be one of {sorted(POLICIES)}, got {policy!r}")
+    return slots
+
+
 class HostExpertStore:
     """The expert weights of every MoE layer, in host memory.
 
@@ -230,12 +256,7 @@ class DeviceExpertCache:
         self.store = store
         self.device = torch.device(device)
         E = store.num_experts
-        if slots == "all":
-            slots = E
-        if isinstance(slots, bool) or not isinstance(slots, int) or not 0 <= slots <= E:
-            raise SpecFitInputError("cache_slots", f"must be an integer in [0, {E}] or 'all', got {slots!r}")
-        if policy not in POLICIES:
-            raise SpecFitInputError("eviction", f"must be one of {sorted(POLICIES)}, got {policy!r}")
+        slots = check_cache_args(slots, policy, E)
         self.slots, self.policy = slots, POLICIES[policy]()
         self.timer = _Timer(self.device)
         L, I, H, dt = store.num_layers, store.intermediate_size, store.hidden_size, store.dtype

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from models.experts import DeviceExpertCache, HostExpertStore, parse_bytes, slots_for_budget
+from models.experts import DeviceExpertCache, HostExpertStore, check_cache_args, parse_bytes, slots_for_budget
 from models.qwen3_moe.checkpoint import CheckpointReader, load_dense, load_experts
 from models.qwen3_moe.config import Qwen3MoeSpec, read_spec
 from specfit.errors import SpecFitInputError
@@ -110,7 +110,7 @@ class OffloadedQwen3Moe:
     """
 
     def __init__(self, spec: Qwen3MoeSpec, weights: dict[str, torch.Tensor], store: HostExpertStore,
-                 device, dtype: torch.dtype, *, cache_slots: int | str = 0, gpu_memory=None,
+                 device, dtype: torch.dtype, *, cache_slots: int | str | None = None, gpu_memory=None,
                  eviction: str = "lru", max_len: int = 4096, aux_layers: Sequence[int] | None = None):
         self.spec, self.w, self.store = spec, weights, store
         self.device, self.dtype = torch.device(device), dtype
@@ -126,7 +126,7 @@ class OffloadedQwen3Moe:
         self.k_cache = torch.zeros(kv_shape, dtype=dtype, device=self.device)
         self.v_cache = torch.zeros(kv_shape, dtype=dtype, device=self.device)
         if gpu_memory is not None:
-            if cache_slots not in (0, None):
+            if cache_slots is not None:
                 raise SpecFitInputError("gpu_memory", "give either cache_slots or gpu_memory, not both")
             cache_slots = self._slots_for(parse_bytes(gpu_memory))
         self.cache = DeviceExpertCache(store, self.device, 0 if cache_slots is None else cache_slots, eviction)
@@ -172,6 +172,10 @@ class OffloadedQwen3Moe:
         device = torch.device(device)
         dtype = dtype or (torch.float32 if device.type == "cpu" else torch.bfloat16)
         spec = read_spec(model_dir)
+        if kwargs.get("gpu_memory") is None:  # fail before reading gigabytes of weights
+            check_cache_args(kwargs.get("cache_slots") or 0, kwargs.get("eviction", "lru"), spec.num_experts)
+        else:
+            parse_bytes(kwargs["gpu_memory"])
         reader = CheckpointReader(model_dir)
         try:
             weights = load_dense(reader, spec, device, dtype)
