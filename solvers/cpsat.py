@@ -125,14 +125,18 @@ class CPSATSolver(Solver):
     exact = True
 
     def __init__(self, time_limit_s: float = 30.0, workers: int = 1, precision_bits: int = 40):
-        t = float(time_limit_s)
+        try:
+            t, w, bits = float(time_limit_s), int(workers), int(precision_bits)
+        except (TypeError, ValueError):
+            raise SpecFitInputError("time_limit_s", "time_limit_s, workers and precision_bits must be numbers, got "
+                                    f"{time_limit_s!r}, {workers!r}, {precision_bits!r}") from None
         if not (0 < t < float("inf")):
             raise SpecFitInputError("time_limit_s", f"must be a positive number of seconds, got {time_limit_s!r}")
-        if int(workers) < 1:
+        if w < 1:
             raise SpecFitInputError("workers", f"must be >= 1, got {workers!r}")
-        if not 10 <= int(precision_bits) <= 52:
+        if not 10 <= bits <= 52:
             raise SpecFitInputError("precision_bits", f"must lie in [10, 52], got {precision_bits!r}")
-        self.time_limit_s, self.workers, self.precision_bits = t, int(workers), int(precision_bits)
+        self.time_limit_s, self.workers, self.precision_bits = t, w, bits
 
     def select(self, instance: Instance, rate: float | None) -> tuple[Sequence[int], str]:
         from ortools.sat.python import cp_model

@@ -118,8 +118,8 @@ def test_bruteforce_refuses_large_trees():
         get_solver("bruteforce").solve(Instance(tree, CostModel(1.0, 0.1, 0.0)))
 
 
-@pytest.mark.parametrize("options", [{"time_limit_s": 0}, {"time_limit_s": float("nan")}, {"workers": 0},
-                                     {"precision_bits": 5}])
+@pytest.mark.parametrize("options", [{"time_limit_s": 0}, {"time_limit_s": float("nan")}, {"time_limit_s": "soon"},
+                                     {"workers": 0}, {"precision_bits": 5}])
 def test_cpsat_rejects_bad_options(options):
     with pytest.raises(SpecFitInputError):
         get_solver("cpsat", **options)
