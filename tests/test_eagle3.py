@@ -278,3 +278,18 @@ def test_drafting_input_errors():
             next(d.draft_levels(*kwargs))
     with pytest.raises(SpecFitInputError, match="target_aux_hidden"):
         d.commit(tokens[:2], aux[:3])
+
+
+def test_training_time_test_matches_drafting():
+    """The head's training unroll (TTT) computes exactly what drafting a chain computes."""
+    from models.proxy.train_head import ttt_logits
+
+    head = random_head(9)
+    tokens, aux = prompt(10, n=8)
+    with torch.no_grad():
+        steps = ttt_logits(head, tokens[None], aux[None], ttt_steps=3)
+    for j, logits in enumerate(steps):
+        for s in range(0, 7 - j):
+            # committed tokens 0..s, root = token s+1, chain of teacher-forced tokens s+2..s+1+j
+            ref = chain_step_logits(head, tokens[: s + 1], aux[: s + 1], tokens[s + 1: s + 2 + j].tolist())
+            torch.testing.assert_close(logits[0, s], ref, rtol=1e-4, atol=1e-5)

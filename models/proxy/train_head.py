@@ -60,8 +60,14 @@ def draft_vocabulary(streams: dict[str, np.ndarray], weights: dict[str, float], 
     return d2t, t2d, float(counts[keep].sum() / counts.sum())
 
 
-def ttt_loss(head, input_ids, aux, target_logits, ttt_steps: int = 3, decay: float = 0.8):
-    """Training-time-test loss of an EAGLE-3 head over a batch (see the module docstring).
+def ttt_logits(head, input_ids, aux, ttt_steps: int = 3):
+    """Draft logits of an EAGLE-3 head unrolled for ``ttt_steps`` steps (training-time test).
+
+    Slot s of step j feeds token ``input_ids[:, s + 1 + j]`` at position s+1+j; step 0 pairs it with
+    the fused target feature of position s, step j > 0 with the head's step j-1 output at slot s.
+    It attends to the step-0 slots <= s and to its own slot of steps 1..j, which is what a tree
+    node at depth j+1 sees when drafting after committing tokens 0..s (see
+    :meth:`models.eagle3.Eagle3Drafter.draft_levels`).
 
     Parameters
     ----------
@@ -70,10 +76,44 @@ def ttt_loss(head, input_ids, aux, target_logits, ttt_steps: int = 3, decay: flo
         (B, T) token ids.
     aux : torch.Tensor
         (B, T, 3H) target features (:func:`models.eagle3.select_aux_hidden`).
-    target_logits : torch.Tensor
-        (B, T, V) target logits; position t predicts token t+1.
     ttt_steps : int
         Unrolled draft steps.
+
+    Returns
+    -------
+    list of torch.Tensor
+        One (B, T-1, draft_vocab_size) tensor per step; step j slot s predicts token s+2+j, so
+        only slots s < T-1-j have a label inside the window.
+    """
+    import torch
+
+    b, t = input_ids.shape
+    n = t - 1
+    dev = input_ids.device
+    hidden = head.fuse(aux[:, :n])
+    keys, vals = head.empty_kv(b)
+    causal = torch.ones(n, n, dtype=torch.bool, device=dev).tril()
+    eye = torch.eye(n, dtype=torch.bool, device=dev)
+    ids = torch.cat([input_ids, input_ids.new_zeros(b, ttt_steps)], dim=1)  # padding beyond the window
+    out = []
+    for j in range(ttt_steps):
+        mask = torch.cat([causal] + [eye] * j, dim=1)  # step-0 slots <= s, then own slot of steps 1..j
+        pos = torch.arange(1 + j, 1 + j + n, device=dev)
+        hidden, logits, k, v = head.step(ids[:, 1 + j: 1 + j + n], hidden, pos, keys, vals, mask)
+        keys, vals = torch.cat([keys, k], 1), torch.cat([vals, v], 1)
+        out.append(logits)
+    return out
+
+
+def ttt_loss(head, input_ids, aux, target_logits, ttt_steps: int = 3, decay: float = 0.8):
+    """Training-time-test loss: soft cross-entropy of each unrolled step against the target.
+
+    Parameters
+    ----------
+    head, input_ids, aux, ttt_steps
+        As :func:`ttt_logits`.
+    target_logits : torch.Tensor
+        (B, T, V) target logits; position t predicts token t+1.
     decay : float
         Loss weight ratio between consecutive steps.
 
@@ -85,30 +125,17 @@ def ttt_loss(head, input_ids, aux, target_logits, ttt_steps: int = 3, decay: flo
     import torch
     import torch.nn.functional as F
 
-    b, t = input_ids.shape
-    n = t - 1  # slot s pairs token s+1 with feature s and predicts the target's token after s+1
-    dev = input_ids.device
-    draft_ids = torch.arange(head.cfg.draft_vocab_size, device=dev) + head.d2t
-    hidden = head.fuse(aux[:, :n])
-    keys, vals = head.empty_kv(b)
-    causal = torch.ones(n, n, dtype=torch.bool, device=dev).tril()
-    eye = torch.eye(n, dtype=torch.bool, device=dev)
-    pad = torch.zeros(b, ttt_steps, dtype=torch.long, device=dev)
-    ids = torch.cat([input_ids, pad], dim=1)
+    n = input_ids.shape[1] - 1
+    draft_ids = torch.arange(head.cfg.draft_vocab_size, device=input_ids.device) + head.d2t
     total, weights, accs = 0.0, 0.0, []
-    for j in range(ttt_steps):
-        valid = n - j  # slots whose label position s+1+j is inside the window
-        mask = torch.cat([causal] + [eye] * j, dim=1)  # step-0 slots <= s, then own slot of steps 1..j
-        pos = torch.arange(1 + j, 1 + j + n, device=dev)
-        h, logits, k, v = head.step(ids[:, 1 + j: 1 + j + n], hidden, pos, keys, vals, mask)
-        keys, vals = torch.cat([keys, k], 1), torch.cat([vals, v], 1)
-        tgt = target_logits[:, 1 + j: 1 + j + valid][..., draft_ids].float()
-        p = torch.softmax(tgt, dim=-1)
+    for j, logits in enumerate(ttt_logits(head, input_ids, aux, ttt_steps)):
+        valid = n - j
+        tgt = target_logits[:, 1 + j: 1 + j + valid]
+        p = torch.softmax(tgt[..., draft_ids].float(), dim=-1)
         logq = F.log_softmax(logits[:, :valid].float(), dim=-1)
         total = total + decay**j * -(p * logq).sum(-1).mean()
         weights += decay**j
-        accs.append(float((draft_ids[logits[:, :valid].argmax(-1)] == target_logits[:, 1 + j: 1 + j + valid].argmax(-1)).float().mean()))
-        hidden = h
+        accs.append(float((draft_ids[logits[:, :valid].argmax(-1)] == tgt.argmax(-1)).float().mean()))
     return total / weights, accs
 
 
