@@ -408,7 +408,16 @@ class Eagle3Head(nn.Module):
         return logits, h
 
 
-def _atomic_dir_write(out_dir: Path, write) -> None:
+def write_dir_atomically(out_dir: Path, write) -> None:
+    """Rebuild ``out_dir`` in a temporary sibling, then swap it in with renames.
+
+    Parameters
+    ----------
+    out_dir : pathlib.Path
+        Directory to (re)write; plain files already in it (model card, plots, logs) are carried over.
+    write : callable
+        ``write(tmp_dir)`` writes the new files; an exception leaves ``out_dir`` untouched.
+    """
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -451,7 +460,7 @@ def save_eagle3(head: Eagle3Head, out_dir, include_embed: bool = False, dtype=to
         (tmp / "config.json").write_text(json.dumps(head.cfg.to_dict(), indent=2) + "\n")
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
 
-    _atomic_dir_write(Path(out_dir), write)
+    write_dir_atomically(Path(out_dir), write)
 
 
 def load_eagle3(path, target_config=None, embed_weight: torch.Tensor | None = None, device="cpu",

@@ -7,7 +7,9 @@ Usage::
     python -m models.proxy.train --head --tau   # head (needs a trained target) and τ measurement
 
 Stages write into :data:`models.proxy.TARGET_DIR` and :data:`models.proxy.EAGLE3_DIR`
-(``--out`` changes the parent directory). Threads: ``--threads`` (default 2).
+(``--out`` changes the parent directory). Threads: ``--threads`` (default 2). Wall-clock caps
+(``--target-minutes`` 48, ``--head-minutes`` 25) keep the whole run under 90 minutes on a 2-core
+CPU; a capped stage still saves its last checkpoint and records the steps it ran.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ def main(argv=None) -> None:
     ap.add_argument("--data-dir", type=Path, default=None, help="data copy (default: repo data/proxy)")
     ap.add_argument("--target-steps", type=int, default=1500)
     ap.add_argument("--head-steps", type=int, default=800)
-    ap.add_argument("--max-minutes", type=float, default=48.0, help="wall-clock cap per training stage")
+    ap.add_argument("--target-minutes", type=float, default=48.0, help="wall-clock cap of target training")
+    ap.add_argument("--head-minutes", type=float, default=25.0, help="wall-clock cap of head training")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args(argv)
@@ -51,7 +54,7 @@ def main(argv=None) -> None:
         sources = data.training_sources(data_dir)
         target_dir.mkdir(parents=True, exist_ok=True)
         tok = train_tokenizer([t for docs in sources.values() for t in docs], target_dir)
-        info = train_target(tok, sources, target_dir, steps=args.target_steps, max_minutes=args.max_minutes,
+        info = train_target(tok, sources, target_dir, steps=args.target_steps, max_minutes=args.target_minutes,
                             device=args.device, log_path=target_dir / "train_log.jsonl")
         (target_dir / "train_info.json").write_text(json.dumps(info, indent=2) + "\n")
         print("target:", info, flush=True)
@@ -59,7 +62,7 @@ def main(argv=None) -> None:
         from models.proxy.train_head import train_head
 
         info = train_head(target_dir, head_dir, data_dir=data_dir, steps=args.head_steps,
-                          max_minutes=args.max_minutes, device=args.device)
+                          max_minutes=args.head_minutes, device=args.device)
         print("head:", info, flush=True)
     if run_all or args.tau:
         from models.proxy.report import write_reports

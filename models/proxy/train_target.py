@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
 import time
 from pathlib import Path
 
@@ -108,27 +106,20 @@ def save_checkpoint(model, tokenizer, out_dir: Path) -> None:
     The config gets ``num_experts`` alongside transformers' ``num_local_experts`` so that loaders
     written for the Qwen3-30B-A3B config find the key they expect.
     """
+    import copy
+
     import torch
 
-    out_dir = Path(out_dir)
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    keep = [p for p in out_dir.glob("*") if p.suffix in {".md", ".png"} or p.name == "train_log.jsonl"]
-    model.to(torch.bfloat16).save_pretrained(str(tmp))
-    model.to(torch.float32)
-    tokenizer.save_pretrained(str(tmp))
-    cfg_path = tmp / "config.json"
-    cfg = json.loads(cfg_path.read_text())
-    cfg.setdefault("num_experts", cfg.get("num_local_experts"))
-    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-    for p in keep:
-        shutil.copy2(p, tmp / p.name)
-    old = out_dir.with_name(out_dir.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if out_dir.exists():
-        os.replace(out_dir, old)
-    os.replace(tmp, out_dir)
-    shutil.rmtree(old, ignore_errors=True)
+    from models.eagle3 import write_dir_atomically
+
+    def write(tmp: Path):
+        copy.deepcopy(model).to(torch.bfloat16).save_pretrained(str(tmp))  # training weights stay float32
+        tokenizer.save_pretrained(str(tmp))
+        cfg = json.loads((tmp / "config.json").read_text())
+        cfg.setdefault("num_experts", cfg.get("num_local_experts"))
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+    write_dir_atomically(Path(out_dir), write)
 
 
 def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
