@@ -68,9 +68,10 @@ def level(depth, ids, parents, tokens, probs):
 def test_select_tree_keeps_top_path_probability_closed_under_ancestors():
     levels = [level(1, [1, 2], [0, 0], [10, 11], [0.6, 0.3]),
               level(2, [3, 4, 5, 6], [1, 1, 2, 2], [12, 13, 14, 15], [0.5, 0.05, 0.3, 0.01])]
-    children = select_tree(levels, total_tokens=4)  # root + the 3 most likely: 1 (0.6), 3 (0.5), 2/5 tie at 0.3 → 2
+    children = select_tree(levels, total_tokens=3)  # root + the 3 most likely: 1 (0.6), 3 (0.5), 2/5 tie at 0.3 → 2
     assert children == {0: {10: 1, 11: 2}, 1: {12: 3}, 2: {}, 3: {}}
-    assert select_tree(levels, total_tokens=1) == {0: {}}
+    assert select_tree(levels, total_tokens=0) == {0: {}}
+    assert len(select_tree(levels, total_tokens=10)) == 7  # every node
 
 
 def test_draft_vocabulary_takes_most_frequent_tokens_under_the_mixture():

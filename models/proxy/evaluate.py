@@ -3,7 +3,8 @@
 τ (SPECFIT.md §1) = accepted draft tokens + 1 bonus token per cycle, averaged over cycles (AR = 1).
 It is measured with greedy decoding and exact greedy verification: the draft tree is grown level
 by level with :class:`models.eagle3.Eagle3Drafter`, the ``total_tokens`` nodes with the highest
-path probability are kept (root included; EAGLE-2's reranking, Li et al. 2024, §4), and the target
+path probability are kept besides the root (EAGLE-2's reranking, Li et al. 2024, §4; EAGLE's
+``total_token`` convention, as :mod:`specfit.engine`), and the target
 walks down the kept tree from the root, accepting a child while its token equals the target's
 greedy token. The target runs one cached token at a time, so the output is plain greedy decoding
 token for token and the accepted path is exactly the one a one-forward tree verification accepts
@@ -81,13 +82,13 @@ def held_out_stats(model, tokenizer, sources: dict[str, list[str]], seq_len: int
 
 
 def select_tree(levels, total_tokens: int) -> dict[int, dict[int, int]]:
-    """Keep the ``total_tokens`` nodes (root included) with the highest path probability.
+    """Keep the root and the ``total_tokens`` draft nodes with the highest path probability.
 
     Parameters
     ----------
     levels : iterable of models.eagle3.DraftLevel
     total_tokens : int
-        Tree size including the root (>= 1).
+        Draft nodes kept besides the root (>= 0).
 
     Returns
     -------
@@ -101,7 +102,7 @@ def select_tree(levels, total_tokens: int) -> dict[int, dict[int, int]]:
     nodes.sort(key=lambda r: (-r[0], r[1]))
     children: dict[int, dict[int, int]] = {0: {}}
     for _, nid, parent, token in nodes:
-        if len(children) >= total_tokens:
+        if len(children) > total_tokens:
             break
         if parent in children:
             children[parent][token] = nid

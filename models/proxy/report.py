@@ -73,7 +73,7 @@ def write_reports(target_dir: Path, head_dir: Path, data_dir=None, device: str =
     stats = held_out_stats(target, tok, data.held_out_sources(data_dir))
     questions = [r["question"] for r in data.gsm8k("test", data_dir)[:TAU_PROMPTS]]
     tau = measure_tau(target, head, tok, questions, max_new_tokens=TAU_NEW_TOKENS, **DEFAULT_TREE)
-    chain = measure_tau(target, head, tok, questions, max_new_tokens=TAU_NEW_TOKENS, total_tokens=7, depth=6, top_k=1)
+    chain = measure_tau(target, head, tok, questions, max_new_tokens=TAU_NEW_TOKENS, total_tokens=6, depth=6, top_k=1)
     results = {
         "target": stats, "tau_default_tree": tau, "tau_chain_depth6": chain,
         "target_train": json.loads((target_dir / "train_info.json").read_text()) if (target_dir / "train_info.json").is_file() else None,
@@ -210,7 +210,7 @@ last batch, per unrolled step: {_fmt_list(acc, '{:.3f}')}.
 ## Measured τ (greedy)
 τ = accepted draft tokens + 1 per cycle, averaged over all cycles, on the first {t['prompts']} GSM8K **test**
 questions (prompt `Question: ...\\nAnswer:`, {TAU_NEW_TOKENS} new tokens each, greedy). The tree grows level by level
-(EAGLE-2 dynamic tree) and the {t['total_tokens']} highest-path-probability nodes are kept; the target accepts the
+(EAGLE-2 dynamic tree) and the root plus the {t['total_tokens']} highest-path-probability draft nodes are kept; the target accepts the
 longest root path that matches its greedy tokens (exact greedy verification, `models/proxy/evaluate.py`).
 
 | tree (total_tokens / depth / top_k) | τ | median τ per prompt | cycles | new tokens |
