@@ -12,6 +12,8 @@ import json
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
@@ -217,6 +219,35 @@ def test_commit_keeps_accepted_path_kv(moe_ckpt, shape, leaf):
     torch.testing.assert_close(model.v_cache[:, :, :n], fresh.v_cache[:, :, :n], atol=1e-5, rtol=0)
     nxt = model.decode(7)                               # the next cycle sees exactly the committed text
     torch.testing.assert_close(nxt.logits[0], ref_logits(ref, committed + [7])[-1], atol=ATOL, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def model_pair(moe_ckpt):
+    path, _ = moe_ckpt
+    return (OffloadedQwen3Moe.from_pretrained(path, cache_slots=3, max_len=64),
+            OffloadedQwen3Moe.from_pretrained(path, cache_slots=0, max_len=64))
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_fuzz_tree_verify_commit(model_pair, data):
+    """Any tree shape, any accepted root path: the next forward equals a fresh prefill of the committed text."""
+    model, fresh = model_pair
+    n = data.draw(st.integers(1, 14), label="nodes")
+    parents = [-1] + [data.draw(st.integers(0, i - 1), label=f"parent{i}") for i in range(1, n)]
+    tokens = data.draw(st.lists(st.integers(0, VOCAB - 1), min_size=n, max_size=n), label="tokens")
+    leaf = data.draw(st.integers(0, n - 1), label="leaf")
+    prefix = [3, 1, 4, 1, 5]
+    model.reset()
+    model.prefill(prefix)
+    tree = model.verify(tokens, parents)
+    accepted = root_path(parents, leaf)
+    model.commit(accepted)
+    committed = prefix + [tokens[v] for v in accepted]
+    fresh.reset()
+    full = fresh.prefill(committed)
+    torch.testing.assert_close(tree.logits[leaf], full.logits[-1], atol=ATOL, rtol=0)
+    torch.testing.assert_close(model.decode(9).logits, fresh.decode(9).logits, atol=ATOL, rtol=0)
 
 
 def test_verify_without_commit_leaves_prefix(moe_ckpt):
