@@ -95,6 +95,27 @@ class CostModel:
         m = np.asarray(new_experts_per_layer, dtype=np.float64)
         return self.fixed_ms + self.per_node_ms * num_nodes + float(self.per_expert_array(m.shape[0]) @ m)
 
+    def for_layers(self, num_layers: int, reference_layers: int = 48) -> "CostModel":
+        """This model for a target with ``num_layers`` MoE layers standing in for one with
+        ``reference_layers`` (Qwen3-30B-A3B: 48): ``per_expert_ms`` is scaled by
+        ``reference_layers / num_layers``, i.e. each layer's miss count is taken as representative
+        of ``reference_layers / num_layers`` real layers, so that the expert term keeps its weight
+        against ``fixed_ms`` and ratios between methods stay honest. A per-layer list is first
+        averaged. Used for modeled times of the small proxy models; label results as modeled.
+
+        Raises
+        ------
+        SpecFitInputError
+            If ``num_layers`` or ``reference_layers`` is not a positive integer.
+        """
+        for name, v in (("num_layers", num_layers), ("reference_layers", reference_layers)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise SpecFitInputError(name, f"must be a positive integer, got {v!r}")
+        pe = self.per_expert_ms
+        mean = sum(pe) / len(pe) if isinstance(pe, tuple) else pe
+        return CostModel(self.fixed_ms, self.per_node_ms, mean * reference_layers / num_layers,
+                         name=f"{self.name}@{num_layers}/{reference_layers}layers")
+
     def to_json(self) -> dict:
         """The ``cost`` object of the instance JSON (SPECFIT.md §4)."""
         pe = list(self.per_expert_ms) if isinstance(self.per_expert_ms, tuple) else self.per_expert_ms

@@ -1,0 +1,431 @@
+"""The SpecFit decoding cycle; every method of SPECFIT.md §6 is a configuration of it.
+
+One cycle (ARCHITECTURE.md, "the one way through"):
+
+    draft one level → predict the new nodes' experts → select (and, level by level, stop?)
+    → verify the selected subtree in one target forward → accept a root path + bonus token
+    → compact the target KV, commit to the drafter → cycle record
+
+The root of every cycle is the last committed token, whose KV is not yet in the target (the
+previous cycle's bonus token). A method that drafts nothing (``ar``) verifies the root alone, which
+is a plain autoregressive step through the same code.
+
+The engine talks to three duck-typed parts:
+
+* target — :class:`models.qwen3_moe.OffloadedQwen3Moe` or anything with ``prefill(ids)``,
+  ``verify(tokens, parents)`` (both returning ``logits`` (n, V), ``routing`` (n, L, k),
+  ``aux_hidden`` (n, 3H)), ``commit(path)``, ``reset()``, ``cache.cached_experts()``,
+  ``cache.stats()``, ``spec.num_experts`` and ``spec.top_k``;
+* drafter — :class:`models.eagle3.Eagle3Drafter` or anything with ``prefill(tokens, aux)``,
+  ``commit(tokens, aux)`` and ``draft_levels(root_token, top_k, max_depth)`` yielding levels with
+  ``parents``, ``tokens``, ``path_prob``, ``hidden``;
+* predictor — :mod:`models.predictors` (``reset``, ``observe``, ``predict``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from solvers import get_solver
+from solvers.stop import should_stop
+from specfit.cost import CostModel
+from specfit.errors import SpecFitInputError
+from specfit.instance import Instance
+from specfit.tree import DraftTree
+from specfit.verify import verify_greedy, verify_sampling
+
+
+@dataclass(frozen=True)
+class Method:
+    """A decoding method as a configuration of the engine (SPECFIT.md §6).
+
+    Attributes
+    ----------
+    name : str
+    draft : bool
+        Whether a draft tree is grown (False: plain AR decoding).
+    selector : str or None
+        Registered solver that picks the verified subtree (``eagle``, ``scan``, ``exact``).
+    level_by_level : bool
+        Select after every draft level and stop drafting by the stop rule (SpecFit).
+    oracle : bool
+        Feed the selector the target's true routing instead of predicted experts.
+    uses_cache : bool
+        False for ``eagle3-vanilla``: the target must run with ``cache_slots=0``.
+    """
+
+    name: str
+    draft: bool
+    selector: str | None
+    level_by_level: bool = False
+    oracle: bool = False
+    uses_cache: bool = True
+
+
+METHODS: dict[str, Method] = {
+    "ar": Method("ar", draft=False, selector=None),
+    "eagle3-vanilla": Method("eagle3-vanilla", draft=True, selector="eagle", uses_cache=False),
+    "eagle3": Method("eagle3", draft=True, selector="eagle"),
+    "eagle3-scan": Method("eagle3-scan", draft=True, selector="scan"),
+    "specfit": Method("specfit", draft=True, selector="exact", level_by_level=True),
+    "oracle": Method("oracle", draft=True, selector="exact", level_by_level=True, oracle=True),
+}
+
+
+def get_method(name: str) -> Method:
+    """The method called ``name``.
+
+    Raises
+    ------
+    SpecFitInputError
+        If the name is unknown.
+    """
+    try:
+        return METHODS[name]
+    except KeyError:
+        raise SpecFitInputError("method", f"unknown method {name!r}; known: {', '.join(METHODS)}") from None
+
+
+@dataclass(frozen=True)
+class TreeSettings:
+    """Draft-tree settings (EAGLE's names): ``total_tokens`` draft nodes verified besides the root
+    by the fixed-tree methods, ``depth`` draft levels at most, ``top_k`` children per expanded node
+    and nodes expanded per level. Defaults: the Qwen3 EAGLE-3 scripts' 32 / 6 / 4 (SPECFIT.md §5,
+    depth 6 as the proxy's issue asks)."""
+
+    total_tokens: int = 32
+    depth: int = 6
+    top_k: int = 4
+
+    def __post_init__(self):
+        for name in ("total_tokens", "depth", "top_k"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise SpecFitInputError(name, f"must be a positive integer, got {v!r}")
+
+
+@dataclass
+class CycleRecord:
+    """What one cycle did and cost.
+
+    Counts: ``levels`` drafted, ``nodes_drafted`` (root excluded), ``nodes_verified`` (root
+    included), ``accepted`` draft tokens, ``committed`` tokens (accepted + bonus; τ of this cycle).
+    Experts per MoE layer, lists of length L: ``predicted_new`` (uncached experts the selector
+    predicted for the verified subtree), ``true_experts`` (distinct experts the verified nodes
+    really routed to), ``transferred`` (experts the runtime copied host-to-device). Model terms:
+    ``expected_tokens`` A(S), ``predicted_ms`` T(S). Measured wall-clock ms: ``draft_ms``,
+    ``predict_ms``, ``solve_ms``, ``verify_ms`` (whole target forward), ``transfer_ms`` (H2D part of
+    it, from the expert cache's timer), ``accept_ms``.
+    """
+
+    levels: int = 0
+    nodes_drafted: int = 0
+    nodes_verified: int = 1
+    accepted: int = 0
+    committed: int = 0
+    expected_tokens: float = 1.0
+    predicted_ms: float = 0.0
+    predicted_new: list = field(default_factory=list)
+    true_experts: list = field(default_factory=list)
+    transferred: list = field(default_factory=list)
+    draft_ms: float = 0.0
+    predict_ms: float = 0.0
+    solve_ms: float = 0.0
+    verify_ms: float = 0.0
+    transfer_ms: float = 0.0
+    accept_ms: float = 0.0
+
+
+@dataclass
+class Generation:
+    """Result of :meth:`SpecDecoder.generate`: ``output_ids`` (new tokens only, at most
+    ``max_new_tokens``), one :class:`CycleRecord` per cycle, and the wall-clock seconds of the
+    decode loop (prefill excluded: ``wall_s``; prefill: ``prefill_s``)."""
+
+    output_ids: list[int]
+    cycles: list[CycleRecord]
+    wall_s: float
+    prefill_s: float
+
+    @property
+    def tau(self) -> float:
+        """Mean committed tokens per cycle (accepted draft tokens + 1 bonus), AR = 1."""
+        return sum(c.committed for c in self.cycles) / len(self.cycles) if self.cycles else 0.0
+
+    def to_json(self) -> dict:
+        return {"output_ids": self.output_ids, "wall_s": self.wall_s, "prefill_s": self.prefill_s,
+                "cycles": [asdict(c) for c in self.cycles]}
+
+
+def _cache_mask(target, num_layers: int, num_experts: int) -> np.ndarray:
+    mask = np.zeros((num_layers, num_experts), dtype=bool)
+    for layer, ids in enumerate(target.cache.cached_experts()):
+        mask[layer, ids] = True
+    return mask
+
+
+def _layer_counts(stats: dict, key: str) -> np.ndarray:
+    return np.array([layer[key] for layer in stats["layers"]])
+
+
+class _Tree:
+    """The draft tree grown so far in one cycle: parallel lists indexed by node id (root 0)."""
+
+    def __init__(self, root_token: int, root_experts: np.ndarray | None):
+        self.parents, self.tokens, self.path_prob = [-1], [int(root_token)], [1.0]
+        self.experts = [] if root_experts is None else [root_experts]
+        self.last_level: list[int] = []
+
+    def add_level(self, level, experts: np.ndarray | None) -> None:
+        start = len(self.parents)
+        self.parents += level.parents.tolist()
+        self.tokens += level.tokens.tolist()
+        # EAGLE's float32 products can differ from the parent's by an ulp; keep P non-increasing
+        pp = level.path_prob.double().tolist()
+        self.path_prob += [min(p, self.path_prob[par]) for p, par in zip(pp, level.parents.tolist())]
+        if experts is not None:
+            self.experts += list(experts)
+        self.last_level = list(range(start, len(self.parents)))
+
+    def instance(self, cost: CostModel, cache: np.ndarray, num_experts: int, max_nodes: int | None) -> Instance:
+        experts = np.stack(self.experts) if self.experts else None
+        tree = DraftTree(self.parents, path_prob=self.path_prob, tokens=self.tokens, experts=experts,
+                         num_experts=num_experts if experts is not None else None)
+        return Instance(tree, cost, cache if experts is not None else None, max_nodes=max_nodes)
+
+
+class SpecDecoder:
+    """Speculative decoding on an offloaded MoE target with a chosen method.
+
+    Parameters
+    ----------
+    target
+        The offloaded target runtime (see the module docstring).
+    drafter
+        The draft model; may be None for ``ar``.
+    method : Method or str
+    tree : TreeSettings
+    cost : CostModel
+        Cost model used for selection (ms); for a model with fewer layers than the profile's
+        target, pass ``profile.for_layers(L)``.
+    predictor
+        Expert predictor (``models.predictors``); required by ``eagle3-scan`` and ``specfit``.
+    reference
+        For ``oracle``: a second target instance on the same weights whose KV mirrors ``target``;
+        it computes the true routing of each drafted tree outside the timed path.
+    temperature, top_p : float
+        0 → greedy verification; > 0 → lossless sampling verification (:mod:`specfit.verify`).
+    seed : int
+        Seed of the sampling verifier.
+    rate_mode : bool
+        Maximise A - λT with λ the running long-run rate (committed tokens over predicted ms of
+        the cycles so far) instead of A/T (SPECFIT.md §3, "per-cycle ratio vs long-run rate").
+    max_nodes : int, optional
+        Verify-width budget passed to the selector.
+
+    Raises
+    ------
+    SpecFitInputError
+        If the method needs a drafter, predictor or reference that is missing.
+    """
+
+    def __init__(self, target, drafter=None, method: Method | str = "specfit", *, tree: TreeSettings = TreeSettings(),
+                 cost: CostModel | None = None, predictor=None, reference=None, temperature: float = 0.0,
+                 top_p: float = 1.0, seed: int = 0, rate_mode: bool = False, max_nodes: int | None = None):
+        self.method = get_method(method) if isinstance(method, str) else method
+        m = self.method
+        if m.draft and drafter is None:
+            raise SpecFitInputError("drafter", f"method {m.name} drafts a tree and needs a drafter")
+        if m.selector in ("scan", "exact") and cost is None:
+            raise SpecFitInputError("cost", f"method {m.name} selects under the cost model and needs one")
+        if m.selector in ("scan", "exact") and not m.oracle and predictor is None:
+            raise SpecFitInputError("predictor", f"method {m.name} needs an expert predictor")
+        if m.oracle and reference is None:
+            raise SpecFitInputError("reference", "method oracle needs a reference target for the true routing")
+        if temperature < 0:
+            raise SpecFitInputError("temperature", f"must be >= 0, got {temperature}")
+        self.target, self.drafter, self.tree, self.cost = target, drafter, tree, cost
+        self.predictor, self.reference = predictor, reference
+        self.temperature, self.top_p, self.rate_mode, self.max_nodes = temperature, top_p, rate_mode, max_nodes
+        self.generator = torch.Generator().manual_seed(seed)
+        self.solver = None
+        if m.selector == "eagle":
+            self.solver = get_solver("eagle", total_tokens=tree.total_tokens)
+        elif m.selector:
+            self.solver = get_solver(m.selector)
+        self.num_experts = int(target.spec.num_experts)
+        self._lam_tokens = 0.0
+        self._lam_ms = 0.0
+
+    # -- one generation ------------------------------------------------------------------------
+    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, eos_id: int | None = None) -> Generation:
+        """Decode up to ``max_new_tokens`` new tokens after ``prompt_ids``.
+
+        Parameters
+        ----------
+        prompt_ids : sequence of int, length >= 1
+        max_new_tokens : int, >= 1
+        eos_id : int, optional
+            Stop after this token is committed.
+
+        Returns
+        -------
+        Generation
+
+        Raises
+        ------
+        SpecFitInputError
+            On an empty prompt or a non-positive ``max_new_tokens``.
+        """
+        prompt = [int(t) for t in prompt_ids]
+        if not prompt:
+            raise SpecFitInputError("prompt_ids", "must contain at least one token")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise SpecFitInputError("max_new_tokens", f"must be a positive integer, got {max_new_tokens!r}")
+        self._lam_tokens = self._lam_ms = 0.0
+        t0 = time.perf_counter()
+        for t in (self.target, self.reference):
+            if t is not None:
+                t.reset()
+        drafter_ready = False
+        if len(prompt) > 1:
+            out = self.target.prefill(torch.tensor(prompt[:-1]))
+            if self.reference is not None:
+                self.reference.prefill(torch.tensor(prompt[:-1]))
+            if self.predictor is not None:
+                self.predictor.reset()
+                self.predictor.observe(np.asarray(prompt[:-1]), out.routing.numpy(), None)
+            if self.drafter is not None:
+                self.drafter.prefill(torch.tensor(prompt[:-1]), out.aux_hidden)
+                drafter_ready = True
+        elif self.predictor is not None:
+            self.predictor.reset()
+        t1 = time.perf_counter()
+        root, new, cycles = prompt[-1], [], []
+        while len(new) < max_new_tokens and not (eos_id is not None and eos_id in new):
+            rec, committed, aux, path_tokens = self._cycle(root, drafter_ready)
+            if self.drafter is not None:
+                if drafter_ready:
+                    self.drafter.commit(torch.tensor(path_tokens), aux)
+                else:
+                    self.drafter.prefill(torch.tensor(path_tokens), aux)
+                    drafter_ready = True
+            cycles.append(rec)
+            new += committed
+            root = committed[-1]
+        if eos_id is not None and eos_id in new:
+            new = new[:new.index(eos_id) + 1]
+        return Generation(new[:max_new_tokens], cycles, time.perf_counter() - t1, t1 - t0)
+
+    def _cycle(self, root: int, drafter_ready: bool):
+        m, rec = self.method, CycleRecord()
+        self._ref_full_tree = False
+        stats0 = self.target.cache.stats()
+        cache = None
+        tree = _Tree(root, None)
+        if m.draft and drafter_ready:
+            cache = _cache_mask(self.target, len(stats0["layers"]), self.num_experts)
+            tree, selection = self._draft_and_select(root, cache, rec)
+        else:
+            selection = None
+        # verify the selected subtree in one target forward
+        keep = list(selection.nodes) if selection is not None else [0]
+        sub_of = {v: i for i, v in enumerate(keep)}
+        sub_parents = [-1] + [sub_of[tree.parents[v]] for v in keep[1:]]
+        sub_tokens = [tree.tokens[v] for v in keep]
+        if selection is not None:
+            rec.expected_tokens, rec.predicted_ms = selection.expected_tokens, selection.predicted_ms
+            if tree.experts and cache is not None:
+                ex = np.stack([tree.experts[v] for v in keep])
+                rec.predicted_new = [int(len(set(ex[:, l].ravel().tolist()) - set(np.flatnonzero(cache[l]).tolist())))
+                                     for l in range(ex.shape[1])]
+        t0 = time.perf_counter()
+        out = self.target.verify(torch.tensor(sub_tokens), sub_parents)
+        logits = out.logits
+        rec.verify_ms = (time.perf_counter() - t0) * 1e3
+        t0 = time.perf_counter()
+        if self.temperature > 0:
+            acc = verify_sampling(sub_tokens, sub_parents, logits, temperature=self.temperature, top_p=self.top_p,
+                                  generator=self.generator)
+        else:
+            acc = verify_greedy(sub_tokens, sub_parents, logits)
+        self.target.commit(acc.path)
+        if self.reference is not None:
+            if not self._ref_full_tree:  # nothing drafted this cycle: mirror the root-only verify
+                self.reference.verify(torch.tensor(sub_tokens), sub_parents)
+            self.reference.commit([keep[v] for v in acc.path])
+        rec.accept_ms = (time.perf_counter() - t0) * 1e3
+        routing = out.routing.numpy()
+        if self.predictor is not None:
+            self.predictor.observe(np.asarray([sub_tokens[v] for v in acc.path]), routing[acc.path], None)
+        stats1 = self.target.cache.stats()
+        rec.transferred = (_layer_counts(stats1, "misses") - _layer_counts(stats0, "misses")).tolist()
+        rec.transfer_ms = stats1["total"]["transfer_ms"] - stats0["total"]["transfer_ms"]
+        rec.true_experts = [int(np.unique(routing[:, l]).size) for l in range(routing.shape[1])]
+        rec.nodes_verified = len(keep)
+        rec.accepted = acc.accepted
+        rec.committed = len(acc.new_tokens)
+        self._lam_tokens += rec.committed
+        self._lam_ms += rec.predicted_ms
+        path_tokens = [sub_tokens[v] for v in acc.path]
+        return rec, acc.new_tokens, out.aux_hidden[acc.path], path_tokens
+
+    def _draft_and_select(self, root: int, cache: np.ndarray, rec: CycleRecord):
+        m, ts = self.method, self.tree
+        rate = None
+        if self.rate_mode and self._lam_ms > 0:
+            rate = 1000.0 * self._lam_tokens / self._lam_ms
+        need_experts = m.selector in ("scan", "exact")
+        t0 = time.perf_counter()
+        root_experts = None
+        if need_experts and not m.oracle:
+            root_experts = self.predictor.predict(np.asarray([root]), None)[0]
+        rec.predict_ms += (time.perf_counter() - t0) * 1e3
+        tree = _Tree(root, root_experts)
+        selection = None
+        levels = self.drafter.draft_levels(root, ts.top_k, ts.depth)
+        while True:
+            t0 = time.perf_counter()
+            level = next(levels, None)
+            rec.draft_ms += (time.perf_counter() - t0) * 1e3
+            if level is None:
+                break
+            rec.levels += 1
+            t0 = time.perf_counter()
+            experts = None
+            if need_experts and not m.oracle:
+                hidden = level.hidden.float().cpu().numpy() if level.hidden is not None else None
+                experts = self.predictor.predict(level.tokens.cpu().numpy(), hidden)
+            tree.add_level(level, experts)
+            rec.predict_ms += (time.perf_counter() - t0) * 1e3
+            if m.oracle:  # outside the timed path
+                tree.experts = list(self._true_routing(tree))
+            if m.level_by_level:
+                selection = self._select(tree, cache, rate, rec)
+                p_f = max(tree.path_prob[v] for v in tree.last_level)
+                if should_stop(selection.throughput, p_f, self.cost, rate):
+                    break
+        levels.close()
+        rec.nodes_drafted = len(tree.parents) - 1
+        if not m.level_by_level:
+            selection = self._select(tree, cache, rate, rec)
+        return tree, selection
+
+    def _select(self, tree: _Tree, cache: np.ndarray, rate: float | None, rec: CycleRecord):
+        t0 = time.perf_counter()
+        cost = self.cost if self.cost is not None else CostModel(1.0, 0.0, 0.0)
+        inst = tree.instance(cost, cache, self.num_experts, self.max_nodes)
+        sel = self.solver.solve(inst, rate=rate)
+        rec.solve_ms += (time.perf_counter() - t0) * 1e3
+        return sel
+
+    def _true_routing(self, tree: _Tree) -> np.ndarray:
+        """True routing of every drafted node (n, L, k) from the reference target (oracle only)."""
+        out = self.reference.verify(torch.tensor(tree.tokens), tree.parents)
+        self._ref_full_tree = True
+        return out.routing.numpy()

@@ -1,0 +1,211 @@
+"""The decoding engine: every method's greedy output equals greedy AR; records add up; KV and drafter
+state after a cycle equal a fresh prefill; shapes fuzzed through the whole loop."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+from models.qwen3_moe import OffloadedQwen3Moe
+from specfit.cost import CostModel
+from specfit.engine import METHODS, SpecDecoder, TreeSettings, get_method
+from specfit.errors import SpecFitInputError
+
+VOCAB, LAYERS, EXPERTS, TOP_K = 96, 3, 16, 4
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    torch.manual_seed(0)
+    cfg = Qwen3MoeConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                         num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                         num_experts=EXPERTS, num_experts_per_tok=TOP_K, norm_topk_prob=True,
+                         max_position_embeddings=512, tie_word_embeddings=False)
+    model = Qwen3MoeForCausalLM(cfg).eval()
+    with torch.no_grad():  # sharpen the output so greedy text is not a constant token
+        model.lm_head.weight.mul_(8.0)
+    path = tmp_path_factory.mktemp("engine") / "target"
+    model.save_pretrained(path)
+    return path
+
+
+def load(ckpt, slots=4):
+    return OffloadedQwen3Moe.from_pretrained(ckpt, cache_slots=slots, max_len=512)
+
+
+class SelfDrafter:
+    """Drafts with a noisy copy of the target itself (EAGLE-2 dynamic expansion), so that long
+    paths get accepted; the target's argmax child is placed *last* among its siblings so accepted
+    paths are rarely the leftmost."""
+
+    def __init__(self, ckpt, noise=1.0, seed=0):
+        self.model = load(ckpt, slots="all")
+        self.noise, self.gen = noise, torch.Generator().manual_seed(seed)
+        self.committed: list[int] = []
+
+    def prefill(self, tokens, aux):
+        self.committed = []
+        self.model.reset()
+        self.commit(tokens, aux)
+
+    def commit(self, tokens, aux):
+        self.committed += [int(t) for t in tokens]
+        self.model.prefill(torch.as_tensor(tokens))
+
+    def draft_levels(self, root, top_k, depth):
+        tokens, parents, pp = [int(root)], [-1], [1.0]
+        frontier = [0]
+        for d in range(1, depth + 1):
+            logits = self.model.verify(torch.tensor(tokens), parents).logits
+            logits = logits + self.noise * torch.randn(logits.shape, generator=self.gen)
+            new_par, new_tok, new_pp = [], [], []
+            for f in frontier:
+                q, ids = torch.softmax(logits[f], -1).topk(top_k)
+                for qi, ti in reversed(list(zip(q.tolist(), ids.tolist()))):
+                    new_par.append(f)
+                    new_tok.append(ti)
+                    new_pp.append(pp[f] * qi)
+            start = len(tokens)
+            tokens += new_tok
+            parents += new_par
+            pp += new_pp
+            yield SimpleNamespace(parents=torch.tensor(new_par), tokens=torch.tensor(new_tok),
+                                  path_prob=torch.tensor(new_pp, dtype=torch.float64), hidden=None)
+            order = sorted(range(len(new_pp)), key=lambda i: -new_pp[i])[:top_k]
+            frontier = [start + i for i in sorted(order)]
+
+
+class FixedPredictor:
+    """Predicts each token's experts from a fixed random table (deterministic, imperfect)."""
+
+    def __init__(self, seed=0):
+        rng = np.random.default_rng(seed)
+        self.table = np.stack([np.stack([rng.choice(EXPERTS, TOP_K, replace=False) for _ in range(LAYERS)])
+                               for _ in range(VOCAB)])
+
+    def reset(self):
+        pass
+
+    def observe(self, tokens, routing, hidden):
+        assert routing.shape == (len(tokens), LAYERS, TOP_K)
+
+    def predict(self, tokens, hidden):
+        return self.table[np.asarray(tokens)]
+
+
+COST = CostModel(6.0, 0.1, 0.05)  # cheap experts: the cost-aware methods verify real trees
+PROMPTS = [[5, 17, 33, 2], [60, 61, 62, 63, 1, 9], [7]]
+
+
+def decoder(ckpt, method, drafter, **kw):
+    m = get_method(method)
+    target = load(ckpt, slots=4 if m.uses_cache else 0)
+    ref = load(ckpt, slots="all") if m.oracle else None
+    return SpecDecoder(target, drafter, m, cost=COST, predictor=FixedPredictor(), reference=ref, **kw)
+
+
+@pytest.fixture(scope="module")
+def ar_outputs(ckpt):
+    dec = decoder(ckpt, "ar", None)
+    return [dec.generate(p, 16).output_ids for p in PROMPTS]
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_greedy_output_of_every_method_equals_ar(ckpt, ar_outputs, method):
+    dec = decoder(ckpt, method, SelfDrafter(ckpt), tree=TreeSettings(total_tokens=8, depth=3, top_k=3))
+    taus = []
+    for prompt, expected in zip(PROMPTS, ar_outputs):
+        gen = dec.generate(prompt, 16)
+        assert gen.output_ids == expected
+        taus.append(gen.tau)
+    if method != "ar":
+        assert max(taus) > 1.2  # the self drafter makes speculation accept tokens
+
+
+def test_records_add_up_and_match_runtime_counters(ckpt):
+    dec = decoder(ckpt, "specfit", SelfDrafter(ckpt), tree=TreeSettings(10, 4, 3))
+    dec.target.cache.reset_stats()
+    gen = dec.generate(PROMPTS[1], 30)
+    committed = sum(c.committed for c in gen.cycles)
+    assert committed >= len(gen.output_ids) and committed - gen.cycles[-1].committed < 30
+    assert all(c.committed == c.accepted + 1 and c.nodes_verified >= c.accepted + 1 for c in gen.cycles)
+    stats = dec.target.cache.stats()  # the prefill's misses are counted there too
+    transferred = np.sum([c.transferred for c in gen.cycles], axis=0)
+    assert transferred.shape == (LAYERS,)
+    assert int(transferred.sum()) <= stats["total"]["misses"]
+    assert gen.tau == pytest.approx(committed / len(gen.cycles))
+
+
+def test_transferred_equals_miss_counters_without_prefill(ckpt):
+    dec = decoder(ckpt, "eagle3", SelfDrafter(ckpt), tree=TreeSettings(8, 3, 2))
+    dec.target.cache.reset_stats()
+    gen = dec.generate([PROMPTS[2][0]], 12)  # one-token prompt: no prefill forward
+    transferred = np.sum([c.transferred for c in gen.cycles], axis=0)
+    assert transferred.tolist() == [s["misses"] for s in dec.target.cache.stats()["layers"]]
+
+
+def test_state_after_generation_equals_fresh_prefill(ckpt):
+    dec = decoder(ckpt, "specfit", SelfDrafter(ckpt), tree=TreeSettings(10, 4, 3))
+    prompt = PROMPTS[0]
+    gen = dec.generate(prompt, 20)
+    committed = prompt + gen.output_ids
+    kv = dec.target.kv_len
+    # everything committed except the cycles' last bonus token (the next root) is in the KV cache
+    fresh = load(ckpt, slots="all")
+    fresh.prefill(torch.tensor(committed[:kv]))
+    assert torch.allclose(dec.target.k_cache[:, :, :kv], fresh.k_cache[:, :, :kv], atol=1e-5)
+    assert torch.allclose(dec.target.v_cache[:, :, :kv], fresh.v_cache[:, :, :kv], atol=1e-5)
+    assert dec.drafter.committed == committed[:kv]
+
+
+@pytest.mark.parametrize("top_k,depth", [(1, 1), (1, 8), (2, 5), (4, 3)])
+def test_shape_fuzz_through_the_loop(ckpt, ar_outputs, top_k, depth):
+    for method in ("eagle3", "specfit"):
+        dec = decoder(ckpt, method, SelfDrafter(ckpt, noise=2.0, seed=top_k),
+                      tree=TreeSettings(total_tokens=top_k * depth, depth=depth, top_k=top_k))
+        assert dec.generate(PROMPTS[1], 16).output_ids == ar_outputs[1]
+
+
+def test_root_only_selections_are_plain_ar_steps(ckpt, ar_outputs):
+    expensive = CostModel(1.0, 1000.0, 0.0)  # every extra node costs more than it can bring
+    target = load(ckpt)
+    dec = SpecDecoder(target, SelfDrafter(ckpt), "specfit", cost=expensive, predictor=FixedPredictor(),
+                      tree=TreeSettings(10, 4, 3))
+    gen = dec.generate(PROMPTS[0], 16)
+    assert gen.output_ids == ar_outputs[0]
+    assert all(c.nodes_verified == 1 and c.committed == 1 for c in gen.cycles)
+    assert gen.tau == 1.0
+
+
+def test_rate_mode_is_lossless(ckpt, ar_outputs):
+    dec = decoder(ckpt, "specfit", SelfDrafter(ckpt), tree=TreeSettings(10, 4, 3), rate_mode=True)
+    assert dec.generate(PROMPTS[1], 16).output_ids == ar_outputs[1]
+
+
+def test_sampling_runs_and_is_reproducible(ckpt):
+    outs = []
+    for _ in range(2):
+        dec = decoder(ckpt, "specfit", SelfDrafter(ckpt), tree=TreeSettings(10, 3, 3), temperature=0.8, seed=7)
+        outs.append(dec.generate(PROMPTS[0], 16).output_ids)
+    assert outs[0] == outs[1] and len(outs[0]) == 16
+
+
+def test_configuration_errors(ckpt):
+    target = load(ckpt)
+    with pytest.raises(SpecFitInputError, match="method"):
+        get_method("medusa")
+    with pytest.raises(SpecFitInputError, match="drafter"):
+        SpecDecoder(target, None, "eagle3")
+    with pytest.raises(SpecFitInputError, match="predictor"):
+        SpecDecoder(target, object(), "specfit", cost=COST)
+    with pytest.raises(SpecFitInputError, match="reference"):
+        SpecDecoder(target, object(), "oracle", cost=COST)
+    dec = SpecDecoder(target, None, "ar")
+    with pytest.raises(SpecFitInputError, match="max_new_tokens"):
+        dec.generate([1, 2], 0)
+    with pytest.raises(SpecFitInputError, match="prompt_ids"):
+        dec.generate([], 4)
+    with pytest.raises(SpecFitInputError, match="total_tokens"):
+        TreeSettings(total_tokens=0)
