@@ -35,7 +35,8 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from models.qwen3_moe import OffloadedQwen3Moe
+from models.qwen3_moe import OffloadedQwen3Moe, read_spec
+from models.qwen3_moe.checkpoint import dense_shapes
 from specfit.cost import calibrate
 
 #: Shapes for ``--synthetic``. ``qwen3-30b-a3b`` is the real model's config (SPECFIT.md §5).
@@ -71,37 +72,34 @@ def write_synthetic_checkpoint(out_dir: Path, shape: str, num_layers: int | None
     cfg.setdefault("rope_theta", 10000.0)
     if num_layers:
         cfg["num_hidden_layers"] = num_layers
-    H, V, E, I = cfg["hidden_size"], cfg["vocab_size"], cfg["num_experts"], cfg["moe_intermediate_size"]
-    d, nq, nkv = cfg["head_dim"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.json").write_text(json.dumps(cfg, indent=1))
+    spec = read_spec(out_dir)
     gen = torch.Generator().manual_seed(seed)
 
-    def rnd(*size, std=0.02):
-        return (torch.randn(*size, generator=gen) * std).to(dtype)
+    def init(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        if len(shape) == 1:                                   # norm weights
+            return torch.ones(shape, dtype=dtype)
+        if name.endswith("mlp.gate.weight"):                  # router: rows of norm 2
+            return (torch.nn.functional.normalize(torch.randn(*shape, generator=gen), dim=-1) * 2.0).to(dtype)
+        std = 1.0 if name == "model.embed_tokens.weight" else 0.02
+        return (torch.randn(*shape, generator=gen) * std).to(dtype)
 
-    out_dir.mkdir(parents=True, exist_ok=True)
+    H, I = spec.hidden_size, spec.moe_intermediate_size
+    shards: dict[str, dict[str, tuple[int, ...]]] = {}
+    for name, shape in dense_shapes(spec).items():
+        key = f"layer-{int(name.split('.')[2]):03d}" if name.startswith("model.layers.") else "embed"
+        shards.setdefault(key, {})[name] = shape
+    for i in spec.moe_layers:
+        for e in range(spec.num_experts):
+            p = f"model.layers.{i}.mlp.experts.{e}."
+            shards[f"layer-{i:03d}"].update({p + "gate_proj.weight": (I, H), p + "up_proj.weight": (I, H),
+                                             p + "down_proj.weight": (H, I)})
     weight_map = {}
-
-    def shard(name: str, tensors: dict) -> None:
-        save_file(tensors, out_dir / name)
-        weight_map.update({k: name for k in tensors})
-
-    shard("embed.safetensors", {"model.embed_tokens.weight": rnd(V, H, std=1.0), "model.norm.weight": torch.ones(H, dtype=dtype),
-                                "lm_head.weight": rnd(V, H)})
-    for i in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        router = torch.nn.functional.normalize(torch.randn(E, H, generator=gen), dim=-1) * 2.0
-        t = {p + "input_layernorm.weight": torch.ones(H, dtype=dtype), p + "post_attention_layernorm.weight": torch.ones(H, dtype=dtype),
-             p + "self_attn.q_proj.weight": rnd(nq * d, H), p + "self_attn.k_proj.weight": rnd(nkv * d, H),
-             p + "self_attn.v_proj.weight": rnd(nkv * d, H), p + "self_attn.o_proj.weight": rnd(H, nq * d),
-             p + "self_attn.q_norm.weight": torch.ones(d, dtype=dtype), p + "self_attn.k_norm.weight": torch.ones(d, dtype=dtype),
-             p + "mlp.gate.weight": router.to(dtype)}
-        for e in range(E):
-            t[f"{p}mlp.experts.{e}.gate_proj.weight"] = rnd(I, H)
-            t[f"{p}mlp.experts.{e}.up_proj.weight"] = rnd(I, H)
-            t[f"{p}mlp.experts.{e}.down_proj.weight"] = rnd(H, I)
-        shard(f"layer-{i:03d}.safetensors", t)
+    for key, shapes in shards.items():
+        save_file({name: init(name, shape) for name, shape in shapes.items()}, out_dir / f"{key}.safetensors")
+        weight_map.update({name: f"{key}.safetensors" for name in shapes})
     (out_dir / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    (out_dir / "config.json").write_text(json.dumps(cfg, indent=1))
     return out_dir
 
 

@@ -350,8 +350,8 @@ class OffloadedQwen3Moe:
             if i in self._moe_index:
                 y, routing[:, self._moe_index[i]] = self._moe(self._moe_index[i], h, w[p + "mlp.gate.weight"])
             else:
-                y = F.linear(F.silu(F.linear(h, w[p + "mlp.gate_proj.weight"])) * F.linear(h, w[p + "mlp.up_proj.weight"]),
-                             w[p + "mlp.down_proj.weight"])
+                gate, up = F.linear(h, w[p + "mlp.gate_proj.weight"]), F.linear(h, w[p + "mlp.up_proj.weight"])
+                y = F.linear(F.silu(gate) * up, w[p + "mlp.down_proj.weight"])
             x = x + y
             hidden[i + 1] = x
         last = rms_norm(x, w["model.norm.weight"], s.rms_norm_eps)
