@@ -163,7 +163,7 @@ def greedy_tau(target, head, prompt_ids, *, total_tokens: int = 32, depth: int =
             taus.append(len(accepted))
             root = nxt
             generated.append(nxt)
-    return generated, taus
+    return generated[:max_new_tokens], taus
 
 
 def measure_tau(target, head, tokenizer, questions: list[str], **tree) -> dict:

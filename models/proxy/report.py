@@ -125,6 +125,12 @@ with the offloaded runtime; it is an acceptance measurement, not a speed measure
 """
 
 
+def _tail_mean(log: list[dict], keys: list[str], n: int = 50) -> dict:
+    """Mean of ``keys`` over the last ``n`` training records (per-step values are noisy)."""
+    tail = log[-n:]
+    return {k: float(np.mean([rec[k] for rec in tail])) for k in keys} if tail else {}
+
+
 def _fmt_list(xs, fmt="{:.2f}") -> str:
     return ", ".join(fmt.format(x) for x in xs)
 
@@ -142,7 +148,7 @@ def _collapse_verdict(s: dict, cfg) -> str:
 def target_card(cfg, r: dict, log: list[dict]) -> str:
     """Model card of the proxy target (markdown)."""
     s, tr = r["target"], r["target_train"] or {}
-    last = log[-1] if log else {}
+    last = _tail_mean(log, ["loss", "aux_loss"])
     return f"""# SpecFit proxy target: a small Qwen3-MoE (`Qwen3MoeForCausalLM`)
 
 A {r['sizes_mb']['target']:.0f} MB (bf16 safetensors) stand-in for Qwen3-30B-A3B that ships with SpecFit and runs with
@@ -185,7 +191,7 @@ lr 3e-3, 50 warmup steps then cosine decay, batch 16 × 256 tokens, gradient cli
 load-balancing loss (Switch Transformer, as transformers' `load_balancing_loss_func`) with
 `router_aux_loss_coef` = {cfg.router_aux_loss_coef}. Ran {tr.get('steps', '?')} steps ({tr.get('tokens', 0) / 1e6:.1f} M tokens) in {tr.get('minutes', 0):.0f} min
 on 1 thread of a shared 2-core CPU (a 48-minute wall-clock cap applies; the schedule targets 1500 steps).
-Final training LM loss {last.get('loss', float('nan')):.3f} nats/token, router aux loss {last.get('aux_loss', float('nan')):.3f}.
+Training LM loss over the last 50 steps {last.get('loss', float('nan')):.3f} nats/token (mixed sources), router aux loss {last.get('aux_loss', float('nan')):.3f}.
 
 ![loss curve](loss_curve.png)
 
@@ -206,8 +212,9 @@ Machine: {r['machine']}.
 def head_card(head, r: dict, log: list[dict]) -> str:
     """Model card of the proxy EAGLE-3 head (markdown)."""
     c, tr, t, ch = head.cfg, r["head_train"] or {}, r["tau_default_tree"], r["tau_chain_depth6"]
-    last = log[-1] if log else {}
-    acc = last.get("acc", [])
+    last = _tail_mean(log, ["loss"])
+    tail = log[-50:]
+    acc = [float(np.mean([rec["acc"][j] for rec in tail])) for j in range(len(tail[0]["acc"]))] if tail else []
     return f"""# SpecFit proxy EAGLE-3 head (for `../target/`)
 
 An EAGLE-3 draft head (Li et al. 2025) for the proxy Qwen3-MoE target, in the public EAGLE-3 checkpoint
@@ -231,8 +238,8 @@ training mixture, covering {100 * tr.get('draft_vocab_coverage', float('nan')):.
 soft cross-entropy against the target's next-token distribution over the draft vocabulary, step
 weights 0.8^j. Embedding frozen (the target's); lm_head and norm initialised from the target.
 AdamW lr 2e-3 (30 warmup steps, cosine), batch 16 × 256. Ran {tr.get('steps', '?')} steps ({tr.get('tokens', 0) / 1e6:.1f} M tokens)
-in {tr.get('minutes', 0):.0f} min. Final loss {last.get('loss', float('nan')):.3f}; top-1 agreement with the target's greedy token on the
-last batch, per unrolled step: {_fmt_list(acc, '{:.3f}')}.
+in {tr.get('minutes', 0):.0f} min. Mean over the last 50 steps: loss {last.get('loss', float('nan')):.3f}; top-1 agreement with the
+target's greedy token (teacher-forced, per unrolled step 0/1/2): {_fmt_list(acc, '{:.3f}')}.
 
 ![loss curve](loss_curve.png)
 
