@@ -15,8 +15,9 @@ Predictors (registry :func:`get_predictor`):
   layer's global frequency (unseen tokens get the global frequency), optionally blended with the
   recency context. Routing depends strongly on the token id, most of all in early layers.
 * ``probe`` — a linear probe per layer on the draft hidden state (softmax over E experts, top-k at
-  prediction), trained on recorded routing with :func:`train_probe`. Nodes without a hidden state
-  fall back to ``recency``.
+  prediction), trained on recorded routing with :func:`train_probe`; optionally blended with the
+  frequency tables (``frequency_weight``). Nodes without a hidden state fall back to ``frequency``
+  (when blended) or ``recency``.
 
 Everything here is numpy at the interface; torch is used only inside :func:`train_probe`.
 """
@@ -159,7 +160,7 @@ class RecencyPredictor:
     window : int
         W, observed tokens remembered (default 32, a few cycles of committed tokens).
     prior : array_like, optional
-        (L, E) non-negative scores for the fallback order.
+        (L, E) finite scores for the fallback order (larger first).
     """
 
     name = "recency"
@@ -324,8 +325,11 @@ class ProbePredictor:
     """A linear probe per MoE layer on the draft hidden state: ``logits[l] = W[l]ᵀ z + b[l]``.
 
     ``z = (h - mean) / std`` is the standardised draft hidden state h (Hd,); the prediction is the
-    top-k of the logits. Nodes without a hidden state (``draft_hidden`` None or a NaN row, e.g. the
-    cycle's root) get the ``recency`` prediction, whose context :meth:`observe` feeds.
+    top-k of the logits. With a ``frequency`` predictor and weight ``w > 0`` the score is the
+    product-of-experts blend ``log_softmax(logits) + w · log s_freq(token)`` (the draft hidden state
+    that produced a node's token does not encode that token; the frequency table does). Nodes
+    without a hidden state (``draft_hidden`` None or a NaN row, e.g. the cycle's root) get the
+    ``frequency`` prediction when one is given, else the ``recency`` one; :meth:`observe` feeds both.
 
     Parameters
     ----------
@@ -339,12 +343,17 @@ class ProbePredictor:
     window : int
         Recency window of the fallback.
     prior : array_like, optional
-        (L, E) prior order of the fallback (see :class:`RecencyPredictor`).
+        (L, E) prior order of the recency fallback (see :class:`RecencyPredictor`).
+    frequency : FrequencyPredictor, optional
+        Token tables to blend with and fall back to.
+    frequency_weight : float
+        w >= 0 (default 1; ignored without ``frequency``).
     """
 
     name = "probe"
 
-    def __init__(self, weight, bias, mean, std, top_k: int, window: int = 32, prior=None):
+    def __init__(self, weight, bias, mean, std, top_k: int, window: int = 32, prior=None,
+                 frequency: FrequencyPredictor | None = None, frequency_weight: float = 1.0):
         self.weight = np.asarray(weight, dtype=np.float32)
         if self.weight.ndim != 3:
             raise SpecFitInputError("weight", f"must have shape (L, Hd, E), got {self.weight.shape}")
@@ -355,17 +364,25 @@ class ProbePredictor:
             raise SpecFitInputError("bias", f"must have shape ({self.L}, {self.E}), got {self.bias.shape}")
         if self.mean.shape != (self.Hd,) or self.std.shape != (self.Hd,) or (self.std <= 0).any():
             raise SpecFitInputError("std", f"mean and std must have shape ({self.Hd},), std > 0")
-        self.fallback = RecencyPredictor(self.L, self.E, top_k, window, prior)
-        self.k = self.fallback.k
-        self.prior = prior
+        if not np.isfinite(frequency_weight) or frequency_weight < 0:
+            raise SpecFitInputError("frequency_weight", f"must be a finite number >= 0, got {frequency_weight!r}")
+        if frequency is not None and (frequency.L, frequency.E, frequency.k) != (self.L, self.E, top_k):
+            raise SpecFitInputError("frequency", f"must have (L, E, k) = ({self.L}, {self.E}, {top_k})")
+        self.recency = RecencyPredictor(self.L, self.E, top_k, window, prior)
+        self.k = self.recency.k
+        self.prior, self.frequency, self.frequency_weight = prior, frequency, float(frequency_weight)
 
     def reset(self) -> None:
-        """Forget the fallback's context."""
-        self.fallback.reset()
+        """Forget the per-prompt context."""
+        self.recency.reset()
+        if self.frequency is not None:
+            self.frequency.reset()
 
     def observe(self, tokens, routing, draft_hidden=None) -> None:
-        """Feed the fallback's recency context."""
-        self.fallback.observe(tokens, routing)
+        """Feed the fallbacks' recency context."""
+        self.recency.observe(tokens, routing)
+        if self.frequency is not None:
+            self.frequency.observe(tokens, routing)
 
     def logits(self, draft_hidden) -> np.ndarray:
         """(m, L, E) float32 probe logits of (m, Hd) hidden states."""
@@ -373,14 +390,19 @@ class ProbePredictor:
         return np.einsum("mh,lhe->mle", z, self.weight) + self.bias
 
     def predict(self, tokens, draft_hidden=None) -> np.ndarray:
-        """(m, L, k) int64: probe top-k for rows with a hidden state, the recency fallback otherwise."""
+        """(m, L, k) int64: the probe's top-k for rows with a hidden state, the fallback's otherwise."""
         t = check_tokens(tokens)
-        out = self.fallback.predict(t)
+        out = (self.frequency or self.recency).predict(t)
         h = check_hidden(draft_hidden, len(t), self.Hd)
         if h is not None:
             ok = ~np.isnan(h).any(axis=1)
             if ok.any():
-                out[ok] = top_k_ids(self.logits(h[ok]), self.k)
+                z = self.logits(h[ok]).astype(np.float64)
+                z -= z.max(-1, keepdims=True)
+                score = z - np.log(np.exp(z).sum(-1, keepdims=True))
+                if self.frequency is not None and self.frequency_weight:
+                    score += self.frequency_weight * np.log(np.maximum(self.frequency.scores(t[ok]), 1e-12))
+                out[ok] = top_k_ids(score, self.k)
         return out
 
     def save(self, path) -> None:
@@ -410,7 +432,8 @@ class ProbePredictor:
 
 def train_probe(hidden, routing, num_experts: int, *, epochs: int = 40, lr: float = 3e-3,
                 weight_decay: float = 1e-4, batch_size: int = 512, seed: int = 0, device="cpu",
-                window: int = 32, prior=None) -> ProbePredictor:
+                window: int = 32, prior=None, frequency: FrequencyPredictor | None = None,
+                frequency_weight: float = 1.0) -> ProbePredictor:
     """Train one linear probe per MoE layer on draft hidden states against the true routing.
 
     Loss: per layer, softmax cross-entropy over the E experts against the uniform distribution on
@@ -439,8 +462,8 @@ def train_probe(hidden, routing, num_experts: int, *, epochs: int = 40, lr: floa
         Shuffling and initialisation seed.
     device : str or torch.device
         Where to train (float32).
-    window, prior
-        The fallback's settings (see :class:`ProbePredictor`).
+    window, prior, frequency, frequency_weight
+        Fallback and blend settings (see :class:`ProbePredictor`).
 
     Returns
     -------
@@ -487,7 +510,7 @@ def train_probe(hidden, routing, num_experts: int, *, epochs: int = 40, lr: floa
             opt.step()
     W = lin.weight.detach().float().cpu().numpy().reshape(L, E, -1).transpose(0, 2, 1)
     b = lin.bias.detach().float().cpu().numpy().reshape(L, E)
-    return ProbePredictor(W, b, mean, std, k, window, prior)
+    return ProbePredictor(W, b, mean, std, k, window, prior, frequency, frequency_weight)
 
 
 # -- registry ----------------------------------------------------------------------------------------
@@ -507,13 +530,21 @@ def _make_frequency(trace: RoutingTrace | None = None, **options) -> FrequencyPr
     return build_frequency(trace, **options)
 
 
-def _make_probe(trace: RoutingTrace | None = None, path=None, window: int = 32, **train_options) -> ProbePredictor:
+def _make_probe(trace: RoutingTrace | None = None, path=None, window: int = 32, frequency_weight: float = 0.0,
+                **train_options) -> ProbePredictor:
     if path is not None:
-        return ProbePredictor.load(path, window)
-    if trace is None or trace.draft_hidden is None:
+        probe = ProbePredictor.load(path, window)
+    elif trace is None or trace.draft_hidden is None:
         raise SpecFitInputError("trace", "the probe needs a saved probe (path) or a trace with draft hidden states")
-    return train_probe(trace.draft_hidden, trace.routing, trace.num_experts, window=window,
-                       prior=global_counts(trace), **train_options)
+    else:
+        probe = train_probe(trace.draft_hidden, trace.routing, trace.num_experts, window=window,
+                            prior=global_counts(trace), **train_options)
+    if frequency_weight:
+        if trace is None:
+            raise SpecFitInputError("trace", "frequency_weight > 0 needs a trace to build the frequency tables")
+        return ProbePredictor(probe.weight, probe.bias, probe.mean, probe.std, probe.k, window, probe.prior,
+                              build_frequency(trace, window=window), frequency_weight)
+    return probe
 
 
 PREDICTORS: dict[str, Callable[..., ExpertPredictor]] = {
@@ -534,7 +565,9 @@ def get_predictor(name: str, **options) -> ExpertPredictor:
         ``recency``: ``trace`` (dimensions and global-count prior from it) or ``num_layers``,
         ``num_experts``, ``top_k``; ``window``, ``prior``. ``frequency``: ``trace`` (required),
         ``smoothing``, ``recency_weight``, ``window``. ``probe``: ``path`` of a saved probe, or
-        ``trace`` with draft hidden states plus :func:`train_probe` hyper-parameters; ``window``.
+        ``trace`` with draft hidden states plus :func:`train_probe` hyper-parameters; ``window``;
+        ``frequency_weight`` (default 0: the pure probe; > 0 blends with and falls back to the
+        frequency tables of ``trace``).
 
     Returns
     -------

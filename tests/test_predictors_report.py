@@ -1,0 +1,51 @@
+"""The recall@k report script (eval.predictors) end to end on a tiny random checkpoint."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from eval.predictors import VARIANTS, main
+from specfit.errors import SpecFitInputError
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def tiny_ckpt(tmp_path_factory):
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen3MoeConfig(vocab_size=256, hidden_size=32, intermediate_size=40, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, moe_intermediate_size=16,
+                         num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, max_position_embeddings=128)
+    path = tmp_path_factory.mktemp("tiny_ckpt")
+    Qwen3MoeForCausalLM(cfg).save_pretrained(path)
+    return path
+
+
+def test_report_writes_json_and_table(tiny_ckpt, tmp_path, capsys):
+    out = tmp_path / "report.json"
+    assert main(["--model", str(tiny_ckpt), "--train-prompts", "3", "--eval-prompts", "2", "--max-tokens", "24",
+                 "--probe-epochs", "2", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["hidden_source"] == "target-aux"  # no head beside the checkpoint: the labelled stand-in
+    assert (report["num_layers"], report["num_experts"], report["top_k"]) == (4, 8, 2)
+    assert (report["train_prompts"], report["eval_prompts"]) == (3, 2)
+    assert report["eval_tokens_scored"] == 2 * (24 - 2)
+    assert set(report["predictors"]) == set(VARIANTS)
+    for row in report["predictors"].values():
+        assert len(row["recall_per_layer"]) == 4
+        assert all(0.0 <= x <= 1.0 for x in row["recall_per_layer"])
+    table = capsys.readouterr().out
+    assert all(f"| {label} |" in table for label in VARIANTS)
+    assert [p.name for p in tmp_path.iterdir()] == ["report.json"]
+
+
+def test_report_bad_input(tiny_ckpt, tmp_path):
+    with pytest.raises(SpecFitInputError) as e:
+        main(["--model", str(tiny_ckpt), "--train-prompts", "0", "--out", str(tmp_path / "r.json")])
+    assert e.value.field == "--train-prompts"
+    assert not (tmp_path / "r.json").exists()
