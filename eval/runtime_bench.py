@@ -196,6 +196,7 @@ def run_bench(model: OffloadedQwen3Moe, *, prefix_len: int = 32, repeats: int = 
                     [row["total_ms"] for _, row in records], name="measured")
     model.profile = False
     return {"modes": modes, "memory": model.memory(), "expert_bytes": eb, "cache_slots": model.cache.slots,
+            "pinned": bool(model.store.gate_up[0].is_pinned()), "dtype": str(model.dtype),
             "calibration": {"cost": cal.cost.to_json(), "rmse_ms": cal.rmse_ms, "rel_residual": cal.rel_residual,
                             "records": cal.num_records}}
 
@@ -236,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--prefix-len", type=int, default=32)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    ap.add_argument("--pageable", action="store_true", help="do not pin the host expert store (CUDA)")
     ap.add_argument("--json", default=None, help="also write the full result to this file")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -246,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
             Path(tmp) / args.synthetic, args.synthetic, args.layers,
             dtype=torch.float32 if device.type == "cpu" else torch.bfloat16)
         model = OffloadedQwen3Moe.from_pretrained(model_dir, device=device, cache_slots=slots,
+                                                  pin_memory=False if args.pageable else None,
                                                   max_len=args.prefix_len + args.repeats + 80)
     result = run_bench(model, prefix_len=args.prefix_len, repeats=args.repeats)
     result.update(machine=machine(), command=" ".join(["python -m eval.runtime_bench", *(argv or sys.argv[1:])]),

@@ -140,7 +140,7 @@ class OffloadedQwen3Moe:
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, device="cpu", dtype: torch.dtype | None = None,
-                        **kwargs) -> "OffloadedQwen3Moe":
+                        pin_memory: bool | None = None, **kwargs) -> "OffloadedQwen3Moe":
         """Load a Hugging Face Qwen3-MoE checkpoint directory, tensor by tensor.
 
         Parameters
@@ -152,6 +152,9 @@ class OffloadedQwen3Moe:
             Compute device (``"cpu"``, ``"cuda"``, ``"cuda:1"``).
         dtype : torch.dtype, optional
             Compute and storage dtype; default float32 on CPU, bfloat16 otherwise.
+        pin_memory : bool, optional
+            Page-lock the host expert store (default: when the device is CUDA). Pinned copies are
+            asynchronous DMA; the whole store (~58 GB for Qwen3-30B-A3B) must fit in lockable RAM.
         **kwargs
             ``cache_slots`` (int in [0, E] or ``"all"``), ``gpu_memory`` (bytes or ``"20GiB"``:
             the slots follow after the resident weights and the KV cache), ``eviction``
@@ -180,7 +183,8 @@ class OffloadedQwen3Moe:
         try:
             weights = load_dense(reader, spec, device, dtype)
             store = HostExpertStore(len(spec.moe_layers), spec.num_experts, spec.hidden_size,
-                                    spec.moe_intermediate_size, dtype, pin_memory=device.type == "cuda")
+                                    spec.moe_intermediate_size, dtype,
+                                    pin_memory=device.type == "cuda" if pin_memory is None else pin_memory)
             load_experts(reader, spec, store)
         finally:
             reader.close()
