@@ -116,7 +116,8 @@ class Eagle3Config:
         Raises
         ------
         SpecFitInputError
-            If a required key is missing or not a positive integer, or ``num_hidden_layers != 1``.
+            If a required key is missing or not a positive integer, ``num_hidden_layers != 1``, or
+            ``rope_scaling`` asks for anything but default RoPE.
         """
 
         def need(key):
@@ -127,6 +128,9 @@ class Eagle3Config:
         if int(d.get("num_hidden_layers", 1)) != 1:
             raise SpecFitInputError("config.num_hidden_layers", f"must be 1 for an EAGLE-3 head, got {d['num_hidden_layers']}")
         hidden, heads = need("hidden_size"), need("num_attention_heads")
+        scaling = d.get("rope_scaling") or {}
+        if scaling.get("rope_type", scaling.get("type", "default")) != "default":
+            raise SpecFitInputError("config.rope_scaling", f"only default RoPE is supported, got {scaling}")
         eagle = d.get("eagle_config") or {}
         aux = eagle.get("eagle_aux_hidden_state_layer_ids", d.get("eagle_aux_hidden_state_layer_ids"))
         rope = d.get("rope_theta") or (d.get("rope_parameters") or {}).get("rope_theta") or 10000.0
@@ -470,7 +474,7 @@ def load_eagle3(path, target_config=None, embed_weight: torch.Tensor | None = No
     Parameters
     ----------
     path : str or pathlib.Path
-        Directory with ``config.json`` and one or more ``*.safetensors`` files.
+        Directory with ``config.json`` and ``*.safetensors`` files (or ``pytorch_model*.bin``).
     target_config : transformers.PretrainedConfig or Mapping, optional
         The target's config; when given, :func:`check_target` runs and the resolved aux layer
         ids are stored in ``head.aux_layer_ids``.
@@ -499,12 +503,13 @@ def load_eagle3(path, target_config=None, embed_weight: torch.Tensor | None = No
         raise SpecFitInputError("eagle3_path", f"no config.json in {path}")
     cfg = Eagle3Config.from_dict(json.loads((path / "config.json").read_text()))
     aux_ids = check_target(cfg, target_config) if target_config is not None else cfg.aux_layer_ids
-    files = sorted(path.glob("*.safetensors"))
+    files = sorted(path.glob("*.safetensors")) or sorted(path.glob("pytorch_model*.bin"))
     if not files:
-        raise SpecFitInputError("eagle3_path", f"no *.safetensors weights in {path}")
+        raise SpecFitInputError("eagle3_path", f"no *.safetensors (or pytorch_model*.bin) weights in {path}")
     weights = {}
     for f in files:
-        for k, v in load_file(str(f)).items():
+        sd = load_file(str(f)) if f.suffix == ".safetensors" else torch.load(f, map_location="cpu", weights_only=True)
+        for k, v in sd.items():
             weights[k.removeprefix("model.")] = v
     head = Eagle3Head(cfg)
     expected = head.state_dict()

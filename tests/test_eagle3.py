@@ -118,6 +118,12 @@ def test_load_public_layout_roundtrip(tmp_path):
     write_public_checkpoint(tmp_path / "b", head, prefix="model.", include_embed=False)
     loaded = load_eagle3(tmp_path / "b", TARGET, embed_weight=head.embed_tokens.weight.detach())
     torch.testing.assert_close(loaded(ids, aux)[0], head(ids, aux)[0])
+    # a .bin checkpoint (some published heads ship one)
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "config.json").write_text((tmp_path / "a" / "config.json").read_text())
+    torch.save({n: head.state_dict()[n] for n in WEIGHT_NAMES}, tmp_path / "d" / "pytorch_model.bin")
+    loaded = load_eagle3(tmp_path / "d", TARGET, embed_weight=head.embed_tokens.weight.detach())
+    torch.testing.assert_close(loaded(ids, aux)[0], head(ids, aux)[0])
     # save_eagle3 writes the same layout back
     save_eagle3(loaded, tmp_path / "c", dtype=torch.float32)
     cfg = json.loads((tmp_path / "c" / "config.json").read_text())
@@ -148,6 +154,7 @@ def test_target_mismatch_errors(tmp_path, target, field):
         ({"draft_vocab_size": 41}, (), r"weights\.(d2t|lm_head\.weight)"),
         ({"target_hidden_size": 16}, (), "weights.fc.weight"),
         ({"num_hidden_layers": 2}, (), "num_hidden_layers"),
+        ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, (), "rope_scaling"),
         ({}, ("midlayer.hidden_norm.weight",), "weights.midlayer.hidden_norm.weight"),
         ({}, ("d2t",), "weights.d2t"),
     ],
