@@ -333,7 +333,7 @@ class OffloadedQwen3Moe:
         cos, sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
         groups, d = s.num_heads // s.num_kv_heads, s.head_dim
         x = w["model.embed_tokens.weight"][ids]
-        hidden = {0: x}
+        hidden = {0: x} if 0 in self.aux_layers else {}
         routing = torch.empty(n, len(s.moe_layers), s.top_k, dtype=torch.long)
         for i in range(s.num_layers):
             p = f"model.layers.{i}."
@@ -357,7 +357,8 @@ class OffloadedQwen3Moe:
                 gate, up = F.linear(h, w[p + "mlp.gate_proj.weight"]), F.linear(h, w[p + "mlp.up_proj.weight"])
                 y = F.linear(F.silu(gate) * up, w[p + "mlp.down_proj.weight"])
             x = x + y
-            hidden[i + 1] = x
+            if i + 1 in self.aux_layers:
+                hidden[i + 1] = x
         last = rms_norm(x, w["model.norm.weight"], s.rms_norm_eps)
         head = w["model.embed_tokens.weight"] if s.tie_word_embeddings else w["lm_head.weight"]
         logits = F.linear(last, head).float()
