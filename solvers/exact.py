@@ -47,7 +47,7 @@ from typing import Sequence
 import numpy as np
 
 from solvers.base import Solver
-from solvers.coverage import Coverage, coverage
+from solvers.coverage import Coverage, at_least_twice, coverage
 from specfit.instance import Instance
 
 _INF = float("inf")
@@ -132,25 +132,26 @@ def _tree_dp(cov: Coverage, weight: list[float], live: list[bool]) -> list[float
     return dp
 
 
-def _live_groups(cov: Coverage, live_idx: np.ndarray) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
-    """Shared items restricted to the live nodes.
+def _live_groups(cov: Coverage, live: list[int]) -> tuple[list[float], list[np.ndarray], np.ndarray]:
+    """Shared items restricted to the live nodes ``live``.
 
     Returns ``(single_ms, groups, group_ms)``: ``single_ms[i]`` is the cost (ms) of the shared items
-    whose only live owner is ``live_idx[i]``; ``groups`` lists, per distinct set of >= 2 live owners,
-    those owners (as positions in ``live_idx``), and ``group_ms`` their items' total cost (ms).
+    whose only live owner is ``live[i]``; ``groups`` lists, per distinct set of >= 2 live owners,
+    those owners (as positions in ``live``), and ``group_ms`` their items' total cost (ms).
     """
-    sub = cov.shared_own[live_idx]
-    count = sub.sum(axis=0)
-    single = count == 1
-    single_ms = sub[:, single].astype(np.float64) @ cov.shared_ms[single]
-    multi = np.flatnonzero(count >= 2)
-    if multi.size == 0:
+    rows = [cov.own_bits[v] & cov.shared_bits for v in live]
+    once, twice = at_least_twice(rows)
+    single = once & ~twice
+    single_ms = [cov.bits_ms(r & single) for r in rows]
+    if not twice:
         return single_ms, [], np.zeros(0)
-    sig = np.ascontiguousarray(np.packbits(sub[:, multi].T, axis=1))
+    multi = np.flatnonzero(cov.unpack([twice])[0])
+    sub = cov.unpack(rows)[:, multi]
+    sig = np.ascontiguousarray(np.packbits(sub.T, axis=1))
     keys = sig.view(np.dtype((np.void, sig.shape[1]))).reshape(-1)
     _, first, inv = np.unique(keys, return_index=True, return_inverse=True)
-    group_ms = np.bincount(inv.reshape(-1), weights=cov.shared_ms[multi], minlength=first.shape[0])
-    g_idx, v_pos = np.nonzero(sub[:, multi[first]].T)
+    group_ms = np.bincount(inv.reshape(-1), weights=cov.item_ms(multi), minlength=first.shape[0])
+    g_idx, v_pos = np.nonzero(sub[:, first].T)
     groups = np.split(v_pos, np.searchsorted(g_idx, np.arange(1, first.shape[0])))
     return single_ms, groups, group_ms
 
@@ -181,19 +182,19 @@ def max_closure(cov: Coverage, lam: float) -> list[int]:
                 live[v], pruned = False, True
         if weight_fits_live and not pruned:
             break
-        live_idx = np.array([v for v in range(1, n) if live[v]], dtype=np.int64)
-        if live_idx.size == 0:
+        live_idx = [v for v in range(1, n) if live[v]]
+        if not live_idx:
             return [0]
         single_ms, groups, group_ms = _live_groups(cov, live_idx)
         weight = list(base)
-        for v, extra in zip(live_idx.tolist(), single_ms.tolist()):
+        for v, extra in zip(live_idx, single_ms):
             weight[v] -= lam * extra
         weight_fits_live = True
     if not groups:  # the tree DP is exact: take v iff its parent is taken and dp[v] > 0
-        return [0] + live_idx.tolist()
+        return [0] + live_idx
     # minimum cut: source 0, sink 1, live nodes 2.., then one vertex per shared item group
     src, snk = 0, 1
-    vid = {v: i + 2 for i, v in enumerate(live_idx.tolist())}
+    vid = {v: i + 2 for i, v in enumerate(live_idx)}
     edges = []
     for v, i in vid.items():
         if weight[v] > 0.0:
