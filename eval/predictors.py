@@ -2,11 +2,12 @@
 
 Builds each predictor of :mod:`models.predictors` from routing traces of *training* prompts (GSM8K
 train, CNN/DailyMail training articles, the plain-English corpus; ``models.proxy.data``), then
-replays held-out prompts (GSM8K test, the reserved CNN/DailyMail articles) token by token: before
-token j the predictor is asked for token j's experts (given token j's id and draft hidden state),
-then told token j's true routing (:meth:`observe`). That is the situation of a depth-1 draft node
-whose context is everything committed before it. Tokens 0 and 1 of each prompt are not scored
-(no draft hidden state exists for them). Reports recall@k (:func:`models.predictors.recall_at_k`)
+replays held-out prompts (GSM8K test, the reserved CNN/DailyMail articles) token by token as the
+engine would meet them: token j is a draft node at depth d (``--depth``, default 1) below the
+cycle's root ``x[j-d]``, so the predictor has been told the true routing of tokens ``< j - d``
+(:meth:`observe`; the root's routing is known only after its verify) and is asked for token j's
+experts given its id and draft hidden state. Tokens 0 and 1 of each prompt are not scored (no
+draft hidden state exists for them). Reports recall@k (:func:`models.predictors.recall_at_k`)
 per layer and its mean, chance level k/E, and the median wall time of one ``predict`` call.
 
 Draft hidden states come from the EAGLE-3 head (``--head``; default: the ``eagle3`` directory
@@ -107,8 +108,12 @@ def record(model, prompts: list[np.ndarray], head=None) -> RoutingTrace:
     return trace
 
 
-def replay(predictor, trace: RoutingTrace, online: bool = True) -> tuple[np.ndarray, list[float]]:
+def replay(predictor, trace: RoutingTrace, online: bool = True, depth: int = 1) -> tuple[np.ndarray, list[float]]:
     """Replay held-out prompts token by token (module docstring) and return recall@k and timings.
+
+    Token j is predicted as a draft node at ``depth`` below the cycle's root ``x[j - depth]``: the
+    predictor has observed the routing of tokens ``< j - depth`` (the root's own routing is known
+    only after the verify), and is given token j's id and draft hidden state.
 
     Returns
     -------
@@ -118,20 +123,21 @@ def replay(predictor, trace: RoutingTrace, online: bool = True) -> tuple[np.ndar
     preds, trues, times = [], [], []
     for tokens, routing, hidden in trace.prompts():
         predictor.reset()
-        for j in range(len(tokens)):
-            if j >= SKIP:
-                t0 = time.perf_counter()
-                p = predictor.predict(tokens[j:j + 1], None if hidden is None else hidden[j:j + 1])
-                times.append((time.perf_counter() - t0) * 1e6)
-                preds.append(p)
-                trues.append(routing[j:j + 1])
-            if online:
-                predictor.observe(tokens[j:j + 1], routing[j:j + 1], None)
+        seen = 0
+        for j in range(SKIP, len(tokens)):
+            if online and j - depth > seen:
+                predictor.observe(tokens[seen:j - depth], routing[seen:j - depth], None)
+                seen = j - depth
+            t0 = time.perf_counter()
+            p = predictor.predict(tokens[j:j + 1], None if hidden is None else hidden[j:j + 1])
+            times.append((time.perf_counter() - t0) * 1e6)
+            preds.append(p)
+            trues.append(routing[j:j + 1])
     return recall_at_k(np.concatenate(preds), np.concatenate(trues)), times
 
 
 def run(model_dir: Path, *, head_dir: Path | None, n_train: int, n_eval: int, max_tokens: int, data_dir=None,
-        device: str = "cpu", probe_epochs: int = 40) -> dict:
+        device: str = "cpu", probe_epochs: int = 40, depth: int = 1) -> dict:
     """Record traces, build every predictor of :data:`VARIANTS`, measure them; returns the report."""
     from models.eagle3 import Eagle3Config, check_target, default_aux_layer_ids, load_eagle3
     from models.qwen3_moe import OffloadedQwen3Moe
@@ -160,7 +166,7 @@ def run(model_dir: Path, *, head_dir: Path | None, n_train: int, n_eval: int, ma
         extra = {"epochs": probe_epochs, "device": device} if name == "probe" else {}
         predictor = get_predictor(name, trace=train, **options, **extra)
         build_s = time.perf_counter() - t0
-        recall, times = replay(predictor, held, online)
+        recall, times = replay(predictor, held, online, depth)
         rows[label] = {"predictor": name, "options": options, "online": online, "recall_per_layer": recall.tolist(),
                        "recall_mean": float(recall.mean()), "predict_us_median": statistics.median(times),
                        "build_s": build_s}
@@ -170,8 +176,9 @@ def run(model_dir: Path, *, head_dir: Path | None, n_train: int, n_eval: int, ma
             "hidden_source": train.hidden_source, "num_layers": train.num_layers, "num_experts": E, "top_k": k,
             "chance_recall": k / E, "train_prompts": train.num_prompts, "eval_prompts": held.num_prompts,
             "train_tokens": len(train), "eval_tokens_scored": len(held) - SKIP * held.num_prompts,
-            "max_tokens": max_tokens, "record_s": record_s, "predictors": rows, "machine": machine(),
-            "protocol": "held-out prompts replayed token by token: predict token j, then observe it (depth-1 draft node)"}
+            "max_tokens": max_tokens, "depth": depth, "record_s": record_s, "predictors": rows, "machine": machine(),
+            "protocol": f"held-out prompts replayed token by token: token j predicted as a depth-{depth} draft node "
+                        f"(routing of tokens < j - {depth} observed; probe input = teacher-forced depth-1 hidden state)"}
 
 
 def markdown(report: dict) -> str:
@@ -179,7 +186,8 @@ def markdown(report: dict) -> str:
     L = report["num_layers"]
     layers = list(range(L)) if L <= 8 else sorted({round(i * (L - 1) / 7) for i in range(8)})
     head = "| predictor | mean | " + " | ".join(f"L{l}" for l in layers) + " | predict µs (median) |"
-    lines = [f"recall@{report['top_k']} of {report['num_experts']} experts; chance = {report['chance_recall']:.3f}; "
+    lines = [f"recall@{report['top_k']} of {report['num_experts']} experts, depth-{report['depth']} nodes; "
+             f"chance = {report['chance_recall']:.3f}; "
              f"probe input: {report['hidden_source']}; {report['train_prompts']} build prompts "
              f"({report['train_tokens']} tokens), {report['eval_prompts']} held-out prompts "
              f"({report['eval_tokens_scored']} scored tokens)", "", head,
@@ -213,13 +221,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-prompts", type=int, default=60)
     ap.add_argument("--max-tokens", type=int, default=256, help="tokens per prompt")
     ap.add_argument("--probe-epochs", type=int, default=40)
+    ap.add_argument("--depth", type=int, default=1, help="draft depth of the scored nodes (context lag)")
     ap.add_argument("--data-dir", type=Path, default=None, help="data copy (default: the repo's data/proxy)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     ap.add_argument("--out", type=Path, default=Path("predictors.json"))
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    for name in ("train_prompts", "eval_prompts", "max_tokens", "probe_epochs"):
+    for name in ("train_prompts", "eval_prompts", "max_tokens", "probe_epochs", "depth"):
         if getattr(args, name) < 1:
             raise SpecFitInputError(f"--{name.replace('_', '-')}", "must be a positive integer")
     with tempfile.TemporaryDirectory() as tmp:
@@ -234,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             head_dir = args.model.parent / "eagle3"
         report = run(model_dir, head_dir=None if args.no_head else head_dir, n_train=args.train_prompts,
                      n_eval=args.eval_prompts, max_tokens=args.max_tokens, data_dir=args.data_dir,
-                     device=args.device, probe_epochs=args.probe_epochs)
+                     device=args.device, probe_epochs=args.probe_epochs, depth=args.depth)
     report["model"] = str(args.model) if args.model else f"synthetic:{args.synthetic} (random weights)"
     report["command"] = " ".join(["python -m eval.predictors", *(sys.argv[1:] if argv is None else argv)])
     write_json(args.out, report)

@@ -49,3 +49,32 @@ def test_report_bad_input(tiny_ckpt, tmp_path):
         main(["--model", str(tiny_ckpt), "--train-prompts", "0", "--out", str(tmp_path / "r.json")])
     assert e.value.field == "--train-prompts"
     assert not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.parametrize("depth", [1, 3])
+def test_replay_observes_only_tokens_before_the_root(depth):
+    """Token j is predicted as a depth-d node: exactly the tokens < j - d have been observed."""
+    import numpy as np
+
+    from eval.predictors import SKIP, replay
+    from models.traces import RoutingTrace
+
+    class Spy:
+        name = "spy"
+
+        def reset(self):
+            self.seen = []
+
+        def observe(self, tokens, routing, draft_hidden):
+            self.seen += tokens.tolist()
+
+        def predict(self, tokens, draft_hidden):
+            log.append((int(tokens[0]), list(self.seen)))
+            return np.array([[[0, 1]]])
+
+    log = []
+    trace = RoutingTrace(4)
+    trace.add(np.arange(10), np.tile([[[0, 1]]], (10, 1, 1)))
+    recall, times = replay(Spy(), trace, online=True, depth=depth)
+    assert recall.tolist() == [1.0] and len(times) == 10 - SKIP
+    assert log == [(j, list(range(max(j - depth, 0)))) for j in range(SKIP, 10)]
