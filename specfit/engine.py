@@ -33,7 +33,7 @@ import torch
 
 from solvers import get_solver
 from solvers.stop import should_stop
-from specfit.cost import CostModel
+from specfit.cost import CostModel, calibrate
 from specfit.errors import SpecFitInputError
 from specfit.instance import Instance
 from specfit.tree import DraftTree
@@ -227,6 +227,11 @@ class SpecDecoder:
         the cycles so far) instead of A/T (SPECFIT.md §3, "per-cycle ratio vs long-run rate").
     max_nodes : int, optional
         Verify-width budget passed to the selector.
+    calibrate_every : int, optional
+        Online cost model: every this many cycles (once at least ``L + 2`` have run), refit
+        ``fixed_ms``, ``per_node_ms`` and ``per_expert_ms`` by NNLS (:func:`specfit.cost.calibrate`)
+        from this decoder's measured cycles (nodes verified, experts transferred per layer, measured
+        verify ms) and select with the fitted model; :attr:`calibration` holds the last fit.
 
     Raises
     ------
@@ -236,7 +241,8 @@ class SpecDecoder:
 
     def __init__(self, target, drafter=None, method: Method | str = "specfit", *, tree: TreeSettings = TreeSettings(),
                  cost: CostModel | None = None, predictor=None, reference=None, temperature: float = 0.0,
-                 top_p: float = 1.0, seed: int = 0, rate_mode: bool = False, max_nodes: int | None = None):
+                 top_p: float = 1.0, seed: int = 0, rate_mode: bool = False, max_nodes: int | None = None,
+                 calibrate_every: int | None = None):
         self.method = get_method(method) if isinstance(method, str) else method
         m = self.method
         if m.draft and drafter is None:
@@ -261,6 +267,12 @@ class SpecDecoder:
         self.num_experts = int(target.spec.num_experts)
         self._lam_tokens = 0.0
         self._lam_ms = 0.0
+        if calibrate_every is not None and (isinstance(calibrate_every, bool) or not isinstance(calibrate_every, int)
+                                            or calibrate_every < 1):
+            raise SpecFitInputError("calibrate_every", f"must be a positive integer, got {calibrate_every!r}")
+        self.calibrate_every = calibrate_every
+        self.calibration = None
+        self._measured: list[tuple[int, list[int], float]] = []
 
     # -- one generation ------------------------------------------------------------------------
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, eos_id: int | None = None) -> Generation:
@@ -316,11 +328,21 @@ class SpecDecoder:
                     self.drafter.prefill(torch.tensor(path_tokens), aux)
                     drafter_ready = True
             cycles.append(rec)
+            self._recalibrate(rec)
             new += committed
             root = committed[-1]
         if eos_id is not None and eos_id in new:
             new = new[:new.index(eos_id) + 1]
         return Generation(new[:max_new_tokens], cycles, time.perf_counter() - t1, t1 - t0)
+
+    def _recalibrate(self, rec: CycleRecord) -> None:
+        if self.calibrate_every is None:
+            return
+        self._measured.append((rec.nodes_verified, rec.transferred, rec.verify_ms))
+        if len(self._measured) >= len(rec.transferred) + 2 and len(self._measured) % self.calibrate_every == 0:
+            nodes, misses, ms = zip(*self._measured)
+            self.calibration = calibrate(nodes, misses, ms, name="online")
+            self.cost = self.calibration.cost
 
     def _cycle(self, root: int, drafter_ready: bool):
         m, rec = self.method, CycleRecord()
