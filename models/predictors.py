@@ -24,13 +24,11 @@ Everything here is numpy at the interface; torch is used only inside :func:`trai
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Callable, Protocol
 
 import numpy as np
 
-from models.traces import RoutingTrace, check_hidden, check_routing, check_tokens
+from models.traces import RoutingTrace, check_hidden, check_routing, check_tokens, save_npz
 from specfit.errors import SpecFitInputError
 
 
@@ -117,9 +115,17 @@ def global_counts(trace: RoutingTrace) -> np.ndarray:
 class _Window:
     """The routing of the last W observed tokens: per-layer counts and last-use step."""
 
-    def __init__(self, L: int, E: int, window: int):
-        self.L, self.E, self.W = L, E, window
+    def __init__(self, L: int, E: int, k: int, window: int):
+        self.L, self.E, self.k, self.W = L, E, k, _positive_int(window, "window")
         self.reset()
+
+    def observe(self, tokens, routing) -> None:
+        """Validate the committed tokens (T,) and their true routing (T, L, k), then push it."""
+        r = check_routing(routing, self.E)
+        if r.shape[1:] != (self.L, self.k):
+            raise SpecFitInputError("routing", f"must have shape (T, {self.L}, {self.k}), got {r.shape}")
+        check_tokens(tokens, r.shape[0])
+        self.push(r)
 
     def reset(self) -> None:
         self.rows: list[np.ndarray] = []  # (L, k) per token, oldest first
@@ -167,7 +173,7 @@ class RecencyPredictor:
 
     def __init__(self, num_layers: int, num_experts: int, top_k: int, window: int = 32, prior=None):
         self.L, self.E, self.k = _check_dims(num_layers, num_experts, top_k)
-        self.window = _Window(self.L, self.E, _positive_int(window, "window"))
+        self.window = _Window(self.L, self.E, self.k, window)
         if prior is None:
             prior = np.tile(-np.arange(self.E, dtype=np.float64), (self.L, 1))  # 0..k-1 first
         prior = np.asarray(prior, dtype=np.float64)
@@ -183,9 +189,7 @@ class RecencyPredictor:
 
     def observe(self, tokens, routing, draft_hidden=None) -> None:
         """Append the true routing (T, L, k) of committed tokens (T,) to the window."""
-        r = _check_observed(routing, self.L, self.E, self.k)
-        check_tokens(tokens, r.shape[0])
-        self.window.push(r)
+        self.window.observe(tokens, routing)
 
     def scores(self) -> np.ndarray:
         """(L, E) int64 keys, larger = predicted first (count, then last use, then prior)."""
@@ -196,13 +200,6 @@ class RecencyPredictor:
         """(m, L, k) int64: the same top-k per layer for every node."""
         m = check_tokens(tokens).shape[0]
         return np.broadcast_to(top_k_ids(self.scores(), self.k), (m, self.L, self.k)).copy()
-
-
-def _check_observed(routing, L: int, E: int, k: int) -> np.ndarray:
-    r = check_routing(routing, E)
-    if r.shape[1:] != (L, k):
-        raise SpecFitInputError("routing", f"must have shape (T, {L}, {k}), got {r.shape}")
-    return r
 
 
 # -- (b) frequency tables ----------------------------------------------------------------------------
@@ -258,7 +255,7 @@ class FrequencyPredictor:
         self._row = np.full(int(ids.max()) + 1 if len(ids) else 0, -1, np.int64)
         self._row[ids] = np.arange(len(ids))
         self._tiebreak = np.argsort(np.argsort(g, axis=1, kind="stable"), axis=1) / (self.E * 1e6)
-        self.window = _Window(self.L, self.E, _positive_int(window, "window"))
+        self.window = _Window(self.L, self.E, self.k, window)
 
     def reset(self) -> None:
         """Forget the recency context (the tables stay)."""
@@ -266,9 +263,7 @@ class FrequencyPredictor:
 
     def observe(self, tokens, routing, draft_hidden=None) -> None:
         """Feed the recency context (used only when ``recency_weight > 0``)."""
-        r = _check_observed(routing, self.L, self.E, self.k)
-        check_tokens(tokens, r.shape[0])
-        self.window.push(r)
+        self.window.observe(tokens, routing)
 
     def scores(self, tokens) -> np.ndarray:
         """(m, L, E) float64 scores of the given tokens (see the class docstring)."""
@@ -407,17 +402,10 @@ class ProbePredictor:
 
     def save(self, path) -> None:
         """Write the probe to ``path`` (``.npz``), atomically (temporary file, then rename)."""
-        path = Path(path)
         arrays = dict(weight=self.weight, bias=self.bias, mean=self.mean, std=self.std, top_k=np.array(self.k))
         if self.prior is not None:
             arrays["prior"] = np.asarray(self.prior, np.float64)
-        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-        try:
-            with open(tmp, "wb") as f:
-                np.savez(f, **arrays)
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        save_npz(path, arrays)
 
     @classmethod
     def load(cls, path, window: int = 32) -> "ProbePredictor":

@@ -96,6 +96,18 @@ def check_hidden(hidden, n: int, width: int | None = None, field: str = "draft_h
     return h.astype(np.float32)
 
 
+def save_npz(path, arrays: dict[str, np.ndarray]) -> None:
+    """Write ``arrays`` to ``path`` as a compressed ``.npz``, atomically (temporary file, then rename)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            np.savez_compressed(f, **arrays)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 class RoutingTrace:
     """Recorded tokens, true routing and (optionally) draft hidden states, grouped by prompt.
 
@@ -217,19 +229,12 @@ class RoutingTrace:
         SpecFitInputError
             If the trace is empty.
         """
-        path = Path(path)
         arrays = dict(format=np.array(FORMAT), num_experts=np.array(self.num_experts), tokens=self.tokens,
                       routing=self.routing, offsets=self.offsets,
                       hidden_source=np.array(self.hidden_source or ""))
         if self.draft_hidden is not None:
             arrays["draft_hidden"] = self.draft_hidden
-        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-        try:
-            with open(tmp, "wb") as f:
-                np.savez_compressed(f, **arrays)
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        save_npz(path, arrays)
 
     @classmethod
     def load(cls, path) -> "RoutingTrace":

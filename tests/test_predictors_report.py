@@ -9,20 +9,15 @@ import torch
 
 from eval.predictors import VARIANTS, main
 from specfit.errors import SpecFitInputError
+from test_predictors import tiny_checkpoint
 
 torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")
 def tiny_ckpt(tmp_path_factory):
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-
-    torch.manual_seed(0)
-    cfg = Qwen3MoeConfig(vocab_size=256, hidden_size=32, intermediate_size=40, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, moe_intermediate_size=16,
-                         num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, max_position_embeddings=128)
     path = tmp_path_factory.mktemp("tiny_ckpt")
-    Qwen3MoeForCausalLM(cfg).save_pretrained(path)
+    tiny_checkpoint(path, vocab_size=256)
     return path
 
 
