@@ -512,3 +512,19 @@ def test_bfloat16_path_runs(moe_ckpt):
         assert out.logits.dtype == torch.float32 and out.aux_hidden.dtype == dtype
     for a, b in zip(*outs):
         torch.testing.assert_close(a, b, atol=0.15, rtol=0.05)
+
+
+def test_prefetch_changes_counts_not_results(moe_ckpt):
+    """PITFALLS: prefetching or caching may change only timing, never results."""
+    path, _ = moe_ckpt
+    plain = OffloadedQwen3Moe.from_pretrained(path, cache_slots=2, max_len=64)
+    fetched = OffloadedQwen3Moe.from_pretrained(path, cache_slots=2, max_len=64)
+    ids = torch.arange(6) * 17 % VOCAB
+    a = plain.prefill(ids)
+    for layer in range(4):                              # the last token's experts, resident before the forward
+        assert len(fetched.cache.prefetch(layer, a.routing[-1, layer].tolist())) == 2
+    b = fetched.prefill(ids)
+    assert torch.equal(a.logits, b.logits) and torch.equal(a.routing, b.routing)
+    got, base = fetched.cache.stats()["total"], plain.cache.stats()["total"]
+    assert (got["prefetched"], got["hits"], base["hits"]) == (8, 8, 0)
+    assert got["misses"] == base["misses"] - 8
