@@ -137,8 +137,12 @@ def replay(predictor, trace: RoutingTrace, online: bool = True, depth: int = 1) 
 
 
 def run(model_dir: Path, *, head_dir: Path | None, n_train: int, n_eval: int, max_tokens: int, data_dir=None,
-        device: str = "cpu", probe_epochs: int = 40, depth: int = 1) -> dict:
-    """Record traces, build every predictor of :data:`VARIANTS`, measure them; returns the report."""
+        device: str = "cpu", probe_epochs: int = 40, depth: int = 1, save_traces: Path | None = None) -> dict:
+    """Record traces, build every predictor of :data:`VARIANTS`, measure them; returns the report.
+
+    ``save_traces``: a folder that receives ``build.npz`` and ``held_out.npz``
+    (:meth:`models.traces.RoutingTrace.save`) for reuse, e.g. ``get_predictor("frequency",
+    trace=RoutingTrace.load(".../build.npz"))`` in the engine."""
     from models.eagle3 import Eagle3Config, check_target, default_aux_layer_ids, load_eagle3
     from models.qwen3_moe import OffloadedQwen3Moe
 
@@ -159,6 +163,10 @@ def run(model_dir: Path, *, head_dir: Path | None, n_train: int, n_eval: int, ma
     train = record(model, encode(train_txt, model_dir, V, max_tokens), head)
     held = record(model, encode(eval_txt, model_dir, V, max_tokens), head)
     record_s = time.perf_counter() - t0
+    if save_traces is not None:
+        Path(save_traces).mkdir(parents=True, exist_ok=True)
+        train.save(Path(save_traces) / "build.npz")
+        held.save(Path(save_traces) / "held_out.npz")
     E, k = train.num_experts, train.top_k
     rows = {}
     for label, (name, options, online) in VARIANTS.items():
@@ -226,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     ap.add_argument("--out", type=Path, default=Path("predictors.json"))
+    ap.add_argument("--save-traces", type=Path, default=None, help="folder for build.npz and held_out.npz")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     for name in ("train_prompts", "eval_prompts", "max_tokens", "probe_epochs", "depth"):
@@ -243,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
             head_dir = args.model.parent / "eagle3"
         report = run(model_dir, head_dir=None if args.no_head else head_dir, n_train=args.train_prompts,
                      n_eval=args.eval_prompts, max_tokens=args.max_tokens, data_dir=args.data_dir,
-                     device=args.device, probe_epochs=args.probe_epochs, depth=args.depth)
+                     device=args.device, probe_epochs=args.probe_epochs, depth=args.depth,
+                     save_traces=args.save_traces)
     report["model"] = str(args.model) if args.model else f"synthetic:{args.synthetic} (random weights)"
     report["command"] = " ".join(["python -m eval.predictors", *(sys.argv[1:] if argv is None else argv)])
     write_json(args.out, report)

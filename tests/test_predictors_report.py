@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from eval.predictors import VARIANTS, main
+from models.traces import RoutingTrace
 from specfit.errors import SpecFitInputError
 from test_predictors import tiny_checkpoint
 
@@ -24,7 +25,7 @@ def tiny_ckpt(tmp_path_factory):
 def test_report_writes_json_and_table(tiny_ckpt, tmp_path, capsys):
     out = tmp_path / "report.json"
     assert main(["--model", str(tiny_ckpt), "--train-prompts", "3", "--eval-prompts", "2", "--max-tokens", "24",
-                 "--probe-epochs", "2", "--out", str(out)]) == 0
+                 "--probe-epochs", "2", "--out", str(out), "--save-traces", str(tmp_path / "traces")]) == 0
     report = json.loads(out.read_text())
     assert report["hidden_source"] == "target-aux"  # no head beside the checkpoint: the labelled stand-in
     assert (report["num_layers"], report["num_experts"], report["top_k"]) == (4, 8, 2)
@@ -36,7 +37,10 @@ def test_report_writes_json_and_table(tiny_ckpt, tmp_path, capsys):
         assert all(0.0 <= x <= 1.0 for x in row["recall_per_layer"])
     table = capsys.readouterr().out
     assert all(f"| {label} |" in table for label in VARIANTS)
-    assert [p.name for p in tmp_path.iterdir()] == ["report.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json", "traces"]
+    build = RoutingTrace.load(tmp_path / "traces" / "build.npz")
+    assert build.num_prompts == 3 and build.hidden_source == "target-aux"
+    assert RoutingTrace.load(tmp_path / "traces" / "held_out.npz").num_prompts == 2
 
 
 def test_report_bad_input(tiny_ckpt, tmp_path):
@@ -52,7 +56,6 @@ def test_replay_observes_only_tokens_before_the_root(depth):
     import numpy as np
 
     from eval.predictors import SKIP, replay
-    from models.traces import RoutingTrace
 
     class Spy:
         name = "spy"
