@@ -24,6 +24,7 @@ Everything here is numpy at the interface; torch is used only inside :func:`trai
 
 from __future__ import annotations
 
+import os
 from typing import Callable, Protocol
 
 import numpy as np
@@ -550,12 +551,13 @@ def get_predictor(name: str, **options) -> ExpertPredictor:
     name : str
         ``"recency"``, ``"frequency"`` or ``"probe"``.
     **options
-        ``recency``: ``trace`` (dimensions and global-count prior from it) or ``num_layers``,
-        ``num_experts``, ``top_k``; ``window``, ``prior``. ``frequency``: ``trace`` (required),
-        ``smoothing``, ``recency_weight``, ``window``. ``probe``: ``path`` of a saved probe, or
-        ``trace`` with draft hidden states plus :func:`train_probe` hyper-parameters; ``window``;
-        ``frequency_weight`` (default 0: the pure probe; > 0 blends with and falls back to the
-        frequency tables of ``trace``).
+        Every predictor: ``trace`` (a :class:`~models.traces.RoutingTrace` or the path of a saved
+        one), ``num_layers``, ``num_experts``, ``top_k`` (the target's; with a trace they must agree
+        with it), ``window``. ``recency``: a trace or the three dimensions (a trace also gives the
+        global-count prior), ``prior``. ``frequency``: ``trace`` (required), ``smoothing``,
+        ``recency_weight``. ``probe``: ``path`` of a saved probe, or ``trace`` with draft hidden
+        states plus :func:`train_probe` hyper-parameters; ``frequency_weight`` (default 0: the
+        pure probe; > 0 blends with and falls back to the frequency tables of ``trace``).
 
     Returns
     -------
@@ -564,10 +566,20 @@ def get_predictor(name: str, **options) -> ExpertPredictor:
     Raises
     ------
     SpecFitInputError
-        Unknown name (field ``predictor``), unknown option (``options``), or bad option values.
+        Unknown name (field ``predictor``), unknown option (``options``), a trace recorded on a
+        target of other dimensions (``trace``), or bad option values.
     """
     if name not in PREDICTORS:
         raise SpecFitInputError("predictor", f"must be one of {sorted(PREDICTORS)}, got {name!r}")
+    trace = options.get("trace")
+    if isinstance(trace, (str, os.PathLike)):
+        trace = options["trace"] = RoutingTrace.load(trace)
+    if trace is not None:
+        dims = {"num_layers": trace.num_layers, "num_experts": trace.num_experts, "top_k": trace.top_k}
+        for key, value in dims.items():
+            given = options.pop(key, None)
+            if given is not None and given != value:
+                raise SpecFitInputError("trace", f"was recorded with {key} = {value}, the target has {given}")
     try:
         return PREDICTORS[name](**options)
     except TypeError as e:

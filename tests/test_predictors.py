@@ -210,6 +210,8 @@ def test_trace_save_load_round_trip(tmp_path, trace):
     np.testing.assert_array_equal(back.offsets, trace.offsets)
     np.testing.assert_array_equal(back.draft_hidden, trace.draft_hidden)  # NaN rows kept (equal_nan)
     assert back.has_hidden.sum() == len(trace) - trace.num_prompts
+    by_path = get_predictor("frequency", trace=str(path), num_layers=L, num_experts=E, top_k=K)
+    np.testing.assert_array_equal(by_path.predict(trace.tokens), build_frequency(trace).predict(trace.tokens))
     sub = back.subset([2, 0])
     np.testing.assert_array_equal(sub.tokens, np.concatenate([list(trace.prompts())[i][0] for i in (2, 0)]))
     plain = synthetic_trace(hidden=False)
@@ -250,6 +252,8 @@ def test_trace_bad_input(call, field):
 
 @pytest.mark.parametrize("call, field", [
     (lambda: get_predictor("oracle"), "predictor"),
+    (lambda: get_predictor("frequency", trace=synthetic_trace(), num_experts=E + 1), "trace"),
+    (lambda: get_predictor("frequency", trace="/nonexistent/trace.npz"), "trace"),
     (lambda: get_predictor("recency", num_layers=L, num_experts=E, top_k=K, colour="red"), "options"),
     (lambda: get_predictor("recency"), "num_layers"),
     (lambda: get_predictor("recency", num_layers=L, num_experts=4, top_k=5), "top_k"),
