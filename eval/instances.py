@@ -24,7 +24,7 @@ from typing import Iterator
 import numpy as np
 
 from specfit.cost import PROFILES, get_profile
-from specfit.errors import SpecFitInputError
+from specfit.errors import SpecFitInputError, lookup
 from specfit.instance import Instance
 from specfit.tree import DraftTree
 
@@ -117,10 +117,7 @@ def get_preset(name: str) -> InstanceSpec:
     SpecFitInputError
         If the preset is unknown.
     """
-    try:
-        return PRESETS[name]
-    except KeyError:
-        raise SpecFitInputError("preset", f"unknown preset {name!r}; known: {', '.join(sorted(PRESETS))}") from None
+    return lookup(PRESETS, name, "preset")
 
 
 def draft_tree_shape(n: int, spec: InstanceSpec, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:

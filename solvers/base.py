@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
-from specfit.errors import SpecFitInputError
+from specfit.errors import SpecFitInputError, lookup
 from specfit.instance import Instance
 from specfit.objective import evaluate
 
@@ -160,10 +160,7 @@ def get_solver(name: str, **options) -> Solver:
     SpecFitInputError
         If ``name`` is unknown, or an option is not accepted by that solver.
     """
-    try:
-        module, cls = _REGISTRY[name].split(":")
-    except KeyError:
-        raise SpecFitInputError("solver", f"unknown solver {name!r}; known: {', '.join(available_solvers())}") from None
+    module, cls = lookup(_REGISTRY, name, "solver").split(":")
     klass = getattr(importlib.import_module(module), cls)
     try:
         return klass(**options)

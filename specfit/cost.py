@@ -16,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-from specfit.errors import SpecFitInputError
+from specfit.errors import SpecFitInputError, lookup
 
 #: Bytes of one Qwen3-30B-A3B expert in bf16: (gate, up, down) = 3 * 2048 * 768 params * 2 bytes.
 QWEN3_30B_A3B_EXPERT_BYTES = 9_437_184
@@ -178,10 +178,7 @@ def get_profile(name: str) -> CostModel:
     SpecFitInputError
         If ``name`` is not a known profile.
     """
-    try:
-        return PROFILES[name]
-    except KeyError:
-        raise SpecFitInputError("profile", f"unknown profile {name!r}; known: {', '.join(sorted(PROFILES))}") from None
+    return lookup(PROFILES, name, "profile")
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ import torch
 from solvers import get_solver
 from solvers.stop import should_stop
 from specfit.cost import CostModel, calibrate
-from specfit.errors import SpecFitInputError
+from specfit.errors import SpecFitInputError, lookup
 from specfit.instance import Instance
 from specfit.tree import DraftTree
 from specfit.verify import verify_greedy, verify_sampling
@@ -85,10 +85,7 @@ def get_method(name: str) -> Method:
     SpecFitInputError
         If the name is unknown.
     """
-    try:
-        return METHODS[name]
-    except KeyError:
-        raise SpecFitInputError("method", f"unknown method {name!r}; known: {', '.join(METHODS)}") from None
+    return lookup(METHODS, name, "method")
 
 
 @dataclass(frozen=True)

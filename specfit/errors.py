@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Mapping, TypeVar
+
+T = TypeVar("T")
+
 
 class SpecFitInputError(ValueError):
     """Bad input to SpecFit.
@@ -21,3 +25,17 @@ class SpecFitInputError(ValueError):
         self.field = field
         self.rule = rule
         super().__init__(f"{field}: {rule}")
+
+
+def lookup(table: Mapping[str, T], name: str, field: str) -> T:
+    """``table[name]``, or a :class:`SpecFitInputError` on ``field`` that lists the known names.
+
+    Raises
+    ------
+    SpecFitInputError
+        If ``name`` is not a key of ``table``.
+    """
+    try:
+        return table[name]
+    except (KeyError, TypeError):
+        raise SpecFitInputError(field, f"unknown {field} {name!r}; known: {', '.join(sorted(table))}") from None
