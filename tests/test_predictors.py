@@ -81,7 +81,7 @@ def test_recall_at_k_bad_input(pred, true, field):
 # -- every predictor: shape, dtype, distinct ids, range ----------------------------------------------
 def all_predictors(trace: RoutingTrace):
     return [get_predictor("recency", trace=trace), get_predictor("recency", num_layers=L, num_experts=E, top_k=K),
-            get_predictor("frequency", trace=trace), get_predictor("frequency", trace=trace, recency_weight=1.0),
+            get_predictor("frequency", trace=trace), get_predictor("frequency", trace=trace, recency_weight=0.0),
             get_predictor("probe", trace=trace, epochs=2),
             get_predictor("probe", trace=trace, epochs=2, frequency_weight=1.0)]
 
