@@ -141,10 +141,56 @@ def _run_compare_solvers(args) -> int:
     return 0
 
 
-_COMMANDS = (
-    ("solve", _add_solve, _run_solve),
+def _add_eval(sub) -> None:
+    p = sub.add_parser("eval", help="end-to-end evaluation: every method on GSM8K and CNN/DailyMail (the main job)",
+                       description="Decode the same prompts with each method on an offloaded MoE target and report "
+                                   "τ, wall-clock and modeled tokens/s, speedups, expert transfers, cache hit rate, "
+                                   "solver share, equality with AR and task scores. Writes OUT/results.jsonl "
+                                   "(resumable), OUT/summary.json, OUT/summary.md and PNG plots.")
+    p.add_argument("--dataset", default="gsm8k,cnndm",
+                   help="comma-separated: gsm8k, cnndm, spec-bench or PATH.jsonl with a 'prompt' per line "
+                        "(default gsm8k,cnndm)")
+    p.add_argument("--limit", type=int, default=3, help="prompts per dataset (default 3)")
+    p.add_argument("--methods", default="ar,eagle3-vanilla,eagle3,specfit",
+                   help="comma-separated methods (default ar,eagle3-vanilla,eagle3,specfit; also eagle3-scan, oracle)")
+    p.add_argument("--max-new-tokens", type=int, default=48, help="new tokens per prompt (default 48)")
+    p.add_argument("--cache-slots", type=int, default=32, help="expert-cache slots per MoE layer (default 32)")
+    p.add_argument("--profile", default="qwen3-30b-a3b-pcie4",
+                   help="hardware profile for selection and modeled time (default qwen3-30b-a3b-pcie4; "
+                        "also qwen3-30b-a3b-h200)")
+    p.add_argument("--model", default=None, help="target checkpoint directory (default: the shipped proxy)")
+    p.add_argument("--draft", default=None, help="EAGLE-3 head directory (default: the shipped proxy head)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 = sampling")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus cut of the sampling verifier (default 1)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampling verifier (default 0)")
+    p.add_argument("--total-tokens", type=int, default=32, help="EAGLE tree: draft nodes verified (default 32)")
+    p.add_argument("--depth", type=int, default=6, help="EAGLE tree: draft levels (default 6)")
+    p.add_argument("--top-k", type=int, default=4, help="EAGLE tree: children per node (default 4)")
+    p.add_argument("--device", default="cpu", help="compute device: cpu, cuda, cuda:1 (default cpu)")
+    p.add_argument("--out", default="runs/eval", help="output folder (default runs/eval); a rerun resumes")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+def _run_eval(args) -> int:
+    from eval.run import EvalConfig, run_eval
+
+    split = lambda text: tuple(s.strip() for s in text.split(",") if s.strip())  # noqa: E731
+    config = EvalConfig(datasets=split(args.dataset), limit=args.limit, methods=split(args.methods),
+                        max_new_tokens=args.max_new_tokens, cache_slots=args.cache_slots, profile=args.profile,
+                        model=args.model, draft=args.draft, temperature=args.temperature, top_p=args.top_p,
+                        seed=args.seed, total_tokens=args.total_tokens, depth=args.depth, top_k=args.top_k,
+                        device=args.device, out=args.out)
+    res = run_eval(config, progress=not args.no_progress)
+    print(res["markdown"], end="")
+    print(f"wrote {', '.join(str(p) for p in res['paths'].values())} "
+          f"({res['ran']} new generations, {res['skipped']} resumed)")
+    return 0
+
+
+_COMMANDS = (    ("solve", _add_solve, _run_solve),
     ("compare-solvers", _add_compare_solvers, _run_compare_solvers),
     ("generate", _add_generate, _run_generate),
+    ("eval", _add_eval, _run_eval),
 )
 
 

@@ -1,0 +1,293 @@
+"""Summary of an evaluation run: rows per dataset × method, ``summary.json``, ``summary.md``, plots.
+
+Every file is written to a temporary file in the same folder, fsync'ed and renamed, so a folder
+never holds half a report. Modeled numbers (:mod:`eval.modeled`) are labelled "modeled"; wall-clock
+numbers are this machine's.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+from pathlib import Path
+from statistics import median
+
+from eval import metrics
+from eval.modeled import cost_scaling_note
+
+#: Columns of ``summary.md``: (header, row key, format).
+COLUMNS = (
+    ("dataset", "dataset", "s"), ("method", "method", "s"), ("prompts", "prompts", "d"), ("τ", "tau", ".2f"),
+    ("tok/s wall", "tokens_per_s", ".1f"), ("tok/s modeled", "modeled_tokens_per_s", ".1f"),
+    ("× ar (modeled)", "speedup_vs_ar", ".2f"), ("× eagle3 (modeled)", "speedup_vs_eagle3", ".2f"),
+    ("experts/token", "experts_per_token", ".1f"), ("hit rate", "cache_hit_rate", ".3f"),
+    ("nodes/cycle", "mean_nodes_verified", ".1f"), ("solve share", "solve_share", ".2%"),
+    ("= ar", "equal_to_ar", "s"), ("task", "task_metric", "s"),
+)
+
+
+def atomic_write_bytes(path: str | Path, write) -> None:
+    """Write a file through ``write(tmp_path)``, fsync it and rename it over ``path``."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    write(tmp)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically (temporary file, fsync, rename)."""
+    atomic_write_bytes(path, lambda p: Path(p).write_text(text, encoding="utf-8"))
+
+
+def versions() -> dict:
+    """Versions of python, torch, transformers, numpy and specfit."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for name in ("specfit", "torch", "transformers", "numpy", "rouge-score"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def machine() -> dict:
+    """Platform, CPU model and count, and the accelerator if torch sees one."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import torch
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {"platform": platform.platform(), "cpu": cpu, "cpu_count": os.cpu_count(), "gpu": gpu,
+            "torch_threads": torch.get_num_threads()}
+
+
+def _task_metric(recs: list[dict]) -> tuple[dict, str]:
+    scores = [r["score"] for r in recs if r.get("score")]
+    if not scores:
+        return {}, "-"
+    if "correct" in scores[0]:
+        acc = sum(s["correct"] for s in scores) / len(scores)
+        return {"accuracy": acc}, f"acc {acc:.3f}"
+    out = {k: sum(s[k] for s in scores) / len(scores) for k in ("rouge1", "rouge2", "rougeL")}
+    return out, f"R-L {out['rougeL']:.3f}"
+
+
+def summarise(records: list[dict], depth: int, temperature: float) -> list[dict]:
+    """One row per (dataset, method), in first-seen order.
+
+    Parameters
+    ----------
+    records : list of dict
+        Result lines (:func:`eval.run.make_record`), each prompt × method at most once.
+    depth : int
+        Deepest tree position of ``acceptance_by_depth``.
+    temperature : float
+        ``equal_to_ar`` is computed at temperature 0 only (None otherwise).
+
+    Returns
+    -------
+    list of dict
+        Keys: ``dataset, method, prompts, new_tokens, tau, tokens_per_s`` (wall clock, decode only),
+        ``tokens_per_s_median`` (median over prompts), ``modeled_tokens_per_s``,
+        ``speedup_vs_ar`` / ``speedup_vs_eagle3`` (modeled tokens/s ratio, None without that
+        method), ``speedup_vs_ar_wall``, ``experts_per_token``, ``cache_hit_rate``,
+        ``mean_nodes_verified``, ``solve_share`` (solve ms / modeled ms), ``solve_share_wall``,
+        ``modeled_share`` (compute, transfer, draft, host parts of the modeled time),
+        ``equal_to_ar`` (bool or None), ``first_divergence`` ({prompt id: token index}),
+        ``acceptance_by_depth``, ``task`` (accuracy or ROUGE F1) and ``task_metric`` (text).
+    """
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in records:
+        groups.setdefault((r["dataset"], r["method"]), []).append(r)
+    ar_out = {(r["dataset"], r["id"]): r["output_ids"] for r in records if r["method"] == "ar"}
+    rows = []
+    for (dataset, method), recs in groups.items():
+        new = sum(r["new_tokens"] for r in recs)
+        committed = sum(r["committed"] for r in recs)
+        modeled_ms = sum(r["modeled_ms"] for r in recs)
+        accept = [a for r in recs for a in r["accept_lengths"]]
+        nodes = [n for r in recs for n in r["nodes_verified"]]
+        solve = sum(r["measured_ms"]["solve"] for r in recs)
+        wall_ms = 1000.0 * sum(r["wall_s"] for r in recs)
+        equal, diverge = None, {}
+        if temperature == 0 and method != "ar" and all((dataset, r["id"]) in ar_out for r in recs):
+            for r in recs:
+                pos = metrics.first_divergence(r["output_ids"], ar_out[(dataset, r["id"])])
+                if pos is not None:
+                    diverge[r["id"]] = pos
+            equal = not diverge
+        task, task_text = _task_metric(recs)
+        rows.append({
+            "dataset": dataset, "method": method, "prompts": len(recs), "new_tokens": new,
+            "tau": metrics.tau(accept),
+            "tokens_per_s": metrics.tokens_per_s(new, wall_ms),
+            "tokens_per_s_median": median(metrics.tokens_per_s(r["new_tokens"], 1000 * r["wall_s"]) for r in recs),
+            "modeled_tokens_per_s": metrics.tokens_per_s(new, modeled_ms),
+            "experts_per_token": metrics.experts_per_token(sum(r["experts_transferred"] for r in recs), committed),
+            "cache_hit_rate": metrics.cache_hit_rate(sum(r["experts_transferred"] for r in recs),
+                                                     sum(r["experts_looked_up"] for r in recs)),
+            "mean_nodes_verified": sum(nodes) / len(nodes) if nodes else 0.0,
+            "solve_share": solve / modeled_ms if modeled_ms else 0.0,
+            "solve_share_wall": solve / wall_ms if wall_ms else 0.0,
+            "modeled_share": {k: sum(r["modeled"][k] for r in recs) / modeled_ms if modeled_ms else 0.0
+                              for k in ("compute_ms", "transfer_ms", "draft_ms", "host_ms")},
+            "equal_to_ar": equal, "first_divergence": diverge,
+            "acceptance_by_depth": metrics.acceptance_by_depth(accept, depth),
+            "task": task, "task_metric": task_text,
+        })
+    for row in rows:
+        base = {m: next((r for r in rows if r["dataset"] == row["dataset"] and r["method"] == m), None)
+                for m in ("ar", "eagle3")}
+        for m, b in base.items():
+            row[f"speedup_vs_{m}"] = (row["modeled_tokens_per_s"] / b["modeled_tokens_per_s"]
+                                      if b and b["modeled_tokens_per_s"] else None)
+        ar = base["ar"]
+        row["speedup_vs_ar_wall"] = row["tokens_per_s"] / ar["tokens_per_s"] if ar and ar["tokens_per_s"] else None
+    return rows
+
+
+def _fmt(value, spec: str) -> str:
+    if value is None:
+        return "-"
+    if spec == "s":
+        return {True: "yes", False: "NO"}.get(value, str(value)) if isinstance(value, bool) else str(value)
+    return format(value, spec)
+
+
+def markdown(rows: list[dict], meta: dict) -> str:
+    """``summary.md``: the table and the settings that produced it."""
+    c = meta["config"]
+    head = "| " + " | ".join(h for h, _, _ in COLUMNS) + " |"
+    lines = [
+        "# specfit eval", "",
+        f"Target `{meta['resolved']['model']}` ({meta['num_layers']} MoE layers, {meta['num_experts']} experts, "
+        f"top-{meta['top_k']}); head `{meta['resolved']['draft']}`.",
+        f"Tree total_tokens={c['total_tokens']} depth={c['depth']} top_k={c['top_k']}; {c['cache_slots']} expert-cache "
+        f"slots per layer ({c['eviction']}; eagle3-vanilla: none); predictor {c['predictor']}; temperature "
+        f"{c['temperature']}; max_new_tokens {c['max_new_tokens']}; profile {c['profile']}.",
+        "", head, "|" + "---|" * len(COLUMNS),
+    ]
+    for r in rows:
+        lines.append("| " + " | ".join(_fmt(r[k], f) for _, k, f in COLUMNS) + " |")
+    lines += [
+        "",
+        f"tok/s wall: new tokens per second of the decode loop on this machine ({meta['machine']['cpu']}, "
+        f"{meta['machine']['cpu_count']} CPUs; prefill excluded). tok/s modeled: the same cycles priced on "
+        f"the profile (eval/modeled.py): verify = fixed + per_node × nodes + per_expert × transferred, draft = "
+        f"levels × {meta['draft_level_ms']} ms, plus the measured predictor and solver ms. τ counts the bonus token.",
+        meta["cost_scaling"],
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], out: Path) -> dict[str, Path]:
+    """Three PNGs: modeled throughput vs mean nodes verified per cycle, experts transferred per
+    committed token, and acceptance per tree position (fraction of cycles accepting >= d tokens).
+
+    Returns
+    -------
+    dict
+        ``{"throughput_png", "experts_png", "acceptance_png"}`` paths.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    datasets = list(dict.fromkeys(r["dataset"] for r in rows))
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    colors = {m: plt.cm.tab10(i % 10) for i, m in enumerate(methods)}
+    markers = "osD^vP*X"
+    paths = {"throughput_png": out / "throughput_vs_tree_size.png", "experts_png": out / "experts_per_token.png",
+             "acceptance_png": out / "acceptance_by_depth.png"}
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for r in rows:
+        ax.scatter(r["mean_nodes_verified"], r["modeled_tokens_per_s"], color=colors[r["method"]],
+                   marker=markers[datasets.index(r["dataset"]) % len(markers)], s=60,
+                   label=f"{r['method']} / {r['dataset']}")
+    ax.set(xlabel="mean nodes verified per cycle (root included)", ylabel="tokens/s (modeled)",
+           title="Throughput vs tree size")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    _save(fig, paths["throughput_png"])
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    width = 0.8 / max(len(methods), 1)
+    for i, m in enumerate(methods):
+        ys = [next((r["experts_per_token"] for r in rows if r["dataset"] == d and r["method"] == m), 0.0)
+              for d in datasets]
+        ax.bar([j + i * width for j in range(len(datasets))], ys, width, color=colors[m], label=m)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(datasets))], datasets)
+    ax.set(ylabel="experts transferred per committed token", title="Expert transfers (H2D) per token")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=7)
+    _save(fig, paths["experts_png"])
+
+    fig, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 4), squeeze=False)
+    for ax, d in zip(axes[0], datasets):
+        for r in rows:
+            if r["dataset"] == d and r["method"] != "ar":
+                acc = r["acceptance_by_depth"]
+                ax.plot(range(1, len(acc) + 1), acc, marker="o", color=colors[r["method"]], label=r["method"])
+        ax.set(xlabel="tree position d (depth)", ylabel="cycles accepting >= d draft tokens", title=d, ylim=(0, 1))
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    _save(fig, paths["acceptance_png"])
+    return paths
+
+
+def _save(fig, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    atomic_write_bytes(path, lambda p: fig.savefig(p, format="png", dpi=110))
+    plt.close(fig)
+
+
+def write_summary(out: str | Path, records: list[dict], meta: dict, prompts) -> tuple[list[dict], str, dict]:
+    """Summarise ``records`` and write ``summary.json``, ``summary.md`` and the plots into ``out``.
+
+    Parameters
+    ----------
+    out : path
+    records : list of dict
+        Result lines of this run's prompts and methods.
+    meta : dict
+        ``config`` (EvalConfig.to_json), ``resolved`` (directories), ``num_layers``, ``num_experts``,
+        ``top_k``, ``cost`` (the scaled cost model), ``draft_level_ms``.
+    prompts : list of Prompt
+        This run's prompts (their count per dataset is recorded).
+
+    Returns
+    -------
+    tuple
+        (rows, markdown text, ``{"summary_json", "summary_md", <plot paths>}``).
+    """
+    out = Path(out)
+    c = meta["config"]
+    rows = summarise(records, c["depth"], c["temperature"])
+    meta = {**meta, "versions": versions(), "machine": machine(),
+            "cost_scaling": cost_scaling_note(meta["num_layers"], c["profile"]),
+            "cache": "every generation starts with an empty expert cache, warmed by its own prefill",
+            "prompts_per_dataset": {d: sum(p.dataset == d for p in prompts) for d in dict.fromkeys(p.dataset for p in prompts)},
+            "date_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+    text = markdown(rows, meta)
+    paths = {"summary_json": out / "summary.json", "summary_md": out / "summary.md"}
+    atomic_write_text(paths["summary_json"], json.dumps({"rows": rows, **meta}, indent=1) + "\n")
+    atomic_write_text(paths["summary_md"], text)
+    paths.update(plot(rows, out))
+    return rows, text, paths

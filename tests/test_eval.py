@@ -1,0 +1,180 @@
+"""`specfit eval` end to end on tiny random models: files, schema, resume after an interruption,
+equality with AR for every lossless method, and bad input (exit 2, nothing written)."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+from eval.run import EvalConfig, read_results
+from models.eagle3 import Eagle3Config, Eagle3Head, save_eagle3
+from models.proxy import paths as proxy_paths
+from specfit.cli import build_parser, main
+
+METHODS = "ar,eagle3-vanilla,eagle3,eagle3-scan,specfit,oracle"
+RECORD_KEYS = {"id", "dataset", "method", "output_ids", "new_tokens", "cycles", "accept_lengths", "wall_s",
+               "modeled_ms", "experts_transferred"}
+ROW_KEYS = {"dataset", "method", "tau", "tokens_per_s", "modeled_tokens_per_s", "speedup_vs_ar", "speedup_vs_eagle3",
+            "experts_per_token", "cache_hit_rate", "solve_share", "equal_to_ar"}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A 3-layer random Qwen3-MoE target with the proxy's tokenizer and a random EAGLE-3 head."""
+    torch.manual_seed(0)
+    root = tmp_path_factory.mktemp("eval_models")
+    vocab = 4096  # the proxy tokenizer's vocabulary
+    cfg = Qwen3MoeConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                         num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=16,
+                         num_experts_per_tok=4, norm_topk_prob=True, max_position_embeddings=2048,
+                         tie_word_embeddings=False, eos_token_id=0)
+    model = Qwen3MoeForCausalLM(cfg).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    model.save_pretrained(root / "target")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(proxy_paths()["target"] / name, root / "target" / name)
+    head = Eagle3Head(Eagle3Config(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                                   head_dim=8, vocab_size=vocab, draft_vocab_size=vocab, target_hidden_size=32))
+    save_eagle3(head, root / "head", include_embed=True, dtype=torch.float32)
+    return root
+
+
+def eval_args(tiny, out, *extra):
+    return ["eval", "--model", str(tiny / "target"), "--draft", str(tiny / "head"), "--out", str(out),
+            "--dataset", "gsm8k,cnndm", "--limit", "1", "--methods", METHODS, "--max-new-tokens", "6",
+            "--cache-slots", "4", "--total-tokens", "6", "--depth", "3", "--top-k", "2", "--no-progress", *extra]
+
+
+@pytest.fixture(scope="module")
+def first_run(tiny, tmp_path_factory):
+    out = tmp_path_factory.mktemp("eval_run") / "out"
+    assert main(eval_args(tiny, out)) == 0
+    return out
+
+
+def test_files_and_schema(first_run):
+    names = {p.name for p in first_run.iterdir()}
+    assert {"results.jsonl", "summary.json", "summary.md", "config.json", "throughput_vs_tree_size.png",
+            "experts_per_token.png", "acceptance_by_depth.png"} <= names
+    assert not [n for n in names if n.endswith(".tmp")]
+    recs = read_results(first_run / "results.jsonl")
+    n_methods = len(METHODS.split(","))
+    assert len(recs) == 2 * n_methods
+    for r in recs:
+        assert RECORD_KEYS <= set(r)
+        assert r["new_tokens"] == len(r["output_ids"]) <= 6
+        assert len(r["accept_lengths"]) == r["cycles"] >= 1
+        assert r["modeled_ms"] > 0 and r["wall_s"] > 0
+    summary = json.loads((first_run / "summary.json").read_text())
+    assert {"config", "versions", "machine", "cost_scaling"} <= set(summary)
+    assert {"torch", "transformers", "specfit", "python"} <= set(summary["versions"])
+    assert {"platform", "cpu_count"} <= set(summary["machine"])
+    assert "48/3" in summary["cost_scaling"]
+    rows = summary["rows"]
+    assert len(rows) == 2 * n_methods
+    for row in rows:
+        assert ROW_KEYS <= set(row)
+        assert row["tau"] >= 1.0
+    ar = [r for r in rows if r["method"] == "ar"]
+    assert all(r["tau"] == 1.0 and r["speedup_vs_ar"] == 1.0 and r["equal_to_ar"] is None for r in ar)
+    assert "| gsm8k | specfit |" in (first_run / "summary.md").read_text()
+
+
+def test_every_lossless_method_equals_ar(first_run):
+    rows = json.loads((first_run / "summary.json").read_text())["rows"]
+    assert all(r["equal_to_ar"] is True for r in rows if r["method"] != "ar")
+    recs = read_results(first_run / "results.jsonl")
+    for dataset in ("gsm8k", "cnndm"):
+        outs = {r["method"]: r["output_ids"] for r in recs if r["dataset"] == dataset}
+        assert len(set(map(tuple, outs.values()))) == 1
+        # so are the task metrics computed from them
+        scores = [json.dumps(r["score"], sort_keys=True) for r in recs if r["dataset"] == dataset]
+        assert len(set(scores)) == 1
+
+
+def test_vanilla_transfers_at_least_as_many_experts_as_eagle3(first_run):
+    recs = read_results(first_run / "results.jsonl")
+    by = {(r["dataset"], r["method"]): r for r in recs}
+    for d in ("gsm8k", "cnndm"):
+        # without a cache every looked-up expert is transferred
+        v = by[(d, "eagle3-vanilla")]
+        assert v["experts_transferred"] == v["experts_looked_up"]
+
+
+def test_resume_after_interruption_has_no_duplicates(tiny, first_run, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(first_run, out)
+    path = out / "results.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    last = json.loads(lines[-1])
+    path.write_bytes(b"".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2])  # torn last line
+    assert main(eval_args(tiny, out)) == 0
+    recs = read_results(out / "results.jsonl")
+    keys = [(r["id"], r["dataset"], r["method"]) for r in recs]
+    assert len(keys) == len(set(keys)) == len(lines)
+    redone = next(r for r in recs if (r["id"], r["dataset"], r["method"]) == (last["id"], last["dataset"], last["method"]))
+    assert redone["output_ids"] == last["output_ids"]
+    assert path.read_bytes().endswith(b"\n")
+
+
+def test_resume_refuses_a_different_configuration(tiny, first_run, tmp_path, capsys):
+    out = tmp_path / "out"
+    shutil.copytree(first_run, out)
+    before = (out / "results.jsonl").read_bytes()
+    assert main(eval_args(tiny, out)[:-1] + ["--max-new-tokens", "7", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--out" in err[0] and "max_new_tokens" in err[0]
+    assert (out / "results.jsonl").read_bytes() == before
+
+
+@pytest.mark.parametrize("change, field", [
+    (["--dataset", "nosuch"], "--dataset"),
+    (["--methods", "ar,medusa"], "method"),
+    (["--model", "MISSING"], "--model"),
+    (["--draft", "MISSING"], "--draft"),
+    (["--profile", "tpu"], "profile"),
+    (["--limit", "0"], "--limit"),
+    (["--dataset", "BADJSONL"], "prompt"),
+])
+def test_bad_input_exits_2_and_writes_nothing(tiny, tmp_path, capsys, change, field):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "fine", "id": 1}\n{"id": 2, "text": "no prompt here"}\n')
+    change = [{"MISSING": str(tmp_path / "missing"), "BADJSONL": str(bad)}.get(c, c) for c in change]
+    out = tmp_path / "out"
+    args = eval_args(tiny, out)
+    for i in range(0, len(change), 2):
+        j = args.index(change[i]) if change[i] in args else None
+        if j is None:
+            args += change[i:i + 2]
+        else:
+            args[j + 1] = change[i + 1]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("specfit eval: error: ") and field in err[0]
+    assert not out.exists()
+
+
+def test_user_jsonl_prompts(tiny, tmp_path):
+    data = tmp_path / "mine.jsonl"
+    data.write_text('{"prompt": "Once upon a time", "id": "a"}\n\n{"prompt": "The cat sat"}\n')
+    out = tmp_path / "out"
+    args = eval_args(tiny, out)
+    args[args.index("--dataset") + 1] = str(data)
+    args[args.index("--methods") + 1] = "ar,specfit"
+    args[args.index("--limit") + 1] = "5"
+    assert main(args) == 0
+    recs = read_results(out / "results.jsonl")
+    assert sorted({r["id"] for r in recs}) == ["3", "a"] and {r["dataset"] for r in recs} == {"mine"}
+    assert all(r["score"] == {} for r in recs)
+
+
+def test_cli_defaults_match_the_library_defaults():
+    args = build_parser().parse_args(["eval"])
+    cfg = EvalConfig()
+    assert tuple(args.dataset.split(",")) == cfg.datasets and tuple(args.methods.split(",")) == cfg.methods
+    for name in ("limit", "max_new_tokens", "cache_slots", "profile", "temperature", "top_p", "seed", "total_tokens",
+                 "depth", "top_k", "device", "out"):
+        assert getattr(args, name) == getattr(cfg, name), name
