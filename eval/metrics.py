@@ -118,7 +118,7 @@ def gsm8k_correct(output_text: str, reference: str) -> bool:
     return ref is not None and gsm8k_output_answer(output_text) == ref
 
 
-_PTB = [("-LRB-", "("), ("-RRB-", ")"), ("``", '"'), ("''", '"')]
+_PTB = [("-LRB- ", "("), (" -RRB-", ")"), ("-LRB-", "("), ("-RRB-", ")"), ("``", '"'), ("''", '"')]
 _PTB_SPACE = re.compile(r" (?=[.,;:!?]|'s\b|n't\b)")
 
 

@@ -86,6 +86,9 @@ class EvalConfig:
         Long-run-rate selection instead of the per-cycle ratio (SPECFIT.md §3).
     device : str
         Compute device (``cpu``, ``cuda``, ``cuda:1``).
+    threads : int
+        torch CPU threads while the run lasts (default 1: the proxy's matrices are too small to
+        gain from more, and on a shared machine extra threads only contend; 0 = torch's default).
     out : str
         Output folder.
     """
@@ -109,6 +112,7 @@ class EvalConfig:
     max_article_tokens: int = MAX_ARTICLE_TOKENS
     rate_mode: bool = False
     device: str = "cpu"
+    threads: int = 1
     out: str = "runs/eval"
     extra: dict = field(default_factory=dict, compare=False)
 
@@ -168,6 +172,8 @@ def plan(config: EvalConfig) -> Plan:
 
     for name in ("limit", "max_new_tokens", "total_tokens", "depth", "top_k", "max_article_tokens"):
         _positive(f"--{name.replace('_', '-')}", getattr(config, name))
+    if isinstance(config.threads, bool) or not isinstance(config.threads, int) or config.threads < 0:
+        raise SpecFitInputError("--threads", f"must be an integer >= 0, got {config.threads!r}")
     if isinstance(config.cache_slots, bool) or not isinstance(config.cache_slots, int) or config.cache_slots < 0:
         raise SpecFitInputError("--cache-slots", f"must be an integer >= 0, got {config.cache_slots!r}")
     if not config.temperature >= 0:
@@ -404,11 +410,24 @@ def run_eval(config: EvalConfig, progress: bool = True) -> dict:
         Bad configuration or input (see :func:`plan`); raised before anything is written.
     """
     import torch
+
+    p = plan(config)
+    threads = torch.get_num_threads()
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    try:
+        return _run(p, progress)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(p: Plan, progress: bool) -> dict:
+    import torch
     from tqdm import tqdm
 
     from eval.report import atomic_write_text, write_summary
 
-    p = plan(config)
+    config = p.config
     models = _Models(p)
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)

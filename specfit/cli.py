@@ -167,6 +167,8 @@ def _add_eval(sub) -> None:
     p.add_argument("--depth", type=int, default=6, help="EAGLE tree: draft levels (default 6)")
     p.add_argument("--top-k", type=int, default=4, help="EAGLE tree: children per node (default 4)")
     p.add_argument("--device", default="cpu", help="compute device: cpu, cuda, cuda:1 (default cpu)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads (default 1: the proxy is too small to gain from more; 0 = torch's default)")
     p.add_argument("--out", default="runs/eval", help="output folder (default runs/eval); a rerun resumes")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
@@ -179,7 +181,7 @@ def _run_eval(args) -> int:
                         max_new_tokens=args.max_new_tokens, cache_slots=args.cache_slots, profile=args.profile,
                         model=args.model, draft=args.draft, temperature=args.temperature, top_p=args.top_p,
                         seed=args.seed, total_tokens=args.total_tokens, depth=args.depth, top_k=args.top_k,
-                        device=args.device, out=args.out)
+                        device=args.device, threads=args.threads, out=args.out)
     res = run_eval(config, progress=not args.no_progress)
     print(res["markdown"], end="")
     print(f"wrote {', '.join(str(p) for p in res['paths'].values())} "

@@ -176,5 +176,5 @@ def test_cli_defaults_match_the_library_defaults():
     cfg = EvalConfig()
     assert tuple(args.dataset.split(",")) == cfg.datasets and tuple(args.methods.split(",")) == cfg.methods
     for name in ("limit", "max_new_tokens", "cache_slots", "profile", "temperature", "top_p", "seed", "total_tokens",
-                 "depth", "top_k", "device", "out"):
+                 "depth", "top_k", "device", "threads", "out"):
         assert getattr(args, name) == getattr(cfg, name), name

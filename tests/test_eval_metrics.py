@@ -1,0 +1,182 @@
+"""Evaluation metrics on hand-made traces, the modeled cycle time, the summary rows, prompt loading
+and the results file's torn-line handling."""
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from eval import metrics
+from eval.datasets import load_prompts
+from eval.modeled import DRAFT_LEVEL_MS, cost_scaling_note, modeled_cycle_ms
+from eval.report import summarise
+from eval.run import append_result, read_results
+from specfit.cost import CostModel, PROFILES, get_profile
+from specfit.errors import SpecFitInputError
+
+
+def test_tau_counts_the_bonus_token():
+    assert metrics.tau([0, 0, 0]) == 1.0  # AR: one token per cycle
+    assert metrics.tau([3, 0, 1]) == pytest.approx((4 + 1 + 2) / 3)
+    assert metrics.tau([]) == 0.0
+
+
+def test_tokens_per_s_and_experts_per_token():
+    assert metrics.tokens_per_s(50, 2000.0) == 25.0
+    assert metrics.tokens_per_s(5, 0.0) == 0.0
+    assert metrics.experts_per_token(96, 12) == 8.0
+    assert metrics.experts_per_token(3, 0) == 0.0
+    assert metrics.cache_hit_rate(30, 120) == 0.75
+    assert metrics.cache_hit_rate(0, 0) == 0.0
+
+
+@given(st.lists(st.integers(0, 6), max_size=40))
+def test_acceptance_by_depth_is_a_non_increasing_survival_curve(accepts):
+    curve = metrics.acceptance_by_depth(accepts, 6)
+    assert len(curve) == 6
+    assert all(0 <= a <= 1 for a in curve)
+    assert all(a >= b for a, b in zip(curve, curve[1:]))
+    if accepts:
+        assert curve[0] == pytest.approx(sum(a >= 1 for a in accepts) / len(accepts))
+        assert metrics.tau(accepts) == pytest.approx(1 + sum(curve))  # E[accepted] = sum_d P(accepted >= d)
+
+
+def test_first_divergence():
+    assert metrics.first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert metrics.first_divergence([1, 5, 3], [1, 2, 3]) == 1
+    assert metrics.first_divergence([1, 2], [1, 2, 3]) == 2
+
+
+@pytest.mark.parametrize("text, answer", [
+    ("She makes 9 * 2 = $18 every day.\n#### 18", "18"),
+    ("so 1,000 apples in total", "1000"),
+    ("The answer is 3.50.", "3.5"),
+    ("#### 7 and then 99", "7"),
+    ("no digits", None),
+])
+def test_gsm8k_output_answer(text, answer):
+    assert metrics.gsm8k_output_answer(text) == answer
+
+
+def test_gsm8k_correct_uses_the_number_after_hashes():
+    ref = "Janet sells 16 - 3 - 4 = <<16-3-4=9>>9 duck eggs.\n#### 1,018"
+    assert metrics.gsm8k_reference_answer(ref) == "1018"
+    assert metrics.gsm8k_correct("... so she makes 1018 dollars", ref)
+    assert not metrics.gsm8k_correct("... so she makes 9 dollars", ref)
+    assert not metrics.gsm8k_correct("1018", "no final answer marker")
+
+
+def test_rouge_and_ptb_detokenisation():
+    ref = "Locke 's side won on Friday . -LRB- Kilmarnock -RRB- ``fans'' cheered"
+    assert metrics.detokenize_ptb(ref) == "Locke's side won on Friday. (Kilmarnock) \"fans\" cheered"
+    same = metrics.rouge(metrics.detokenize_ptb(ref), ref)
+    assert same == pytest.approx({"rouge1": 1.0, "rouge2": 1.0, "rougeL": 1.0})
+    assert metrics.rouge("completely unrelated words", ref)["rouge1"] == 0.0
+    assert metrics.task_score("none", "x", "y") == {} and metrics.task_score("gsm8k", "x", None) == {}
+
+
+def test_modeled_cycle_ms_by_hand():
+    cost = CostModel(6.0, 0.1, 0.4).for_layers(4)  # per_expert_ms 0.4 * 48/4 = 4.8
+    cycle = {"nodes_verified": 5, "transferred": [1, 0, 2, 0], "levels": 3, "predict_ms": 0.2, "solve_ms": 0.3}
+    got = modeled_cycle_ms(cycle, cost, 0.5)
+    assert got["compute_ms"] == pytest.approx(6.0 + 0.5)
+    assert got["transfer_ms"] == pytest.approx(3 * 4.8)
+    assert got["draft_ms"] == pytest.approx(1.5) and got["host_ms"] == pytest.approx(0.5)
+    assert got["total_ms"] == pytest.approx(6.5 + 14.4 + 1.5 + 0.5)
+
+
+def test_every_profile_has_a_draft_level_time_and_the_note_states_the_scaling():
+    assert set(DRAFT_LEVEL_MS) == set(PROFILES)
+    assert "48/6 = 8.00" in cost_scaling_note(6, "qwen3-30b-a3b-pcie4")
+    assert "as they are" in cost_scaling_note(48, "qwen3-30b-a3b-h200")
+    get_profile("qwen3-30b-a3b-h200")
+
+
+def _rec(method, pid, out, accepts, wall_s, modeled_ms, transferred, looked_up, nodes):
+    return {"id": pid, "dataset": "d", "method": method, "output_ids": out, "new_tokens": len(out),
+            "committed": sum(a + 1 for a in accepts), "accept_lengths": accepts, "nodes_verified": nodes,
+            "wall_s": wall_s, "modeled_ms": modeled_ms, "experts_transferred": transferred,
+            "experts_looked_up": looked_up, "measured_ms": {"solve": 1.0 if method == "specfit" else 0.0},
+            "modeled": {"compute_ms": modeled_ms / 2, "transfer_ms": modeled_ms / 2, "draft_ms": 0.0, "host_ms": 0.0},
+            "score": {}}
+
+
+def test_summary_rows_on_a_hand_made_trace():
+    recs = [
+        _rec("ar", "p", [1, 2, 3, 4], [0, 0, 0, 0], 2.0, 400.0, 32, 64, [1, 1, 1, 1]),
+        _rec("eagle3", "p", [1, 2, 3, 4], [1, 1], 1.0, 400.0, 40, 50, [9, 9]),
+        _rec("specfit", "p", [1, 2, 3, 9], [3], 1.0, 100.0, 8, 16, [5]),  # diverges at token 3
+    ]
+    rows = {r["method"]: r for r in summarise(recs, depth=3, temperature=0.0)}
+    ar, eagle, spec = rows["ar"], rows["eagle3"], rows["specfit"]
+    assert ar["tau"] == 1.0 and eagle["tau"] == 2.0 and spec["tau"] == 4.0
+    assert ar["tokens_per_s"] == 2.0 and ar["modeled_tokens_per_s"] == 10.0
+    assert spec["modeled_tokens_per_s"] == 40.0
+    assert spec["speedup_vs_ar"] == 4.0 and spec["speedup_vs_eagle3"] == 4.0 and eagle["speedup_vs_ar"] == 1.0
+    assert spec["speedup_vs_ar_wall"] == 2.0
+    assert ar["experts_per_token"] == 8.0 and eagle["experts_per_token"] == 10.0 and spec["experts_per_token"] == 2.0
+    assert ar["cache_hit_rate"] == 0.5 and spec["cache_hit_rate"] == 0.5
+    assert eagle["mean_nodes_verified"] == 9.0
+    assert spec["solve_share"] == pytest.approx(1.0 / 100.0)
+    assert ar["equal_to_ar"] is None and eagle["equal_to_ar"] is True
+    assert spec["equal_to_ar"] is False and spec["first_divergence"] == {"p": 3}
+    assert eagle["acceptance_by_depth"] == [1.0, 0.0, 0.0] and spec["acceptance_by_depth"] == [1.0, 1.0, 1.0]
+    sampled = {r["method"]: r for r in summarise(recs, depth=3, temperature=0.7)}
+    assert sampled["specfit"]["equal_to_ar"] is None  # outputs are compared under greedy decoding only
+
+
+def test_read_results_ignores_and_repairs_a_torn_last_line(tmp_path):
+    path = tmp_path / "results.jsonl"
+    with open(path, "a") as f:
+        append_result(f, {"id": "a"})
+        append_result(f, {"id": "b"})
+    whole = path.read_bytes()
+    path.write_bytes(whole + b'{"id": "c", "outp')
+    assert [r["id"] for r in read_results(path)] == ["a", "b"]
+    assert path.read_bytes() != whole  # not repaired unless asked
+    assert [r["id"] for r in read_results(path, repair=True)] == ["a", "b"]
+    assert path.read_bytes() == whole
+    path.write_bytes(whole + b"not json\n")
+    with pytest.raises(SpecFitInputError, match="results.jsonl"):
+        read_results(path)
+    assert read_results(tmp_path / "none.jsonl") == []
+
+
+def test_shipped_datasets_and_templates():
+    gsm = load_prompts("gsm8k", limit=2)
+    assert [p.id for p in gsm] == ["gsm8k-test-0", "gsm8k-test-1"]
+    assert gsm[0].text.startswith("Question: Janet") and gsm[0].text.endswith("\nAnswer:")
+    assert metrics.gsm8k_reference_answer(gsm[0].reference) == "18"
+    cnn = load_prompts("cnndm")
+    assert len(cnn) == 100 and cnn[0].id.startswith("dm-test-") and cnn[0].article and cnn[0].reference
+    assert "{article}" in cnn[0].text
+    sb = load_prompts("spec-bench")
+    assert len(sb) == 160 and {p.task for p in sb} == {"gsm8k", "cnndm"}
+    assert all(not p.article.startswith("Summarize:") for p in sb if p.task == "cnndm")
+
+
+@pytest.mark.parametrize("content, field", [
+    ('{"id": 1}\n', "prompt"),
+    ('["a list"]\n', "prompt"),
+    ('{"prompt": ""}\n', "prompt"),
+    ('{"prompt": "a", "id": 1}\n{"prompt": "b", "id": 1}\n', "id"),
+    ('{"prompt": "a", "reference": 3}\n', "reference"),
+    ('{"prompt": "a"\n', "--dataset"),
+    ('\n', "--dataset"),
+])
+def test_user_jsonl_validation(tmp_path, content, field):
+    path = tmp_path / "p.jsonl"
+    path.write_text(content)
+    with pytest.raises(SpecFitInputError) as exc:
+        load_prompts(str(path))
+    assert exc.value.field == field
+
+
+def test_unknown_dataset_and_bad_limit():
+    with pytest.raises(SpecFitInputError, match="--dataset"):
+        load_prompts("mmlu")
+    with pytest.raises(SpecFitInputError, match="--dataset"):
+        load_prompts("missing.jsonl")
+    with pytest.raises(SpecFitInputError, match="--limit"):
+        load_prompts("gsm8k", limit=0)
