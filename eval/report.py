@@ -291,3 +291,54 @@ def write_summary(out: str | Path, records: list[dict], meta: dict, prompts) -> 
     atomic_write_text(paths["summary_md"], text)
     paths.update(plot(rows, out))
     return rows, text, paths
+
+
+#: SpecFit's published speedups on Qwen3-30B-A3B (SPECFIT.md §5): specfit over eagle3 with the same
+#: expert cache and over vanilla EAGLE-3, per dataset.
+PAPER_RATIOS = {"cnndm": {"eagle3": 1.216, "eagle3-vanilla": 1.97}, "gsm8k": {"eagle3": 1.070, "eagle3-vanilla": 1.72}}
+
+
+def _ratio(rows: list[dict], dataset: str, base: str) -> float | None:
+    get = {r["method"]: r for r in rows if r["dataset"] == dataset}
+    if "specfit" not in get or base not in get or not get[base]["modeled_tokens_per_s"]:
+        return None
+    return get["specfit"]["modeled_tokens_per_s"] / get[base]["modeled_tokens_per_s"]
+
+
+def benchmark_markdown(run_dirs) -> str:
+    """The BENCHMARKS.md section of one or more finished runs (one per profile): per run the table
+    of ``summary.md`` and specfit's modeled speedups next to the paper's (:data:`PAPER_RATIOS`).
+
+    Parameters
+    ----------
+    run_dirs : iterable of path
+        Folders holding a ``summary.json`` written by :func:`write_summary`.
+
+    Returns
+    -------
+    str
+        Markdown.
+    """
+    parts = []
+    for d in run_dirs:
+        s = json.loads((Path(d) / "summary.json").read_text())
+        c = s["config"]
+        parts.append(f"### Profile {c['profile']} ({', '.join(f'{k}: {v}' for k, v in s['prompts_per_dataset'].items())} "
+                     f"prompts, {c['max_new_tokens']} new tokens each)\n")
+        parts.append(markdown(s["rows"], s).split("\n", 2)[2])
+        lines = ["| dataset | specfit / eagle3 (modeled) | paper | specfit / eagle3-vanilla (modeled) | paper |",
+                 "|---|---:|---:|---:|---:|"]
+        for dataset in dict.fromkeys(r["dataset"] for r in s["rows"]):
+            paper = PAPER_RATIOS.get(dataset, {})
+            lines.append(f"| {dataset} | {_fmt(_ratio(s['rows'], dataset, 'eagle3'), '.3f')} | "
+                         f"{_fmt(paper.get('eagle3'), '.3f')} | {_fmt(_ratio(s['rows'], dataset, 'eagle3-vanilla'), '.2f')} | "
+                         f"{_fmt(paper.get('eagle3-vanilla'), '.2f')} |")
+        parts.append("\n".join(lines) + "\n")
+        parts.append(f"Versions: {', '.join(f'{k} {v}' for k, v in s['versions'].items())}; {s['date_utc']}.\n")
+    return "\n".join(parts)
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(benchmark_markdown(sys.argv[1:]), end="")
