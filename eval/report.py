@@ -57,19 +57,15 @@ def versions() -> dict:
 
 
 def machine() -> dict:
-    """Platform, CPU model and count, and the accelerator if torch sees one."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    """Platform, CPU model and count (:func:`eval.compare.machine_info`), the GPU if torch sees one,
+    and torch's CPU threads."""
     import torch
 
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    return {"platform": platform.platform(), "cpu": cpu, "cpu_count": os.cpu_count(), "gpu": gpu,
+    from eval.compare import machine_info
+
+    info = machine_info(one_core=False)
+    return {"platform": info["platform"], "cpu": info["cpu"], "cpu_count": os.cpu_count(),
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
             "torch_threads": torch.get_num_threads()}
 
 
