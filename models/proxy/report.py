@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 #: GSM8K test questions used for τ (the first N of the file).
-TAU_PROMPTS = 20
+TAU_PROMPTS = 40
 #: New tokens generated per τ prompt.
 TAU_NEW_TOKENS = 128
 #: The evaluation's default draft tree.
