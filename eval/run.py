@@ -210,9 +210,20 @@ def plan(config: EvalConfig) -> Plan:
     if empty:
         raise SpecFitInputError("prompt", f"prompt {empty[0]!r} encodes to no tokens")
     identity = {k: getattr(config, k) for k in IDENTITY_FIELDS}
-    identity.update(model=str(target_dir), draft=None if draft_dir is None else str(draft_dir))
+    identity.update(model=str(target_dir), draft=None if draft_dir is None else str(draft_dir),
+                    model_files=_fingerprint(target_dir), draft_files=_fingerprint(draft_dir))
     _check_out(Path(config.out), identity)
     return Plan(config, target_dir, draft_dir, prompts, methods, tokenizer, identity)
+
+
+def _fingerprint(d: Path | None) -> str | None:
+    """Names, sizes and modification times of a checkpoint's files, hashed: a retrained model in the
+    same folder does not resume into old results."""
+    if d is None:
+        return None
+    stamp = [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in sorted(d.iterdir())
+             if f.suffix in (".json", ".safetensors", ".bin") and f.name != "train_info.json"]
+    return f"{zlib.crc32(repr(stamp).encode()):08x}"
 
 
 def _check_out(out: Path, identity: dict) -> None:
@@ -226,7 +237,7 @@ def _check_out(out: Path, identity: dict) -> None:
     except (OSError, json.JSONDecodeError):
         raise SpecFitInputError("--out", f"{cfg} is unreadable; use another --out") from None
     for k, v in identity.items():
-        if k in old and old[k] != v and not (k == "draft" and (old[k] is None or v is None)):
+        if k in old and old[k] != v and not (k.startswith("draft") and (old[k] is None or v is None)):
             raise SpecFitInputError("--out", f"{out} holds results with {k}={old[k]!r}, this run has {k}={v!r}; "
                                              "use another --out")
 
@@ -433,7 +444,7 @@ def _run(p: Plan, progress: bool) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     cfg_path = out / "config.json"
     old = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
-    identity = {**p.identity, "draft": p.identity["draft"] or old.get("draft")}
+    identity = {**p.identity, **{k: p.identity[k] or old.get(k) for k in ("draft", "draft_files")}}
     atomic_write_text(cfg_path, json.dumps(identity, indent=1) + "\n")
     results_path = out / "results.jsonl"
     done = {(r["id"], r["dataset"], r["method"]) for r in read_results(results_path, repair=True)}
