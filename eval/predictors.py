@@ -50,8 +50,8 @@ VARIANTS = {
     "frequency + recency β=0.5 (default)": ("frequency", {}, True),
     "frequency + recency β=2": ("frequency", {"recency_weight": 2.0}, True),
     "probe": ("probe", {}, True),
-    "probe + frequency w=1": ("probe", {"frequency_weight": 1.0}, True),
     "probe + frequency w=2": ("probe", {"frequency_weight": 2.0}, True),
+    "probe + frequency w=4": ("probe", {"frequency_weight": 4.0}, True),
 }
 #: Leading tokens of each prompt that are not scored.
 SKIP = 2
