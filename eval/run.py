@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import os
 import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from eval.datasets import DATASETS, MAX_ARTICLE_TOKENS, Prompt, encode, load_prompts
@@ -94,9 +94,9 @@ class EvalConfig:
     """
 
     datasets: tuple[str, ...] = DEFAULT_DATASETS
-    limit: int = 3
+    limit: int = 5
     methods: tuple[str, ...] = DEFAULT_METHODS
-    max_new_tokens: int = 48
+    max_new_tokens: int = 64
     cache_slots: int = 32
     eviction: str = "lru"
     profile: str = DEFAULT_PROFILE
@@ -114,11 +114,9 @@ class EvalConfig:
     device: str = "cpu"
     threads: int = 1
     out: str = "runs/eval"
-    extra: dict = field(default_factory=dict, compare=False)
 
     def to_json(self) -> dict:
         d = asdict(self)
-        d.pop("extra")
         d["datasets"], d["methods"] = list(self.datasets), list(self.methods)
         return d
 

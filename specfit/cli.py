@@ -150,10 +150,10 @@ def _add_eval(sub) -> None:
     p.add_argument("--dataset", default="gsm8k,cnndm",
                    help="comma-separated: gsm8k, cnndm, spec-bench or PATH.jsonl with a 'prompt' per line "
                         "(default gsm8k,cnndm)")
-    p.add_argument("--limit", type=int, default=3, help="prompts per dataset (default 3)")
+    p.add_argument("--limit", type=int, default=5, help="prompts per dataset (default 5)")
     p.add_argument("--methods", default="ar,eagle3-vanilla,eagle3,specfit",
                    help="comma-separated methods (default ar,eagle3-vanilla,eagle3,specfit; also eagle3-scan, oracle)")
-    p.add_argument("--max-new-tokens", type=int, default=48, help="new tokens per prompt (default 48)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per prompt (default 64)")
     p.add_argument("--cache-slots", type=int, default=32, help="expert-cache slots per MoE layer (default 32)")
     p.add_argument("--profile", default="qwen3-30b-a3b-pcie4",
                    help="hardware profile for selection and modeled time (default qwen3-30b-a3b-pcie4; "
