@@ -117,7 +117,7 @@ class CycleRecord:
     really routed to), ``transferred`` (experts the runtime copied host-to-device). Model terms:
     ``expected_tokens`` A(S), ``predicted_ms`` T(S). Measured wall-clock ms: ``draft_ms``,
     ``predict_ms``, ``solve_ms``, ``verify_ms`` (whole target forward), ``transfer_ms`` (H2D part of
-    it, from the expert cache's timer), ``accept_ms``.
+    it, from the expert cache's timer), ``compute_ms`` (``verify_ms - transfer_ms``), ``accept_ms``.
     """
 
     levels: int = 0
@@ -135,6 +135,7 @@ class CycleRecord:
     solve_ms: float = 0.0
     verify_ms: float = 0.0
     transfer_ms: float = 0.0
+    compute_ms: float = 0.0
     accept_ms: float = 0.0
 
 
@@ -385,6 +386,7 @@ class SpecDecoder:
         stats1 = self.target.cache.stats()
         rec.transferred = (_layer_counts(stats1, "misses") - _layer_counts(stats0, "misses")).tolist()
         rec.transfer_ms = stats1["total"]["transfer_ms"] - stats0["total"]["transfer_ms"]
+        rec.compute_ms = max(rec.verify_ms - rec.transfer_ms, 0.0)
         rec.true_experts = [int(np.unique(routing[:, l]).size) for l in range(routing.shape[1])]
         rec.nodes_verified = len(keep)
         rec.accepted = acc.accepted
