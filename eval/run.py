@@ -94,7 +94,7 @@ class EvalConfig:
     """
 
     datasets: tuple[str, ...] = DEFAULT_DATASETS
-    limit: int = 5
+    limit: int = 10
     methods: tuple[str, ...] = DEFAULT_METHODS
     max_new_tokens: int = 64
     cache_slots: int = 32

@@ -150,7 +150,7 @@ def _add_eval(sub) -> None:
     p.add_argument("--dataset", default="gsm8k,cnndm",
                    help="comma-separated: gsm8k, cnndm, spec-bench or PATH.jsonl with a 'prompt' per line "
                         "(default gsm8k,cnndm)")
-    p.add_argument("--limit", type=int, default=5, help="prompts per dataset (default 5)")
+    p.add_argument("--limit", type=int, default=10, help="prompts per dataset (default 10)")
     p.add_argument("--methods", default="ar,eagle3-vanilla,eagle3,specfit",
                    help="comma-separated methods (default ar,eagle3-vanilla,eagle3,specfit; also eagle3-scan, oracle)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per prompt (default 64)")
