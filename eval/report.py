@@ -238,7 +238,8 @@ def plot(rows: list[dict], out: Path) -> dict[str, Path]:
         for r in rows:
             if r["dataset"] == d and r["method"] != "ar":
                 acc = r["acceptance_by_depth"]
-                ax.plot(range(1, len(acc) + 1), acc, marker="o", color=colors[r["method"]], label=r["method"])
+                ax.plot(range(1, len(acc) + 1), acc, marker="o", color=colors[r["method"]], label=r["method"],
+                        ls=("-", "--", ":", "-.")[methods.index(r["method"]) % 4])  # equal curves stay visible
         ax.set(xlabel="tree position d (depth)", ylabel="cycles accepting >= d draft tokens", title=d, ylim=(0, 1))
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
