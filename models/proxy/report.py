@@ -121,7 +121,8 @@ Shipped proxy pair (`models/proxy/`, cards in `target/README.md` and `eagle3/REA
 | shipped size (target / head / tokenizer, MB) | {r['sizes_mb']['target']:.1f} / {r['sizes_mb']['eagle3']:.1f} / {r['sizes_mb']['tokenizer']:.1f} |
 
 τ here is measured with exact greedy verification in transformers (`models/proxy/evaluate.py`), not
-with the offloaded runtime; it is an acceptance measurement, not a speed measurement.
+with the offloaded runtime; it is an acceptance measurement, not a speed measurement. The toy
+target's greedy text is formulaic, so τ is far higher than public heads reach on Qwen3-30B-A3B.
 """
 
 
@@ -255,4 +256,9 @@ longest root path that matches its greedy tokens (exact greedy verification, `mo
 | {ch['total_tokens']} / {ch['depth']} / {ch['top_k']} (chain) | {ch['tau']:.2f} | {ch['tau_per_prompt_median']:.2f} | {ch['cycles']} | {ch['new_tokens']} |
 
 Quality bar of the issue: τ ≥ 2.0 with the default tree. Machine: {r['machine']}.
+
+Caveat: the proxy target is a 6-layer toy whose greedy text is formulaic and repetitive, so it is
+much easier to draft than Qwen3-30B-A3B (SPECFIT.md §5 quotes τ ≈ 2.0–2.1 for public heads on a
+2-token chain). Use the pair to exercise drafting, routing and the expert cache end to end, not to
+predict the real model's acceptance or speedup.
 """
