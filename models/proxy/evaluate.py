@@ -14,6 +14,7 @@ lands; it measures acceptance, not speed.
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import numpy as np
@@ -137,6 +138,8 @@ def greedy_tau(target, head, prompt_ids, *, total_tokens: int = 32, depth: int =
 
     dev = next(target.parameters()).device
     eos = target.config.eos_token_id
+    # transformers >= 5.2x names the KV argument `cache`; older releases `past_key_values`
+    cache_arg = "cache" if "cache" in inspect.signature(target.forward).parameters else "past_key_values"
     ids = torch.as_tensor(list(prompt_ids), device=dev)[None]
     drafter = Eagle3Drafter(head)
     with torch.no_grad():
@@ -149,8 +152,8 @@ def greedy_tau(target, head, prompt_ids, *, total_tokens: int = 32, depth: int =
             children = select_tree(drafter.draft_levels(root, top_k, depth), total_tokens)
             node, token, accepted, feats = 0, root, [], []
             while True:
-                out = target(input_ids=torch.tensor([[token]], device=dev), past_key_values=cache, use_cache=True,
-                             output_hidden_states=True)
+                out = target(input_ids=torch.tensor([[token]], device=dev), use_cache=True, output_hidden_states=True,
+                             **{cache_arg: cache})
                 cache = out.past_key_values
                 accepted.append(token)
                 feats.append(select_aux_hidden(out.hidden_states, head.aux_layer_ids)[0, -1])
