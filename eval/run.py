@@ -215,12 +215,13 @@ def plan(config: EvalConfig) -> Plan:
 
 
 def _fingerprint(d: Path | None) -> str | None:
-    """Names, sizes and modification times of a checkpoint's files, hashed: a retrained model in the
-    same folder does not resume into old results."""
+    """Names, sizes and modification times of a checkpoint's config and weight files, hashed: a
+    retrained model in the same folder does not resume into old results (model cards and reports
+    written beside the weights do not count)."""
     if d is None:
         return None
     stamp = [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in sorted(d.iterdir())
-             if f.suffix in (".json", ".safetensors", ".bin") and f.name != "train_info.json"]
+             if f.name == "config.json" or f.suffix in (".safetensors", ".bin")]
     return f"{zlib.crc32(repr(stamp).encode()):08x}"
 
 
@@ -462,7 +463,9 @@ def _run(p: Plan, progress: bool) -> dict:
             append_result(f, make_record(pr, m.name, ids, gen, text, models.cost, draft_ms))
     records = read_results(results_path)
     keys = {(pr.id, pr.dataset) for pr, _ in p.prompts}
-    records = [r for r in records if (r["id"], r["dataset"]) in keys and r["method"] in config.methods]
+    order = {m: i for i, m in enumerate(config.methods)}
+    records = sorted((r for r in records if (r["id"], r["dataset"]) in keys and r["method"] in order),
+                     key=lambda r: order[r["method"]])  # rows come out in the order of --methods
     meta = {"config": config.to_json(), "resolved": p.identity, "num_layers": models.num_layers,
             "num_experts": int(models.spec.num_experts), "top_k": int(models.spec.top_k),
             "cost": models.cost.to_json(), "draft_level_ms": draft_ms, "max_len": models.max_len}
