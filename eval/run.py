@@ -464,8 +464,9 @@ def _run(p: Plan, progress: bool) -> dict:
     records = read_results(results_path)
     keys = {(pr.id, pr.dataset) for pr, _ in p.prompts}
     order = {m: i for i, m in enumerate(config.methods)}
+    sets = {d: i for i, d in enumerate(dict.fromkeys(pr.dataset for pr, _ in p.prompts))}
     records = sorted((r for r in records if (r["id"], r["dataset"]) in keys and r["method"] in order),
-                     key=lambda r: order[r["method"]])  # rows come out in the order of --methods
+                     key=lambda r: (sets[r["dataset"]], order[r["method"]]))  # rows: datasets, then --methods
     meta = {"config": config.to_json(), "resolved": p.identity, "num_layers": models.num_layers,
             "num_experts": int(models.spec.num_experts), "top_k": int(models.spec.top_k),
             "cost": models.cost.to_json(), "draft_level_ms": draft_ms, "max_len": models.max_len}
