@@ -70,14 +70,18 @@ def machine() -> dict:
 
 
 def _task_metric(recs: list[dict]) -> tuple[dict, str]:
+    """Mean GSM8K accuracy and ROUGE F1 over the records that have them (Spec-Bench mixes both)."""
     scores = [r["score"] for r in recs if r.get("score")]
-    if not scores:
-        return {}, "-"
-    if "correct" in scores[0]:
-        acc = sum(s["correct"] for s in scores) / len(scores)
-        return {"accuracy": acc}, f"acc {acc:.3f}"
-    out = {k: sum(s[k] for s in scores) / len(scores) for k in ("rouge1", "rouge2", "rougeL")}
-    return out, f"R-L {out['rougeL']:.3f}"
+    acc = [s["correct"] for s in scores if "correct" in s]
+    rouge = [s for s in scores if "rougeL" in s]
+    out, text = {}, []
+    if acc:
+        out["accuracy"] = sum(acc) / len(acc)
+        text.append(f"acc {out['accuracy']:.3f}")
+    if rouge:
+        out.update({k: sum(s[k] for s in rouge) / len(rouge) for k in ("rouge1", "rouge2", "rougeL")})
+        text.append(f"R-L {out['rougeL']:.3f}")
+    return out, ", ".join(text) or "-"
 
 
 def summarise(records: list[dict], depth: int, temperature: float) -> list[dict]:

@@ -180,3 +180,13 @@ def test_unknown_dataset_and_bad_limit():
         load_prompts("missing.jsonl")
     with pytest.raises(SpecFitInputError, match="--limit"):
         load_prompts("gsm8k", limit=0)
+
+
+def test_task_metric_of_a_mixed_dataset():
+    recs = [_rec("ar", str(i), [1], [0], 1.0, 10.0, 1, 1, [1]) for i in range(3)]
+    recs[0]["score"] = {"correct": True}
+    recs[1]["score"] = {"correct": False}
+    recs[2]["score"] = {"rouge1": 0.5, "rouge2": 0.25, "rougeL": 0.4}
+    row = summarise(recs, depth=2, temperature=0.0)[0]
+    assert row["task"] == {"accuracy": 0.5, "rouge1": 0.5, "rouge2": 0.25, "rougeL": 0.4}
+    assert row["task_metric"] == "acc 0.500, R-L 0.400"
