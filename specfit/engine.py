@@ -426,14 +426,21 @@ class SpecDecoder:
             rec.predict_ms += (time.perf_counter() - t0) * 1e3
             if m.oracle:  # outside the timed path
                 tree.experts = list(self._true_routing(tree))
-            if m.level_by_level:
-                selection = self._select(tree, cache, rate, rec)
+            selection = None
+            if m.level_by_level and rec.levels < ts.depth:
+                # The stop rule stops iff P_f <= per_node_ms * R*. R* <= 1000 (1 + sum P) / (fixed + per_node),
+                # so solve only when even that bound would let the rule fire (rate mode needs no R*).
                 p_f = max(tree.path_prob[v] for v in tree.last_level)
-                if should_stop(selection.throughput, p_f, self.cost, rate):
-                    break
+                bound = 1000.0 * sum(tree.path_prob) / (self.cost.fixed_ms + self.cost.per_node_ms)
+                if should_stop(bound, p_f, self.cost, rate):
+                    if rate is not None:
+                        break
+                    selection = self._select(tree, cache, rate, rec)
+                    if should_stop(selection.throughput, p_f, self.cost, rate):
+                        break
         levels.close()
         rec.nodes_drafted = len(tree.parents) - 1
-        if not m.level_by_level:
+        if selection is None:
             selection = self._select(tree, cache, rate, rec)
         return tree, selection
 

@@ -177,6 +177,7 @@ def test_root_only_selections_are_plain_ar_steps(ckpt, ar_outputs):
     assert gen.output_ids == ar_outputs[0]
     assert all(c.nodes_verified == 1 and c.committed == 1 for c in gen.cycles)
     assert gen.tau == 1.0
+    assert all(c.levels == 1 for c in gen.cycles)  # the stop rule ends drafting after the first level
 
 
 def test_rate_mode_is_lossless(ckpt, ar_outputs):
