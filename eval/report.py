@@ -103,7 +103,8 @@ def summarise(records: list[dict], depth: int, temperature: float) -> list[dict]
         ``tokens_per_s_median`` (median over prompts), ``modeled_tokens_per_s``,
         ``speedup_vs_ar`` / ``speedup_vs_eagle3`` (modeled tokens/s ratio, None without that
         method), ``speedup_vs_ar_wall``, ``experts_per_token``, ``cache_hit_rate``,
-        ``mean_nodes_verified``, ``solve_share`` (solve ms / modeled ms), ``solve_share_wall``,
+        ``mean_nodes_verified``, ``predicted_vs_transferred`` (predicted uncached experts / transferred,
+        eagle3-scan and specfit), ``solve_share`` (solve ms / modeled ms), ``solve_share_wall``,
         ``modeled_share`` (compute, transfer, draft, host parts of the modeled time),
         ``equal_to_ar`` (bool or None), ``first_divergence`` ({prompt id: token index}),
         ``acceptance_by_depth``, ``task`` (accuracy or ROUGE F1) and ``task_metric`` (text).
@@ -139,6 +140,7 @@ def summarise(records: list[dict], depth: int, temperature: float) -> list[dict]
             "cache_hit_rate": metrics.cache_hit_rate(sum(r["experts_transferred"] for r in recs),
                                                      sum(r["experts_looked_up"] for r in recs)),
             "mean_nodes_verified": sum(nodes) / len(nodes) if nodes else 0.0,
+            "predicted_vs_transferred": _predicted_vs_transferred(method, recs),
             "solve_share": solve / modeled_ms if modeled_ms else 0.0,
             "solve_share_wall": solve / wall_ms if wall_ms else 0.0,
             "modeled_share": {k: sum(r["modeled"][k] for r in recs) / modeled_ms if modeled_ms else 0.0
@@ -156,6 +158,15 @@ def summarise(records: list[dict], depth: int, temperature: float) -> list[dict]
         ar = base["ar"]
         row["speedup_vs_ar_wall"] = row["tokens_per_s"] / ar["tokens_per_s"] if ar and ar["tokens_per_s"] else None
     return rows
+
+
+def _predicted_vs_transferred(method: str, recs: list[dict]) -> float | None:
+    """Uncached experts the selector predicted over those really transferred (1 = exact), for the
+    methods that select with predicted experts; None otherwise or for records without the count."""
+    if method not in ("eagle3-scan", "specfit") or any("experts_predicted_new" not in r for r in recs):
+        return None
+    moved = sum(r["experts_transferred"] for r in recs)
+    return sum(r["experts_predicted_new"] for r in recs) / moved if moved else None
 
 
 def _fmt(value, spec: str) -> str:

@@ -313,6 +313,7 @@ def make_record(prompt: Prompt, method: str, prompt_ids: list[int], gen, text: s
         cycles, accept_lengths, nodes_verified, levels`` (per cycle), ``wall_s, prefill_s``,
         ``modeled_ms`` (total) and ``modeled`` (its parts, :func:`eval.modeled.modeled_cycle_ms`),
         ``experts_transferred``, ``experts_looked_up`` (distinct experts per layer and forward),
+        ``experts_predicted_new`` (uncached experts the selector expected; 0 without a predictor),
         ``measured_ms`` (draft, predict, solve, verify, transfer, accept totals) and ``score``.
     """
     cycles = [asdict(c) for c in gen.cycles]
@@ -329,6 +330,7 @@ def make_record(prompt: Prompt, method: str, prompt_ids: list[int], gen, text: s
         "modeled_ms": sum(p["total_ms"] for p in parts), "modeled": modeled,
         "experts_transferred": int(sum(sum(c["transferred"]) for c in cycles)),
         "experts_looked_up": int(sum(sum(c["true_experts"]) for c in cycles)),
+        "experts_predicted_new": int(sum(sum(c["predicted_new"]) for c in cycles)),
         "measured_ms": measured, "score": task_score(prompt.task, text, prompt.reference),
     }
 

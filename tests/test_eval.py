@@ -78,6 +78,9 @@ def test_files_and_schema(first_run):
     for row in rows:
         assert ROW_KEYS <= set(row)
         assert row["tau"] >= 1.0
+    for row in rows:
+        ratio = row["predicted_vs_transferred"]
+        assert (ratio is not None and ratio >= 0) if row["method"] in ("eagle3-scan", "specfit") else ratio is None
     ar = [r for r in rows if r["method"] == "ar"]
     assert all(r["tau"] == 1.0 and r["speedup_vs_ar"] == 1.0 and r["equal_to_ar"] is None for r in ar)
     assert "| gsm8k | specfit |" in (first_run / "summary.md").read_text()
