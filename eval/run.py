@@ -36,7 +36,7 @@ from eval.metrics import task_score
 from eval.modeled import DRAFT_LEVEL_MS, modeled_cycle_ms
 from specfit.cost import DEFAULT_PROFILE, get_profile
 from specfit.engine import TreeSettings, get_method
-from specfit.errors import SpecFitInputError
+from specfit.errors import SpecFitInputError, lookup
 
 #: Methods of the default run (``oracle`` and ``eagle3-scan`` are available on request).
 DEFAULT_METHODS = ("ar", "eagle3-vanilla", "eagle3", "specfit")
@@ -79,7 +79,13 @@ class EvalConfig:
     total_tokens, depth, top_k : int
         Draft-tree settings (:class:`specfit.engine.TreeSettings`).
     predictor : str
-        Expert predictor of :mod:`models.predictors` for ``eagle3-scan``/``specfit``.
+        Expert predictor of :mod:`models.predictors` for ``eagle3-scan``/``specfit``: ``frequency``
+        (default; per-(layer, token) tables blended with recency, held-out recall@8 0.69 on the proxy,
+        BENCHMARKS.md), ``recency`` (context only, 0.32) or ``probe``.
+    predictor_trace : str, optional
+        Routing trace (``.npz`` of :class:`models.traces.RoutingTrace`) the ``frequency`` and ``probe``
+        predictors are built from; default: the trace shipped beside the model
+        (``routing_trace.npz``, recorded on the proxy's training prompts only).
     max_article_tokens : int
         Cut of a summarisation article, in token ids.
     rate_mode : bool
@@ -108,7 +114,8 @@ class EvalConfig:
     total_tokens: int = 32
     depth: int = 6
     top_k: int = 4
-    predictor: str = "recency"
+    predictor: str = "frequency"
+    predictor_trace: str | None = None
     max_article_tokens: int = MAX_ARTICLE_TOKENS
     rate_mode: bool = False
     device: str = "cpu"
@@ -154,6 +161,7 @@ class Plan:
     methods: list
     tokenizer: object
     identity: dict
+    trace_path: Path | None = None
 
 
 def plan(config: EvalConfig) -> Plan:
@@ -188,13 +196,9 @@ def plan(config: EvalConfig) -> Plan:
     get_profile(config.profile)
     if config.profile not in DRAFT_LEVEL_MS:
         raise SpecFitInputError("--profile", f"no draft-level time is modeled for {config.profile!r}")
-    if config.predictor not in ("recency",):
-        from models.predictors import PREDICTORS
+    from models.predictors import PREDICTORS
 
-        if config.predictor not in PREDICTORS:
-            raise SpecFitInputError("--predictor", f"unknown predictor {config.predictor!r}")
-        raise SpecFitInputError("--predictor", f"{config.predictor!r} needs a routing trace or a saved probe; "
-                                               "specfit eval builds 'recency' only")
+    lookup(PREDICTORS, config.predictor, "--predictor")
     prompts_by_set = [load_prompts(d, config.limit) for d in config.datasets]
     names = [ps[0].dataset for ps in prompts_by_set]
     if len(set(names)) != len(names):
@@ -207,11 +211,18 @@ def plan(config: EvalConfig) -> Plan:
     empty = [p.id for p, ids in prompts if not ids]
     if empty:
         raise SpecFitInputError("prompt", f"prompt {empty[0]!r} encodes to no tokens")
+    trace = None
+    if config.predictor != "recency" and any(m.selector in ("scan", "exact") and not m.oracle for m in methods):
+        trace = Path(config.predictor_trace) if config.predictor_trace else target_dir / "routing_trace.npz"
+        if not trace.is_file():
+            raise SpecFitInputError("--predictor-trace", f"predictor {config.predictor!r} needs a routing trace; "
+                                    f"no such file: {trace} (record one with python -m eval.predictors --save-traces)")
     identity = {k: getattr(config, k) for k in IDENTITY_FIELDS}
     identity.update(model=str(target_dir), draft=None if draft_dir is None else str(draft_dir),
-                    model_files=_fingerprint(target_dir), draft_files=_fingerprint(draft_dir))
+                    model_files=_fingerprint(target_dir), draft_files=_fingerprint(draft_dir),
+                    predictor_trace=None if trace is None else str(trace.resolve()))
     _check_out(Path(config.out), identity)
-    return Plan(config, target_dir, draft_dir, prompts, methods, tokenizer, identity)
+    return Plan(config, target_dir, draft_dir, prompts, methods, tokenizer, identity, trace)
 
 
 def _fingerprint(d: Path | None) -> str | None:
@@ -375,11 +386,17 @@ class _Models:
         self.spec = any_target.spec
         self.num_layers = len(self.spec.moe_layers)
         self.cost = get_profile(c.profile).for_layers(self.num_layers)
+        self.predictor = None
+        if p.trace_path is not None or c.predictor == "recency":
+            from models.predictors import get_predictor
+
+            extra = {} if p.trace_path is None else {"trace": p.trace_path}
+            self.predictor = get_predictor(c.predictor, num_layers=self.num_layers, num_experts=self.spec.num_experts,
+                                           top_k=self.spec.top_k, **extra)
 
     def decoder(self, p: Plan, method, seed: int):
         """A fresh :class:`SpecDecoder` for ``method`` whose target starts with an empty expert cache."""
         from models.experts import DeviceExpertCache
-        from models.predictors import get_predictor
         from specfit.engine import SpecDecoder
 
         c = p.config
@@ -387,10 +404,7 @@ class _Models:
         target = self.targets[slots]
         target.cache = None  # free the old slots before allocating the new ones
         target.cache = DeviceExpertCache(target.store, target.device, slots, c.eviction)
-        predictor = None
-        if method.selector in ("scan", "exact") and not method.oracle:
-            predictor = get_predictor(c.predictor, num_layers=self.num_layers, num_experts=self.spec.num_experts,
-                                      top_k=self.spec.top_k)
+        predictor = self.predictor if method.selector in ("scan", "exact") and not method.oracle else None
         return SpecDecoder(target, self.drafter if method.draft else None, method,
                            tree=TreeSettings(c.total_tokens, c.depth, c.top_k), cost=self.cost, predictor=predictor,
                            reference=self.reference if method.oracle else None, temperature=c.temperature,

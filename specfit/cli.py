@@ -166,6 +166,10 @@ def _add_eval(sub) -> None:
     p.add_argument("--total-tokens", type=int, default=32, help="EAGLE tree: draft nodes verified (default 32)")
     p.add_argument("--depth", type=int, default=6, help="EAGLE tree: draft levels (default 6)")
     p.add_argument("--top-k", type=int, default=4, help="EAGLE tree: children per node (default 4)")
+    p.add_argument("--predictor", default="frequency", choices=["frequency", "recency", "probe"],
+                   help="expert predictor for eagle3-scan/specfit (default frequency)")
+    p.add_argument("--predictor-trace", default=None,
+                   help="routing trace (.npz) the predictor is built from (default: routing_trace.npz in --model)")
     p.add_argument("--device", default="cpu", help="compute device: cpu, cuda, cuda:1 (default cpu)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1: the proxy is too small to gain from more; 0 = torch's default)")
@@ -181,6 +185,7 @@ def _run_eval(args) -> int:
                         max_new_tokens=args.max_new_tokens, cache_slots=args.cache_slots, profile=args.profile,
                         model=args.model, draft=args.draft, temperature=args.temperature, top_p=args.top_p,
                         seed=args.seed, total_tokens=args.total_tokens, depth=args.depth, top_k=args.top_k,
+                        predictor=args.predictor, predictor_trace=args.predictor_trace,
                         device=args.device, threads=args.threads, out=args.out)
     res = run_eval(config, progress=not args.no_progress)
     print(res["markdown"], end="")

@@ -11,6 +11,8 @@ from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 from eval.run import EvalConfig, read_results
 from models.eagle3 import Eagle3Config, Eagle3Head, save_eagle3
 from models.proxy import paths as proxy_paths
+from models.qwen3_moe import OffloadedQwen3Moe
+from models.traces import record_prompt
 from specfit.cli import build_parser, main
 
 METHODS = "ar,eagle3-vanilla,eagle3,eagle3-scan,specfit,oracle"
@@ -39,6 +41,12 @@ def tiny(tmp_path_factory):
     head = Eagle3Head(Eagle3Config(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
                                    head_dim=8, vocab_size=vocab, draft_vocab_size=vocab, target_hidden_size=32))
     save_eagle3(head, root / "head", include_embed=True, dtype=torch.float32)
+    # the routing trace the default (frequency) predictor is built from, recorded on a few token runs
+    target = OffloadedQwen3Moe.from_pretrained(root / "target", cache_slots="all")
+    trace = None
+    for ids in ([5, 9, 300, 17, 42, 8], list(range(100, 140))):
+        trace = record_prompt(target, ids, trace)
+    trace.save(root / "target" / "routing_trace.npz")
     return root
 
 
@@ -141,6 +149,7 @@ def test_resume_refuses_a_different_configuration(tiny, first_run, tmp_path, cap
     (["--profile", "tpu"], "profile"),
     (["--limit", "0"], "--limit"),
     (["--dataset", "BADJSONL"], "prompt"),
+    (["--predictor-trace", "MISSING"], "--predictor-trace"),
 ])
 def test_bad_input_exits_2_and_writes_nothing(tiny, tmp_path, capsys, change, field):
     bad = tmp_path / "bad.jsonl"
