@@ -10,7 +10,7 @@ install:
 	$(PIP) install -e '.[test]'
 
 demo: install
-	specfit compare-solvers --preset qwen3-30b-a3b --sizes 16,32,64 --count 50 --out results/compare_solvers
+	specfit eval
 
 test: install
 	$(PYTHON) -m pytest
