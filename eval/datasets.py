@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from models.proxy.data import CNN_HELD_OUT, gsm8k_prompt
-from specfit.errors import SpecFitInputError
+from specfit.errors import SpecFitInputError, check_positive_int
 
 #: Folder of the evaluation data copies shipped inside the ``eval`` package.
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -150,8 +150,8 @@ def load_prompts(name: str, limit: int | None = None, data_dir: str | Path = DAT
         JSON, a JSONL line without a ``prompt`` string (field ``prompt``), a bad or repeated ``id``,
         a bad ``limit``.
     """
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise SpecFitInputError("--limit", f"must be a positive integer, got {limit!r}")
+    if limit is not None:
+        check_positive_int("--limit", limit)
     loaders = {"gsm8k": _gsm8k, "cnndm": _cnndm, "spec-bench": _spec_bench}
     if name in loaders:
         prompts = loaders[name](Path(data_dir))

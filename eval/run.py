@@ -36,7 +36,7 @@ from eval.metrics import task_score
 from eval.modeled import DRAFT_LEVEL_MS, modeled_cycle_ms
 from specfit.cost import DEFAULT_PROFILE, get_profile
 from specfit.engine import TreeSettings, get_method
-from specfit.errors import SpecFitInputError, lookup
+from specfit.errors import SpecFitInputError, check_positive_int, lookup
 
 #: Methods of the default run (``oracle`` and ``eagle3-scan`` are available on request).
 DEFAULT_METHODS = ("ar", "eagle3-vanilla", "eagle3", "specfit")
@@ -128,11 +128,6 @@ class EvalConfig:
         return d
 
 
-def _positive(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise SpecFitInputError(name, f"must be a positive integer, got {value!r}")
-
-
 def _resolve_dirs(config: EvalConfig, drafts: bool) -> tuple[Path, Path | None]:
     from models.proxy import paths
 
@@ -177,7 +172,7 @@ def plan(config: EvalConfig) -> Plan:
     from models.qwen3_moe.generate import load_tokenizer
 
     for name in ("limit", "max_new_tokens", "total_tokens", "depth", "top_k", "max_article_tokens"):
-        _positive(f"--{name.replace('_', '-')}", getattr(config, name))
+        check_positive_int(f"--{name.replace('_', '-')}", getattr(config, name))
     if isinstance(config.threads, bool) or not isinstance(config.threads, int) or config.threads < 0:
         raise SpecFitInputError("--threads", f"must be an integer >= 0, got {config.threads!r}")
     if isinstance(config.cache_slots, bool) or not isinstance(config.cache_slots, int) or config.cache_slots < 0:

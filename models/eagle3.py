@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specfit.errors import SpecFitInputError
+from specfit.errors import SpecFitInputError, check_positive_int
 
 #: Weight names of the public EAGLE-3 layout (besides the optional ``embed_tokens.weight``).
 WEIGHT_NAMES = (
@@ -123,7 +123,7 @@ class Eagle3Config:
         def need(key):
             if key not in d:
                 raise SpecFitInputError(f"config.{key}", "required in an EAGLE-3 config.json")
-            return _positive_int(d[key], f"config.{key}")
+            return check_positive_int(f"config.{key}", d[key])
 
         if int(d.get("num_hidden_layers", 1)) != 1:
             raise SpecFitInputError("config.num_hidden_layers", f"must be 1 for an EAGLE-3 head, got {d['num_hidden_layers']}")
@@ -139,11 +139,11 @@ class Eagle3Config:
             hidden_size=hidden,
             intermediate_size=need("intermediate_size"),
             num_attention_heads=heads,
-            num_key_value_heads=_positive_int(d.get("num_key_value_heads", heads), "config.num_key_value_heads"),
-            head_dim=_positive_int(d.get("head_dim") or hidden // heads, "config.head_dim"),
+            num_key_value_heads=check_positive_int("config.num_key_value_heads", d.get("num_key_value_heads", heads)),
+            head_dim=check_positive_int("config.head_dim", d.get("head_dim") or hidden // heads),
             vocab_size=vocab,
-            draft_vocab_size=_positive_int(d.get("draft_vocab_size") or vocab, "config.draft_vocab_size"),
-            target_hidden_size=_positive_int(d.get("target_hidden_size") or hidden, "config.target_hidden_size"),
+            draft_vocab_size=check_positive_int("config.draft_vocab_size", d.get("draft_vocab_size") or vocab),
+            target_hidden_size=check_positive_int("config.target_hidden_size", d.get("target_hidden_size") or hidden),
             aux_layer_ids=tuple(int(i) for i in aux) if aux is not None else None,
             rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
             rope_theta=float(rope),
@@ -173,12 +173,6 @@ class Eagle3Config:
         if self.aux_layer_ids is not None:
             d["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(self.aux_layer_ids), "use_aux_hidden_state": True}
         return d
-
-
-def _positive_int(value, field: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise SpecFitInputError(field, f"must be a positive integer, got {value!r}")
-    return value
 
 
 def _cfg_get(cfg, key):
@@ -676,8 +670,7 @@ class Eagle3Drafter:
             raise SpecFitInputError("drafter", "prefill the drafter with the prompt before drafting")
         if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= head.cfg.draft_vocab_size:
             raise SpecFitInputError("top_k", f"must be an integer in [1, {head.cfg.draft_vocab_size}], got {top_k!r}")
-        if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 1:
-            raise SpecFitInputError("max_depth", f"must be a positive integer, got {max_depth!r}")
+        check_positive_int("max_depth", max_depth)
         if not 0 <= int(root_token) < head.cfg.vocab_size:
             raise SpecFitInputError("root_token", f"must be a target id in [0, {head.cfg.vocab_size}), got {root_token}")
         dev = head.fc.weight.device

@@ -30,7 +30,7 @@ from typing import Callable, Protocol
 import numpy as np
 
 from models.traces import RoutingTrace, check_hidden, check_routing, check_tokens, save_npz
-from specfit.errors import SpecFitInputError
+from specfit.errors import SpecFitInputError, check_positive_int
 
 
 class ExpertPredictor(Protocol):
@@ -89,15 +89,9 @@ def top_k_ids(scores: np.ndarray, k: int) -> np.ndarray:
     return np.argsort(-scores, axis=-1, kind="stable")[..., :k].astype(np.int64)
 
 
-def _positive_int(value, field: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise SpecFitInputError(field, f"must be a positive integer, got {value!r}")
-    return int(value)
-
-
 def _check_dims(num_layers, num_experts, top_k) -> tuple[int, int, int]:
-    L, E, k = (_positive_int(num_layers, "num_layers"), _positive_int(num_experts, "num_experts"),
-               _positive_int(top_k, "top_k"))
+    L, E, k = (check_positive_int("num_layers", num_layers), check_positive_int("num_experts", num_experts),
+               check_positive_int("top_k", top_k))
     if k > E:
         raise SpecFitInputError("top_k", f"must be <= num_experts ({E}), got {k}")
     return L, E, k
@@ -117,7 +111,7 @@ class _Window:
     """The routing of the last W observed tokens: per-layer counts and last-use step."""
 
     def __init__(self, L: int, E: int, k: int, window: int):
-        self.L, self.E, self.k, self.W = L, E, k, _positive_int(window, "window")
+        self.L, self.E, self.k, self.W = L, E, k, check_positive_int("window", window)
         self.reset()
 
     def observe(self, tokens, routing) -> None:
@@ -474,7 +468,7 @@ def train_probe(hidden, routing, num_experts: int, *, epochs: int = 40, lr: floa
     if not ok.any():
         raise SpecFitInputError("hidden", "has no row without NaN")
     h, r = h[ok], r[ok]
-    epochs, batch_size = _positive_int(epochs, "epochs"), _positive_int(batch_size, "batch_size")
+    epochs, batch_size = check_positive_int("epochs", epochs), check_positive_int("batch_size", batch_size)
     for field, v in (("lr", lr), ("weight_decay", weight_decay)):
         if not np.isfinite(v) or v < 0 or (field == "lr" and v == 0):
             raise SpecFitInputError(field, f"must be a finite number > 0 (weight_decay >= 0), got {v!r}")

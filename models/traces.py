@@ -21,7 +21,7 @@ from typing import Iterator
 
 import numpy as np
 
-from specfit.errors import SpecFitInputError
+from specfit.errors import SpecFitInputError, check_positive_int
 
 #: Format tag written into every saved trace.
 FORMAT = "specfit-routing-trace-v1"
@@ -132,8 +132,7 @@ class RoutingTrace:
     """
 
     def __init__(self, num_experts: int, hidden_source: str | None = None):
-        if isinstance(num_experts, bool) or not isinstance(num_experts, (int, np.integer)) or num_experts < 1:
-            raise SpecFitInputError("num_experts", f"must be a positive integer, got {num_experts!r}")
+        check_positive_int("num_experts", num_experts)
         self.num_experts = int(num_experts)
         self.hidden_source = hidden_source
         self._tok: list[np.ndarray] = []

@@ -16,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-from specfit.errors import SpecFitInputError, lookup
+from specfit.errors import SpecFitInputError, check_positive_int, lookup
 
 #: Bytes of one Qwen3-30B-A3B expert in bf16: (gate, up, down) = 3 * 2048 * 768 params * 2 bytes.
 QWEN3_30B_A3B_EXPERT_BYTES = 9_437_184
@@ -108,9 +108,8 @@ class CostModel:
         SpecFitInputError
             If ``num_layers`` or ``reference_layers`` is not a positive integer.
         """
-        for name, v in (("num_layers", num_layers), ("reference_layers", reference_layers)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise SpecFitInputError(name, f"must be a positive integer, got {v!r}")
+        check_positive_int("num_layers", num_layers)
+        check_positive_int("reference_layers", reference_layers)
         pe = self.per_expert_ms
         mean = sum(pe) / len(pe) if isinstance(pe, tuple) else pe
         return CostModel(self.fixed_ms, self.per_node_ms, mean * reference_layers / num_layers,

@@ -34,7 +34,7 @@ import torch
 from solvers import get_solver
 from solvers.stop import should_stop
 from specfit.cost import CostModel, calibrate
-from specfit.errors import SpecFitInputError, lookup
+from specfit.errors import SpecFitInputError, check_positive_int, lookup
 from specfit.instance import Instance
 from specfit.tree import DraftTree
 from specfit.verify import verify_greedy, verify_sampling
@@ -101,9 +101,7 @@ class TreeSettings:
 
     def __post_init__(self):
         for name in ("total_tokens", "depth", "top_k"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise SpecFitInputError(name, f"must be a positive integer, got {v!r}")
+            check_positive_int(name, getattr(self, name))
 
 
 @dataclass
@@ -265,9 +263,8 @@ class SpecDecoder:
         self.num_experts = int(target.spec.num_experts)
         self._lam_tokens = 0.0
         self._lam_ms = 0.0
-        if calibrate_every is not None and (isinstance(calibrate_every, bool) or not isinstance(calibrate_every, int)
-                                            or calibrate_every < 1):
-            raise SpecFitInputError("calibrate_every", f"must be a positive integer, got {calibrate_every!r}")
+        if calibrate_every is not None:
+            check_positive_int("calibrate_every", calibrate_every)
         self.calibrate_every = calibrate_every
         self.calibration = None
         self._measured: list[tuple[int, list[int], float]] = []
@@ -295,8 +292,7 @@ class SpecDecoder:
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
             raise SpecFitInputError("prompt_ids", "must contain at least one token")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise SpecFitInputError("max_new_tokens", f"must be a positive integer, got {max_new_tokens!r}")
+        check_positive_int("max_new_tokens", max_new_tokens)
         self._lam_tokens = self._lam_ms = 0.0
         t0 = time.perf_counter()
         for t in (self.target, self.reference):

@@ -39,3 +39,18 @@ def lookup(table: Mapping[str, T], name: str, field: str) -> T:
         return table[name]
     except (KeyError, TypeError):
         raise SpecFitInputError(field, f"unknown {field} {name!r}; known: {', '.join(sorted(table))}") from None
+
+
+def check_positive_int(field: str, value) -> int:
+    """Return ``value`` as an int if it is an integer >= 1 (``bool`` excluded).
+
+    Raises
+    ------
+    SpecFitInputError
+        Naming ``field``, otherwise.
+    """
+    import numbers
+
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise SpecFitInputError(field, f"must be a positive integer, got {value!r}")
+    return int(value)

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from models.experts import DeviceExpertCache, HostExpertStore, check_cache_args, parse_bytes, slots_for_budget
 from models.qwen3_moe.checkpoint import CheckpointReader, load_dense, load_experts
 from models.qwen3_moe.config import Qwen3MoeSpec, read_spec
-from specfit.errors import SpecFitInputError
+from specfit.errors import SpecFitInputError, check_positive_int
 from specfit.tree import DraftTree
 
 
@@ -114,8 +114,7 @@ class OffloadedQwen3Moe:
                  eviction: str = "lru", max_len: int = 4096, aux_layers: Sequence[int] | None = None):
         self.spec, self.w, self.store = spec, weights, store
         self.device, self.dtype = torch.device(device), dtype
-        if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
-            raise SpecFitInputError("max_len", f"must be a positive integer, got {max_len!r}")
+        check_positive_int("max_len", max_len)
         self.max_len = max_len
         L = spec.num_layers
         self.aux_layers = tuple(default_aux_layers(L) if aux_layers is None else aux_layers)
