@@ -191,7 +191,8 @@ class GreedySolver(Solver):
                 break
             d = instance.cost.per_node_ms + np.maximum(cov.delta_ms[cand], 0.0)
             p = prob[cand]
-            r = np.where(d > 0, p / np.where(d > 0, d, 1.0), np.where(p > 0, np.inf, 0.0))
+            with np.errstate(over="ignore"):  # a denormal d gives an infinite ratio, which is right
+                r = np.where(d > 0, p / np.where(d > 0, d, 1.0), np.where(p > 0, np.inf, 0.0))
             i = int(np.argmax(r))  # first maximum: the lowest index among ties
             threshold = cov.a / cov.t if lam is None else lam
             if not r[i] > threshold:
