@@ -424,10 +424,11 @@ class SpecDecoder:
                 tree.experts = list(self._true_routing(tree))
             selection = None
             if m.level_by_level and rec.levels < ts.depth:
-                # The stop rule stops iff P_f <= per_node_ms * R*. R* <= 1000 (1 + sum P) / (fixed + per_node),
-                # so solve only when even that bound would let the rule fire (rate mode needs no R*).
+                # The stop rule stops iff P_f <= per_node_ms * R*. R* <= 1000 (1 + sum P) / T(root alone), as
+                # every subtree holds the root; solve only when even that bound lets the rule fire (rate mode
+                # needs no R*).
                 p_f = max(tree.path_prob[v] for v in tree.last_level)
-                bound = 1000.0 * sum(tree.path_prob) / (self.cost.fixed_ms + self.cost.per_node_ms)
+                bound = 1000.0 * sum(tree.path_prob) / self._root_ms(tree, cache)
                 if should_stop(bound, p_f, self.cost, rate):
                     if rate is not None:
                         break
@@ -439,6 +440,15 @@ class SpecDecoder:
         if selection is None:
             selection = self._select(tree, cache, rate, rec)
         return tree, selection
+
+    def _root_ms(self, tree: _Tree, cache: np.ndarray) -> float:
+        """T({root}) in ms: fixed + one node + the root's uncached (predicted or true) experts."""
+        t = self.cost.fixed_ms + self.cost.per_node_ms
+        if tree.experts:
+            per_expert = self.cost.per_expert_array(cache.shape[0])
+            for layer, ids in enumerate(tree.experts[0]):
+                t += per_expert[layer] * int((~cache[layer, np.unique(ids)]).sum())
+        return t
 
     def _select(self, tree: _Tree, cache: np.ndarray, rate: float | None, rec: CycleRecord):
         t0 = time.perf_counter()
