@@ -178,7 +178,8 @@ class CPSATSolver(Solver):
             w_node = prob[1:] - lam * (per_node + node_ms[1:])
             w_group = np.array([-lam * ms for _, ms, _ in groups])
             mag = max(float(np.abs(w_node).max(initial=0.0)), float(np.abs(w_group).max(initial=0.0)))
-            s = 2.0 ** self.precision_bits / mag if mag > 0 else 1.0
+            # weights below 1e-12 tokens are noise far under the tolerance; flooring mag keeps s finite
+            s = 2.0 ** self.precision_bits / max(mag, 1e-12)
             model.clear_objective()
             model.maximize(sum(int(round(s * w)) * xv for w, xv in zip(w_node, x[1:]))
                            + sum(int(round(s * w)) * yg for w, yg in zip(w_group, y)))

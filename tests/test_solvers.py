@@ -154,3 +154,15 @@ def test_exact_and_cpsat_agree_on_preset_instances(max_nodes):
         check_selection(inst, b, None)
         assert a.status == b.status == "optimal"
         assert close(a.throughput, b.throughput)
+
+
+def test_cpsat_handles_denormal_costs():
+    # found by hypothesis: a denormal per_node_ms made the integer scaling factor infinite
+    from specfit.cost import CostModel
+    from specfit.instance import Instance
+    from specfit.tree import DraftTree
+
+    inst = Instance(DraftTree([-1, 0], path_prob=[1.0, 0.0], experts=np.zeros((2, 0, 0), dtype=np.int64),
+                              num_experts=1),
+                    CostModel(1.0, 2.2250738585e-313, 0.0), max_nodes=1, max_new_experts_per_layer=0)
+    assert get_solver("cpsat").solve(inst).nodes == get_solver("exact").solve(inst).nodes == (0,)
