@@ -342,13 +342,10 @@ class SpecDecoder:
         m, rec = self.method, CycleRecord()
         self._ref_full_tree = False
         stats0 = self.target.cache.stats()
-        cache = None
-        tree = _Tree(root, None)
+        tree, selection, inst = _Tree(root, None), None, None
         if m.draft and drafter_ready:
             cache = _cache_mask(self.target, len(stats0["layers"]), self.num_experts)
-            tree, selection = self._draft_and_select(root, cache, rec)
-        else:
-            selection = None
+            tree, selection, inst = self._draft_and_select(root, cache, rec)
         # verify the selected subtree in one target forward
         keep = list(selection.nodes) if selection is not None else [0]
         sub_of = {v: i for i, v in enumerate(keep)}
@@ -356,10 +353,7 @@ class SpecDecoder:
         sub_tokens = [tree.tokens[v] for v in keep]
         if selection is not None:
             rec.expected_tokens, rec.predicted_ms = selection.expected_tokens, selection.predicted_ms
-            if tree.experts and cache is not None:
-                ex = np.stack([tree.experts[v] for v in keep])
-                rec.predicted_new = [int(len(set(ex[:, l].ravel().tolist()) - set(np.flatnonzero(cache[l]).tolist())))
-                                     for l in range(ex.shape[1])]
+            rec.predicted_new = inst.new_experts_per_layer(keep).tolist()
         t0 = time.perf_counter()
         out = self.target.verify(torch.tensor(sub_tokens), sub_parents)
         logits = out.logits
@@ -432,14 +426,14 @@ class SpecDecoder:
                 if should_stop(bound, p_f, self.cost, rate):
                     if rate is not None:
                         break
-                    selection = self._select(tree, cache, rate, rec)
+                    selection, inst = self._select(tree, cache, rate, rec)
                     if should_stop(selection.throughput, p_f, self.cost, rate):
                         break
         levels.close()
         rec.nodes_drafted = len(tree.parents) - 1
         if selection is None:
-            selection = self._select(tree, cache, rate, rec)
-        return tree, selection
+            selection, inst = self._select(tree, cache, rate, rec)
+        return tree, selection, inst
 
     def _root_ms(self, tree: _Tree, cache: np.ndarray) -> float:
         """T({root}) in ms: fixed + one node + the root's uncached (predicted or true) experts."""
@@ -456,7 +450,7 @@ class SpecDecoder:
         inst = tree.instance(cost, cache, self.num_experts, self.max_nodes)
         sel = self.solver.solve(inst, rate=rate)
         rec.solve_ms += (time.perf_counter() - t0) * 1e3
-        return sel
+        return sel, inst
 
     def _true_routing(self, tree: _Tree) -> np.ndarray:
         """True routing of every drafted node (n, L, k) from the reference target (oracle only)."""
