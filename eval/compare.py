@@ -27,9 +27,9 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from solvers import get_solver
-from specfit.errors import SpecFitInputError
-from specfit.instance import Instance, load_instance
+from specfit.solvers import get_solver
+from specfit.core.errors import SpecFitInputError
+from specfit.core.instance import Instance, load_instance
 
 #: Relative tolerance under which two objective values count as the same.
 AGREE_REL = 1e-9
@@ -327,7 +327,7 @@ def compare_solvers(*, solvers: list[str], out: str | Path, instances_dir: str |
     SpecFitInputError
         On a bad option, folder or instance.
     """
-    from eval.instances import generate_instances
+    from specfit.eval.instances import generate_instances
 
     if count < 1:
         raise SpecFitInputError("count", f"must be >= 1, got {count}")

@@ -24,8 +24,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from models.proxy.data import CNN_HELD_OUT, gsm8k_prompt
-from specfit.errors import SpecFitInputError, check_positive_int
+from specfit.models.proxy.data import CNN_HELD_OUT, gsm8k_prompt
+from specfit.core.errors import SpecFitInputError, check_positive_int
 
 #: Folder of the evaluation data copies shipped inside the ``eval`` package.
 DATA_DIR = Path(__file__).resolve().parent / "data"

@@ -23,10 +23,10 @@ from typing import Iterator
 
 import numpy as np
 
-from specfit.cost import PROFILES, get_profile
-from specfit.errors import SpecFitInputError, lookup
-from specfit.instance import Instance
-from specfit.tree import DraftTree
+from specfit.core.cost import PROFILES, get_profile
+from specfit.core.errors import SpecFitInputError, lookup
+from specfit.core.instance import Instance
+from specfit.core.tree import DraftTree
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class InstanceSpec:
     vocab : int
         Support size of the Dirichlet draft distribution.
     profile : str
-        Cost profile name in :data:`specfit.cost.PROFILES`.
+        Cost profile name in :data:`specfit.core.cost.PROFILES`.
     max_nodes, max_new_experts_per_layer : int or None
         Budgets written into every instance.
 

@@ -13,7 +13,7 @@ deployment a hardware profile describes (Qwen3-30B-A3B on one GPU, experts behin
 * verify: SPECFIT.md §3's T(S) with the *measured* counts of the cycle — nodes the target
   verified (root included) and experts the runtime really copied per MoE layer. A proxy with
   L < 48 MoE layers stands for the 48-layer target: each layer's miss count is taken for 48 / L
-  real layers (:meth:`specfit.cost.CostModel.for_layers`), so the expert term keeps its weight
+  real layers (:meth:`specfit.core.cost.CostModel.for_layers`), so the expert term keeps its weight
   against ``fixed_ms`` and ratios between methods stay honest. The engine's selection uses the
   same scaled model.
 * draft: one EAGLE-3 head forward per draft level (:data:`DRAFT_LEVEL_MS`).
@@ -27,7 +27,7 @@ Not modeled: the prefill (excluded from every tokens/s figure) and the verifier'
 
 from __future__ import annotations
 
-from specfit.cost import CostModel
+from specfit.core.cost import CostModel
 
 #: Modeled time of one EAGLE-3 draft level (one head forward over the level's frontier), ms.
 #:

@@ -17,8 +17,8 @@ draft time the target has not run that token yet).
 
 Usage::
 
-    python -m eval.predictors --model models/proxy/target --train-prompts 120 --eval-prompts 60
-    python -m eval.predictors --synthetic tiny --train-prompts 8 --eval-prompts 4   # random weights
+    python -m specfit.eval.predictors --model models/proxy/target --train-prompts 120 --eval-prompts 60
+    python -m specfit.eval.predictors --synthetic tiny --train-prompts 8 --eval-prompts 4   # random weights
 
 Writes ``--out`` (JSON, atomically) and prints a Markdown table.
 """
@@ -37,9 +37,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from models.predictors import get_predictor, recall_at_k
-from models.traces import RoutingTrace, record_prompt
-from specfit.errors import SpecFitInputError
+from specfit.models.predictors import get_predictor, recall_at_k
+from specfit.models.traces import RoutingTrace, record_prompt
+from specfit.core.errors import SpecFitInputError
 
 #: Predictors reported: label → (registry name, options, online). ``online`` False: never observes.
 VARIANTS = {
@@ -69,7 +69,7 @@ def prompt_texts(n_train: int, n_eval: int, data_dir=None) -> tuple[list[str], l
     Held out: GSM8K test problems and the reserved CNN/DM articles (never trained on by the proxy
     models either, see :mod:`models.proxy.data`).
     """
-    from models.proxy import data
+    from specfit.models.proxy import data
 
     kw = {} if data_dir is None else {"data_dir": Path(data_dir)}
     src = data.training_sources(**kw)
@@ -89,7 +89,7 @@ def _interleave(lists: list[list[str]], n: int) -> list[str]:
 
 def encode(texts: list[str], model_dir: Path, vocab_size: int, max_tokens: int) -> list[np.ndarray]:
     """Token ids of each text, cut to ``max_tokens``: the model's tokenizer, or UTF-8 bytes mod V."""
-    from models.qwen3_moe.generate import load_tokenizer
+    from specfit.models.qwen3_moe.generate import load_tokenizer
 
     tok = load_tokenizer(model_dir)
     if tok is None:
@@ -143,8 +143,8 @@ def run(model_dir: Path, *, head_dir: Path | None, n_train: int, n_eval: int, ma
     ``save_traces``: a folder that receives ``build.npz`` and ``held_out.npz``
     (:meth:`models.traces.RoutingTrace.save`) for reuse, e.g. ``get_predictor("frequency",
     trace=RoutingTrace.load(".../build.npz"))`` in the engine."""
-    from models.eagle3 import Eagle3Config, check_target, default_aux_layer_ids, load_eagle3
-    from models.qwen3_moe import OffloadedQwen3Moe
+    from specfit.models.eagle3 import Eagle3Config, check_target, default_aux_layer_ids, load_eagle3
+    from specfit.models.qwen3_moe import OffloadedQwen3Moe
 
     cfg = json.loads((Path(model_dir) / "config.json").read_text())
     if head_dir is not None:
@@ -178,7 +178,7 @@ def run(model_dir: Path, *, head_dir: Path | None, n_train: int, n_eval: int, ma
         rows[label] = {"predictor": name, "options": options, "online": online, "recall_per_layer": recall.tolist(),
                        "recall_mean": float(recall.mean()), "predict_us_median": statistics.median(times),
                        "build_s": build_s}
-    from eval.runtime_bench import machine
+    from specfit.eval.runtime_bench import machine
 
     return {"model": str(model_dir), "head": str(head_dir) if head_dir else None,
             "hidden_source": train.hidden_source, "num_layers": train.num_layers, "num_experts": E, "top_k": k,
@@ -219,7 +219,7 @@ def write_json(path: Path, obj: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point (see the module docstring)."""
-    ap = argparse.ArgumentParser(prog="python -m eval.predictors", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m specfit.eval.predictors", description=__doc__.splitlines()[0])
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", type=Path, help="Qwen3-MoE checkpoint directory (the target)")
     src.add_argument("--synthetic", choices=["tiny", "small"], help="random-weight checkpoint (eval.runtime_bench)")
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SpecFitInputError(f"--{name.replace('_', '-')}", "must be a positive integer")
     with tempfile.TemporaryDirectory() as tmp:
         if args.synthetic:
-            from eval.runtime_bench import write_synthetic_checkpoint
+            from specfit.eval.runtime_bench import write_synthetic_checkpoint
 
             model_dir = write_synthetic_checkpoint(Path(tmp) / args.synthetic, args.synthetic, dtype=torch.float32)
         else:
@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
                      device=args.device, probe_epochs=args.probe_epochs, depth=args.depth,
                      save_traces=args.save_traces)
     report["model"] = str(args.model) if args.model else f"synthetic:{args.synthetic} (random weights)"
-    report["command"] = " ".join(["python -m eval.predictors", *(sys.argv[1:] if argv is None else argv)])
+    report["command"] = " ".join(["python -m specfit.eval.predictors", *(sys.argv[1:] if argv is None else argv)])
     write_json(args.out, report)
     print(markdown(report))
     print(f"\nwritten: {args.out}")

@@ -14,8 +14,8 @@ import platform
 from pathlib import Path
 from statistics import median
 
-from eval import metrics
-from eval.modeled import cost_scaling_note
+from specfit.eval import metrics
+from specfit.eval.modeled import cost_scaling_note
 
 #: Columns of ``summary.md``: (header, row key, format).
 COLUMNS = (
@@ -61,7 +61,7 @@ def machine() -> dict:
     and torch's CPU threads."""
     import torch
 
-    from eval.compare import machine_info
+    from specfit.eval.compare import machine_info
 
     info = machine_info(one_core=False)
     return {"platform": info["platform"], "cpu": info["cpu"], "cpu_count": os.cpu_count(),

@@ -31,12 +31,12 @@ import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from eval.datasets import DATASETS, MAX_ARTICLE_TOKENS, Prompt, encode, load_prompts
-from eval.metrics import task_score
-from eval.modeled import DRAFT_LEVEL_MS, modeled_cycle_ms
-from specfit.cost import DEFAULT_PROFILE, get_profile
+from specfit.eval.datasets import DATASETS, MAX_ARTICLE_TOKENS, Prompt, encode, load_prompts
+from specfit.eval.metrics import task_score
+from specfit.eval.modeled import DRAFT_LEVEL_MS, modeled_cycle_ms
+from specfit.core.cost import DEFAULT_PROFILE, get_profile
 from specfit.engine import TreeSettings, get_method
-from specfit.errors import SpecFitInputError, check_positive_int, lookup
+from specfit.core.errors import SpecFitInputError, check_positive_int, lookup
 
 #: Methods of the default run (``oracle`` and ``eagle3-scan`` are available on request).
 DEFAULT_METHODS = ("ar", "eagle3-vanilla", "eagle3", "specfit")
@@ -70,7 +70,7 @@ class EvalConfig:
     eviction : str
         Expert-cache eviction policy (``lru``/``lfu``).
     profile : str
-        Hardware profile of :mod:`specfit.cost` for the selection and the modeled times.
+        Hardware profile of :mod:`specfit.core.cost` for the selection and the modeled times.
     model, draft : str or None
         Target checkpoint and EAGLE-3 head directories (default: the shipped proxy pair).
     temperature, top_p : float
@@ -129,7 +129,7 @@ class EvalConfig:
 
 
 def _resolve_dirs(config: EvalConfig, drafts: bool) -> tuple[Path, Path | None]:
-    from models.proxy import paths
+    from specfit.models.proxy import paths
 
     shipped = paths()
     target = Path(config.model) if config.model else shipped["target"]
@@ -139,7 +139,7 @@ def _resolve_dirs(config: EvalConfig, drafts: bool) -> tuple[Path, Path | None]:
         return target.resolve(), None
     draft = Path(config.draft) if config.draft else shipped["eagle3"]
     if not (draft / "config.json").is_file():
-        hint = ("; the shipped head is built by `python -m models.proxy.train --head`" if not config.draft
+        hint = ("; the shipped head is built by `python -m specfit.models.proxy.train --head`" if not config.draft
                 else "")
         raise SpecFitInputError("--draft", f"no EAGLE-3 head (config.json) in {draft}{hint}")
     return target.resolve(), draft.resolve()
@@ -169,7 +169,7 @@ def plan(config: EvalConfig) -> Plan:
         missing model or head directory; a target without tokenizer; bad numbers; an ``out``
         folder holding results of a different configuration.
     """
-    from models.qwen3_moe.generate import load_tokenizer
+    from specfit.models.qwen3_moe.generate import load_tokenizer
 
     for name in ("limit", "max_new_tokens", "total_tokens", "depth", "top_k", "max_article_tokens"):
         check_positive_int(f"--{name.replace('_', '-')}", getattr(config, name))
@@ -191,7 +191,7 @@ def plan(config: EvalConfig) -> Plan:
     get_profile(config.profile)
     if config.profile not in DRAFT_LEVEL_MS:
         raise SpecFitInputError("--profile", f"no draft-level time is modeled for {config.profile!r}")
-    from models.predictors import PREDICTORS
+    from specfit.models.predictors import PREDICTORS
 
     lookup(PREDICTORS, config.predictor, "--predictor")
     prompts_by_set = [load_prompts(d, config.limit) for d in config.datasets]
@@ -211,7 +211,7 @@ def plan(config: EvalConfig) -> Plan:
         trace = Path(config.predictor_trace) if config.predictor_trace else target_dir / "routing_trace.npz"
         if not trace.is_file():
             raise SpecFitInputError("--predictor-trace", f"predictor {config.predictor!r} needs a routing trace; "
-                                    f"no such file: {trace} (record one with python -m eval.predictors --save-traces)")
+                                    f"no such file: {trace} (record one with python -m specfit.eval.predictors --save-traces)")
     identity = {k: getattr(config, k) for k in IDENTITY_FIELDS}
     identity.update(model=str(target_dir), draft=None if draft_dir is None else str(draft_dir),
                     model_files=_fingerprint(target_dir), draft_files=_fingerprint(draft_dir),
@@ -346,8 +346,8 @@ class _Models:
     """The target(s), head and per-method decoders of one run."""
 
     def __init__(self, p: Plan):
-        from models.eagle3 import Eagle3Drafter, load_eagle3
-        from models.qwen3_moe import OffloadedQwen3Moe
+        from specfit.models.eagle3 import Eagle3Drafter, load_eagle3
+        from specfit.models.qwen3_moe import OffloadedQwen3Moe
 
         c = p.config
         longest = max(len(ids) for _, ids in p.prompts)
@@ -355,7 +355,7 @@ class _Models:
         self.max_len = longest + c.max_new_tokens + tree_nodes + 2
         self.aux, self.head = None, None
         if p.draft_dir is not None:  # the head fixes which target features the target must return
-            from models.eagle3 import Eagle3Config, check_target
+            from specfit.models.eagle3 import Eagle3Config, check_target
 
             target_cfg = json.loads((p.target_dir / "config.json").read_text())
             head_cfg = Eagle3Config.from_dict(json.loads((p.draft_dir / "config.json").read_text()))
@@ -383,7 +383,7 @@ class _Models:
         self.cost = get_profile(c.profile).for_layers(self.num_layers)
         self.predictor = None
         if p.trace_path is not None or c.predictor == "recency":
-            from models.predictors import get_predictor
+            from specfit.models.predictors import get_predictor
 
             extra = {} if p.trace_path is None else {"trace": p.trace_path}
             self.predictor = get_predictor(c.predictor, num_layers=self.num_layers, num_experts=self.spec.num_experts,
@@ -391,7 +391,7 @@ class _Models:
 
     def decoder(self, p: Plan, method, seed: int):
         """A fresh :class:`SpecDecoder` for ``method`` whose target starts with an empty expert cache."""
-        from models.experts import DeviceExpertCache
+        from specfit.models.experts import DeviceExpertCache
         from specfit.engine import SpecDecoder
 
         c = p.config
@@ -446,7 +446,7 @@ def _run(p: Plan, progress: bool) -> dict:
     import torch
     from tqdm import tqdm
 
-    from eval.report import atomic_write_text, write_summary
+    from specfit.eval.report import atomic_write_text, write_summary
 
     config = p.config
     models = _Models(p)

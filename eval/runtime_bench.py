@@ -4,16 +4,16 @@ For AR decode and for tree verifies of 8, 16, 32 and 64 nodes, reports per forwa
 total ms, split into dense compute (attention, norms, routers, lm_head, bookkeeping = total minus
 the two others), expert compute and H2D transfer; experts transferred, achieved transfer bandwidth
 (GB/s, 1 GB = 1e9 bytes) and ms per transferred expert. It then fits the cycle-time cost model of
-SPECFIT.md §3 (``specfit.cost.calibrate``, NNLS) to every measured forward.
+SPECFIT.md §3 (``specfit.core.cost.calibrate``, NNLS) to every measured forward.
 
 On CUDA, times come from CUDA events (transfers and expert kernels) and a synchronised wall clock
 (total); on the CPU from ``time.perf_counter`` and "H2D" is a host memcpy into the cache slots.
 
 Usage::
 
-    python -m eval.runtime_bench --synthetic tiny --device cpu
-    python -m eval.runtime_bench --model /path/to/Qwen3-30B-A3B --device cuda --cache-slots 0
-    python -m eval.runtime_bench --synthetic qwen3-30b-a3b --layers 4 --device cuda --json out.json
+    python -m specfit.eval.runtime_bench --synthetic tiny --device cpu
+    python -m specfit.eval.runtime_bench --model /path/to/Qwen3-30B-A3B --device cuda --cache-slots 0
+    python -m specfit.eval.runtime_bench --synthetic qwen3-30b-a3b --layers 4 --device cuda --json out.json
 
 ``--synthetic`` writes a random-weight checkpoint (per-expert layout, one shard per layer) with the
 named shape to a temporary directory first; ``qwen3-30b-a3b`` has the real dimensions of
@@ -35,9 +35,9 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from models.qwen3_moe import OffloadedQwen3Moe, read_spec
-from models.qwen3_moe.checkpoint import dense_shapes
-from specfit.cost import calibrate
+from specfit.models.qwen3_moe import OffloadedQwen3Moe, read_spec
+from specfit.models.qwen3_moe.checkpoint import dense_shapes
+from specfit.core.cost import calibrate
 
 #: Shapes for ``--synthetic``. ``qwen3-30b-a3b`` is the real model's config (SPECFIT.md §5).
 SHAPES = {
@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
                                                   pin_memory=False if args.pageable else None,
                                                   max_len=args.prefix_len + args.repeats + 80)
     result = run_bench(model, prefix_len=args.prefix_len, repeats=args.repeats)
-    result.update(machine=machine(), command=" ".join(["python -m eval.runtime_bench", *(argv or sys.argv[1:])]),
+    result.update(machine=machine(), command=" ".join(["python -m specfit.eval.runtime_bench", *(argv or sys.argv[1:])]),
                   source=args.model or f"synthetic:{args.synthetic}", layers=model.spec.num_layers)
     print(json.dumps(result["machine"]))
     print(format_table(result))

@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specfit.errors import SpecFitInputError, check_positive_int
+from specfit.core.errors import SpecFitInputError, check_positive_int
 
 #: Weight names of the public EAGLE-3 layout (besides the optional ``embed_tokens.weight``).
 WEIGHT_NAMES = (

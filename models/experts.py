@@ -27,7 +27,7 @@ from typing import Callable, Iterable, Sequence
 
 import torch
 
-from specfit.errors import SpecFitInputError
+from specfit.core.errors import SpecFitInputError
 
 #: Accepted units of a memory budget string, in bytes.
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,

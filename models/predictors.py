@@ -29,8 +29,8 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from models.traces import RoutingTrace, check_hidden, check_routing, check_tokens, save_npz
-from specfit.errors import SpecFitInputError, check_positive_int
+from specfit.models.traces import RoutingTrace, check_hidden, check_routing, check_tokens, save_npz
+from specfit.core.errors import SpecFitInputError, check_positive_int
 
 
 class ExpertPredictor(Protocol):

@@ -21,7 +21,7 @@ from typing import Iterator
 
 import numpy as np
 
-from specfit.errors import SpecFitInputError, check_positive_int
+from specfit.core.errors import SpecFitInputError, check_positive_int
 
 #: Format tag written into every saved trace.
 FORMAT = "specfit-routing-trace-v1"

@@ -3,6 +3,6 @@
 Imports neither torch nor transformers (ARCHITECTURE.md).
 """
 
-from solvers.base import STATUSES, Selection, Solver, available_solvers, get_solver
+from specfit.solvers.base import STATUSES, Selection, Solver, available_solvers, get_solver
 
 __all__ = ["STATUSES", "Selection", "Solver", "available_solvers", "get_solver"]

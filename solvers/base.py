@@ -17,9 +17,9 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
-from specfit.errors import SpecFitInputError, lookup
-from specfit.instance import Instance
-from specfit.objective import evaluate
+from specfit.core.errors import SpecFitInputError, lookup
+from specfit.core.instance import Instance
+from specfit.core.objective import evaluate
 
 #: Solver statuses. ``optimal``: proven optimal; ``feasible``: a valid selection, optimality not
 #: proven (e.g. a time limit hit); ``heuristic``: a baseline that makes no optimality claim.
@@ -138,12 +138,12 @@ class Solver:
 #: name -> "module:class". Import happens on first use so that one solver's dependencies
 #: (OR-Tools for cpsat) do not load for another.
 _REGISTRY = {
-    "exact": "solvers.exact:ExactSolver",
-    "cpsat": "solvers.cpsat:CPSATSolver",
-    "eagle": "solvers.greedy:EagleSolver",
-    "scan": "solvers.greedy:ScanSolver",
-    "greedy": "solvers.greedy:GreedySolver",
-    "bruteforce": "solvers.bruteforce:BruteForceSolver",
+    "exact": "specfit.solvers.exact:ExactSolver",
+    "cpsat": "specfit.solvers.cpsat:CPSATSolver",
+    "eagle": "specfit.solvers.greedy:EagleSolver",
+    "scan": "specfit.solvers.greedy:ScanSolver",
+    "greedy": "specfit.solvers.greedy:GreedySolver",
+    "bruteforce": "specfit.solvers.bruteforce:BruteForceSolver",
 }
 
 

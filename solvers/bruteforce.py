@@ -7,9 +7,9 @@ from typing import Sequence
 
 import numpy as np
 
-from solvers.base import Solver
-from specfit.errors import SpecFitInputError
-from specfit.instance import Instance
+from specfit.solvers.base import Solver
+from specfit.core.errors import SpecFitInputError
+from specfit.core.instance import Instance
 
 #: Largest tree :class:`BruteForceSolver` accepts (a star of 20 nodes has 2^19 subtrees).
 MAX_NODES = 20

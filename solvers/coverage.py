@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specfit.instance import Instance
+from specfit.core.instance import Instance
 
 
 @dataclass(frozen=True, eq=False)

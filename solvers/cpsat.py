@@ -52,9 +52,9 @@ from typing import Sequence
 
 import numpy as np
 
-from solvers.base import Solver
-from specfit.errors import SpecFitInputError
-from specfit.instance import Instance
+from specfit.solvers.base import Solver
+from specfit.core.errors import SpecFitInputError
+from specfit.core.instance import Instance
 
 #: Dinkelbach steps before giving up (status ``feasible``); ratios strictly increase, so the loop
 #: normally ends after a handful of steps.

@@ -46,9 +46,9 @@ from typing import Sequence
 
 import numpy as np
 
-from solvers.base import Solver
-from solvers.coverage import Coverage, at_least_twice, coverage
-from specfit.instance import Instance
+from specfit.solvers.base import Solver
+from specfit.solvers.coverage import Coverage, at_least_twice, coverage
+from specfit.core.instance import Instance
 
 _INF = float("inf")
 

@@ -11,16 +11,16 @@ from typing import Sequence
 
 import numpy as np
 
-from solvers.base import Solver
-from specfit.errors import SpecFitInputError
-from specfit.instance import Instance
+from specfit.solvers.base import Solver
+from specfit.core.errors import SpecFitInputError
+from specfit.core.instance import Instance
 
 
 def path_prob_order(instance: Instance) -> list[int]:
     """Nodes in decreasing path probability, ties shallow-first then lower index; root first.
 
     Sorting uses the running minimum of ``P`` along each root path, which equals ``P`` when ``P``
-    is non-increasing along paths and absorbs the tolerance :data:`specfit.tree.PROB_TOL` allows,
+    is non-increasing along paths and absorbs the tolerance :data:`specfit.core.tree.PROB_TOL` allows,
     so every prefix of the order is ancestor-closed (SPECFIT.md §3: ``{v : P_v >= t}`` is closed).
 
     Returns

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import math
 
-from specfit.cost import CostModel
-from specfit.errors import SpecFitInputError
+from specfit.core.cost import CostModel
+from specfit.core.errors import SpecFitInputError
 
 
 def should_stop(best_throughput_tok_s: float, frontier_max_path_prob: float, cost: CostModel,

@@ -2,7 +2,7 @@
 
 Every subcommand is a pair ``_add_<name>(subparsers)`` / ``_run_<name>(args) -> int``, registered in
 ``_COMMANDS``. Heavy imports (torch, transformers) happen inside ``_run_*`` so that ``specfit solve``
-starts fast. Bad input (:class:`~specfit.errors.SpecFitInputError`) is one line on stderr and exit 2.
+starts fast. Bad input (:class:`~specfit.core.errors.SpecFitInputError`) is one line on stderr and exit 2.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 
-from specfit.errors import SpecFitInputError
+from specfit.core.errors import SpecFitInputError
 
 
 def _add_solve(sub) -> None:
@@ -29,8 +29,8 @@ def _add_solve(sub) -> None:
 def _run_solve(args) -> int:
     from dataclasses import replace
 
-    from solvers import get_solver
-    from specfit.instance import load_instance
+    from specfit.solvers import get_solver
+    from specfit.core.instance import load_instance
 
     inst = load_instance(args.instance)
     if args.max_nodes is not None:
@@ -68,7 +68,7 @@ def _add_generate(sub) -> None:
 
 
 def _run_generate(args) -> int:
-    from models.qwen3_moe import generate_report
+    from specfit.models.qwen3_moe import generate_report
 
     ids = None
     if args.prompt_ids is not None:
@@ -122,8 +122,8 @@ def _add_compare_solvers(sub) -> None:
 
 
 def _run_compare_solvers(args) -> int:
-    from eval.compare import compare_solvers, parse_sizes
-    from eval.instances import get_preset, with_options
+    from specfit.eval.compare import compare_solvers, parse_sizes
+    from specfit.eval.instances import get_preset, with_options
 
     names = [s.strip() for s in args.solvers.split(",") if s.strip()]
     spec = with_options(get_preset(args.preset), layers=args.layers, experts=args.experts, top_k=args.top_k,
@@ -178,7 +178,7 @@ def _add_eval(sub) -> None:
 
 
 def _run_eval(args) -> int:
-    from eval.run import EvalConfig, run_eval
+    from specfit.eval.run import EvalConfig, run_eval
 
     split = lambda text: tuple(s.strip() for s in text.split(",") if s.strip())  # noqa: E731
     config = EvalConfig(datasets=split(args.dataset), limit=args.limit, methods=split(args.methods),

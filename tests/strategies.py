@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import strategies as st
 
-from specfit.cost import CostModel
-from specfit.instance import Instance
-from specfit.tree import DraftTree
+from specfit.core.cost import CostModel
+from specfit.core.instance import Instance
+from specfit.core.tree import DraftTree
 
 #: Budget kinds accepted by :func:`instances`.
 BUDGETS = ("none", "nodes", "experts", "both")

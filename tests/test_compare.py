@@ -7,12 +7,12 @@ import json
 import numpy as np
 import pytest
 
-from eval.compare import Record, parse_sizes, summarize
-from eval.instances import PRESETS, InstanceSpec, generate_instance, generate_instances, get_preset, with_options
+from specfit.eval.compare import Record, parse_sizes, summarize
+from specfit.eval.instances import PRESETS, InstanceSpec, generate_instance, generate_instances, get_preset, with_options
 from specfit.cli import main
-from specfit.cost import PROFILES
-from specfit.errors import SpecFitInputError
-from specfit.instance import save_instance
+from specfit.core.cost import PROFILES
+from specfit.core.errors import SpecFitInputError
+from specfit.core.instance import save_instance
 
 
 @pytest.mark.parametrize("n", [1, 2, 7, 33])

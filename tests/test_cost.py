@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-from specfit.cost import PROFILES, QWEN3_30B_A3B_EXPERT_BYTES, CostModel, calibrate, get_profile
-from specfit.errors import SpecFitInputError
-from specfit.instance import Instance
-from specfit.objective import evaluate
-from specfit.tree import DraftTree
+from specfit.core.cost import PROFILES, QWEN3_30B_A3B_EXPERT_BYTES, CostModel, calibrate, get_profile
+from specfit.core.errors import SpecFitInputError
+from specfit.core.instance import Instance
+from specfit.core.objective import evaluate
+from specfit.core.tree import DraftTree
 
 
 def test_expert_bytes_match_qwen3_30b_a3b_dimensions():

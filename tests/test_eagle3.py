@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from models.eagle3 import (
+from specfit.models.eagle3 import (
     WEIGHT_NAMES,
     Eagle3Config,
     Eagle3Drafter,
@@ -17,7 +17,7 @@ from models.eagle3 import (
     save_eagle3,
     select_aux_hidden,
 )
-from specfit.errors import SpecFitInputError
+from specfit.core.errors import SpecFitInputError
 
 torch.set_num_threads(1)
 
@@ -289,7 +289,7 @@ def test_drafting_input_errors():
 
 def test_training_time_test_matches_drafting():
     """The head's training unroll (TTT) computes exactly what drafting a chain computes."""
-    from models.proxy.train_head import ttt_logits
+    from specfit.models.proxy.train_head import ttt_logits
 
     head = random_head(9)
     tokens, aux = prompt(10, n=8)

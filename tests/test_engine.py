@@ -8,10 +8,10 @@ import pytest
 import torch
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from models.qwen3_moe import OffloadedQwen3Moe
-from specfit.cost import CostModel
+from specfit.models.qwen3_moe import OffloadedQwen3Moe
+from specfit.core.cost import CostModel
 from specfit.engine import METHODS, SpecDecoder, TreeSettings, get_method
-from specfit.errors import SpecFitInputError
+from specfit.core.errors import SpecFitInputError
 
 VOCAB, LAYERS, EXPERTS, TOP_K = 96, 3, 16, 4
 

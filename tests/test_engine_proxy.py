@@ -6,13 +6,13 @@ import json
 import pytest
 import torch
 
-from eval.datasets import encode, load_prompts
-from models.eagle3 import Eagle3Config, Eagle3Drafter, check_target, load_eagle3
-from models.predictors import get_predictor
-from models.proxy import paths
-from models.qwen3_moe import OffloadedQwen3Moe
-from models.qwen3_moe.generate import load_tokenizer
-from specfit.cost import get_profile
+from specfit.eval.datasets import encode, load_prompts
+from specfit.models.eagle3 import Eagle3Config, Eagle3Drafter, check_target, load_eagle3
+from specfit.models.predictors import get_predictor
+from specfit.models.proxy import paths
+from specfit.models.qwen3_moe import OffloadedQwen3Moe
+from specfit.models.qwen3_moe.generate import load_tokenizer
+from specfit.core.cost import get_profile
 from specfit.engine import METHODS, SpecDecoder, TreeSettings
 
 NEW_TOKENS = 10

@@ -8,11 +8,11 @@ import pytest
 import torch
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from eval.run import EvalConfig, read_results
-from models.eagle3 import Eagle3Config, Eagle3Head, save_eagle3
-from models.proxy import paths as proxy_paths
-from models.qwen3_moe import OffloadedQwen3Moe
-from models.traces import record_prompt
+from specfit.eval.run import EvalConfig, read_results
+from specfit.models.eagle3 import Eagle3Config, Eagle3Head, save_eagle3
+from specfit.models.proxy import paths as proxy_paths
+from specfit.models.qwen3_moe import OffloadedQwen3Moe
+from specfit.models.traces import record_prompt
 from specfit.cli import build_parser, main
 
 METHODS = "ar,eagle3-vanilla,eagle3,eagle3-scan,specfit,oracle"

@@ -7,13 +7,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from eval import metrics
-from eval.datasets import load_prompts
-from eval.modeled import DRAFT_LEVEL_MS, cost_scaling_note, modeled_cycle_ms
-from eval.report import summarise
-from eval.run import append_result, read_results
-from specfit.cost import CostModel, PROFILES, get_profile
-from specfit.errors import SpecFitInputError
+from specfit.eval import metrics
+from specfit.eval.datasets import load_prompts
+from specfit.eval.modeled import DRAFT_LEVEL_MS, cost_scaling_note, modeled_cycle_ms
+from specfit.eval.report import summarise
+from specfit.eval.run import append_result, read_results
+from specfit.core.cost import CostModel, PROFILES, get_profile
+from specfit.core.errors import SpecFitInputError
 
 
 def test_tau_counts_the_bonus_token():

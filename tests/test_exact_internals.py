@@ -8,12 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from solvers import exact as exact_mod
-from solvers.coverage import coverage
-from specfit.cost import CostModel
-from specfit.instance import Instance
-from specfit.objective import evaluate
-from specfit.tree import DraftTree
+from specfit.solvers import exact as exact_mod
+from specfit.solvers.coverage import coverage
+from specfit.core.cost import CostModel
+from specfit.core.instance import Instance
+from specfit.core.objective import evaluate
+from specfit.core.tree import DraftTree
 
 
 def _closures(parents):

@@ -14,10 +14,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from models.predictors import (FrequencyPredictor, ProbePredictor, RecencyPredictor, build_frequency,
+from specfit.models.predictors import (FrequencyPredictor, ProbePredictor, RecencyPredictor, build_frequency,
                                get_predictor, global_counts, recall_at_k, train_probe)
-from models.traces import RoutingTrace
-from specfit.errors import SpecFitInputError
+from specfit.models.traces import RoutingTrace
+from specfit.core.errors import SpecFitInputError
 
 torch.set_num_threads(1)
 L, E, K, V, HD = 3, 16, 2, 24, 6
@@ -291,7 +291,7 @@ def tiny_checkpoint(path, vocab_size: int = 64):
 
 @pytest.fixture(scope="module")
 def tiny_target(tmp_path_factory):
-    from models.qwen3_moe import OffloadedQwen3Moe
+    from specfit.models.qwen3_moe import OffloadedQwen3Moe
 
     path = tmp_path_factory.mktemp("tiny_target")
     cfg = tiny_checkpoint(path)
@@ -299,7 +299,7 @@ def tiny_target(tmp_path_factory):
 
 
 def test_record_prompt_stores_the_runtime_routing(tiny_target):
-    from models.traces import record_prompt
+    from specfit.models.traces import record_prompt
 
     _, _, model = tiny_target
     ids = torch.arange(3, 20)
@@ -316,8 +316,8 @@ def test_record_prompt_stores_the_runtime_routing(tiny_target):
 
 def test_recorded_draft_hidden_equals_the_drafters_depth1_hidden(tiny_target):
     """Row j of the teacher-forced trace is what draft_levels attaches to a depth-1 child of x[j-1]."""
-    from models.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head
-    from models.traces import record_prompt
+    from specfit.models.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head
+    from specfit.models.traces import record_prompt
 
     _, tcfg, model = tiny_target
     torch.manual_seed(1)

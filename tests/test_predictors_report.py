@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
-from eval.predictors import VARIANTS, main
-from models.traces import RoutingTrace
-from specfit.errors import SpecFitInputError
+from specfit.eval.predictors import VARIANTS, main
+from specfit.models.traces import RoutingTrace
+from specfit.core.errors import SpecFitInputError
 from test_predictors import tiny_checkpoint
 
 torch.set_num_threads(1)
@@ -55,7 +55,7 @@ def test_replay_observes_only_tokens_before_the_root(depth):
     """Token j is predicted as a depth-d node: exactly the tokens < j - d have been observed."""
     import numpy as np
 
-    from eval.predictors import SKIP, replay
+    from specfit.eval.predictors import SKIP, replay
 
     class Spy:
         name = "spy"

@@ -6,18 +6,18 @@ import numpy as np
 import pytest
 import torch
 
-from models.eagle3 import DraftLevel, load_eagle3
-from models.proxy import EAGLE3_DIR, TARGET_DIR, paths
-from models.proxy.data import gsm8k, gsm8k_prompt
-from models.proxy.evaluate import greedy_tau, select_tree
-from models.proxy.train_head import draft_vocabulary
+from specfit.models.eagle3 import DraftLevel, load_eagle3
+from specfit.models.proxy import EAGLE3_DIR, TARGET_DIR, paths
+from specfit.models.proxy.data import gsm8k, gsm8k_prompt
+from specfit.models.proxy.evaluate import greedy_tau, select_tree
+from specfit.models.proxy.train_head import draft_vocabulary
 
 torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")
 def shipped():
-    from models.proxy.train_head import load_target
+    from specfit.models.proxy.train_head import load_target
 
     target, tok = load_target(TARGET_DIR)
     head = load_eagle3(EAGLE3_DIR, target.config, embed_weight=target.get_input_embeddings().weight)

@@ -9,7 +9,7 @@ import sys
 
 def test_runtime_bench_counts(tmp_path):
     out = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, "-m", "eval.runtime_bench", "--synthetic", "tiny", "--repeats", "2",
+    proc = subprocess.run([sys.executable, "-m", "specfit.eval.runtime_bench", "--synthetic", "tiny", "--repeats", "2",
                            "--json", str(out)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     res = json.loads(out.read_text())

@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from models.experts import LFU, LRU, DeviceExpertCache, HostExpertStore, parse_bytes, slots_for_budget
-from specfit.errors import SpecFitInputError
+from specfit.models.experts import LFU, LRU, DeviceExpertCache, HostExpertStore, parse_bytes, slots_for_budget
+from specfit.core.errors import SpecFitInputError
 
 E, H, I, L = 6, 4, 3, 2
 

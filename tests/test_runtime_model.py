@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from models.qwen3_moe import CheckpointError, OffloadedQwen3Moe, default_aux_layers, greedy_generate
+from specfit.models.qwen3_moe import CheckpointError, OffloadedQwen3Moe, default_aux_layers, greedy_generate
 from specfit.cli import main as cli_main
-from specfit.errors import SpecFitInputError
+from specfit.core.errors import SpecFitInputError
 
 torch.set_num_threads(1)
 ATOL = 1e-4

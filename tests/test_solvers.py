@@ -2,7 +2,7 @@
 
 ``exact``, ``cpsat`` and ``bruteforce`` must agree on the optimal value with and without each
 budget, in ratio and rate mode; every selection must be ancestor-closed, within budget, and report
-the numbers :func:`specfit.objective.evaluate` recomputes; heuristics never beat ``exact``; ``scan``
+the numbers :func:`specfit.core.objective.evaluate` recomputes; heuristics never beat ``exact``; ``scan``
 equals ``exact`` without an expert term.
 """
 
@@ -16,13 +16,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from solvers import STATUSES, get_solver
-from solvers.greedy import path_prob_order
-from specfit.cost import CostModel
-from specfit.errors import SpecFitInputError
-from specfit.instance import Instance
-from specfit.objective import evaluate, within_budget
-from specfit.tree import DraftTree
+from specfit.solvers import STATUSES, get_solver
+from specfit.solvers.greedy import path_prob_order
+from specfit.core.cost import CostModel
+from specfit.core.errors import SpecFitInputError
+from specfit.core.instance import Instance
+from specfit.core.objective import evaluate, within_budget
+from specfit.core.tree import DraftTree
 from strategies import BUDGETS, instances
 
 EXACT = ("exact", "cpsat", "bruteforce")
@@ -131,7 +131,7 @@ def test_eagle_rejects_bad_total_tokens():
 
 
 def test_cpsat_under_a_tiny_time_limit_never_claims_an_unproven_optimum():
-    from eval.instances import PRESETS, generate_instance
+    from specfit.eval.instances import PRESETS, generate_instance
 
     inst = generate_instance(96, PRESETS["qwen3-30b-a3b"], np.random.default_rng(3))
     inst = replace(inst, max_nodes=24)
@@ -145,7 +145,7 @@ def test_cpsat_under_a_tiny_time_limit_never_claims_an_unproven_optimum():
 
 @pytest.mark.parametrize("max_nodes", [None, 32])
 def test_exact_and_cpsat_agree_on_preset_instances(max_nodes):
-    from eval.instances import PRESETS, generate_instances, with_options
+    from specfit.eval.instances import PRESETS, generate_instances, with_options
 
     spec = with_options(PRESETS["qwen3-30b-a3b"], max_nodes=max_nodes, sharing=0.8, cache_fraction=0.5)
     for _, _, inst in generate_instances(spec, [48], 4, seed=7):
@@ -158,9 +158,9 @@ def test_exact_and_cpsat_agree_on_preset_instances(max_nodes):
 
 def test_cpsat_handles_denormal_costs():
     # found by hypothesis: a denormal per_node_ms made the integer scaling factor infinite
-    from specfit.cost import CostModel
-    from specfit.instance import Instance
-    from specfit.tree import DraftTree
+    from specfit.core.cost import CostModel
+    from specfit.core.instance import Instance
+    from specfit.core.tree import DraftTree
 
     inst = Instance(DraftTree([-1, 0], path_prob=[1.0, 0.0], experts=np.zeros((2, 0, 0), dtype=np.int64),
                               num_experts=1),

@@ -8,12 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from solvers import get_solver
-from solvers.stop import should_stop
-from specfit.cost import CostModel
-from specfit.errors import SpecFitInputError
-from specfit.instance import Instance
-from specfit.tree import DraftTree
+from specfit.solvers import get_solver
+from specfit.solvers.stop import should_stop
+from specfit.core.cost import CostModel
+from specfit.core.errors import SpecFitInputError
+from specfit.core.instance import Instance
+from specfit.core.tree import DraftTree
 from strategies import BUDGETS, level_instances
 
 

@@ -6,10 +6,10 @@ import networkx as nx
 import numpy as np
 import pytest
 
-from specfit.cost import CostModel
-from specfit.errors import SpecFitInputError
-from specfit.instance import Instance, load_instance, save_instance
-from specfit.tree import DraftTree
+from specfit.core.cost import CostModel
+from specfit.core.errors import SpecFitInputError
+from specfit.core.instance import Instance, load_instance, save_instance
+from specfit.core.tree import DraftTree
 
 #        0
 #      /   \

@@ -14,10 +14,10 @@ import sys
 
 import pytest
 
-from solvers import available_solvers, get_solver
+from specfit.solvers import available_solvers, get_solver
 from specfit.cli import main
-from specfit.errors import SpecFitInputError
-from specfit.instance import Instance, load_instance
+from specfit.core.errors import SpecFitInputError
+from specfit.core.instance import Instance, load_instance
 
 VALID = {
     "parents": [-1, 0, 0, 1],

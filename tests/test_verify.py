@@ -5,8 +5,8 @@ import itertools
 import pytest
 import torch
 
-from specfit.errors import SpecFitInputError
-from specfit.verify import target_probs, verify_greedy, verify_sampling
+from specfit.core.errors import SpecFitInputError
+from specfit.engine.verify import target_probs, verify_greedy, verify_sampling
 
 V = 3
 # A Markov "target": the next-token logits depend on the current token only.

@@ -7,7 +7,7 @@ package data and load without any download:
 - ``eagle3/``: an EAGLE-3 head in the public checkpoint layout (config.json, model.safetensors,
   README.md), see :mod:`models.eagle3`.
 
-Training is reproduced with ``python -m models.proxy.train --all`` (see the model cards).
+Training is reproduced with ``python -m specfit.models.proxy.train --all`` (see the model cards).
 """
 
 from __future__ import annotations

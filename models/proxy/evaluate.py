@@ -134,7 +134,7 @@ def greedy_tau(target, head, prompt_ids, *, total_tokens: int = 32, depth: int =
     """
     import torch
 
-    from models.eagle3 import Eagle3Drafter, select_aux_hidden
+    from specfit.models.eagle3 import Eagle3Drafter, select_aux_hidden
 
     dev = next(target.parameters()).device
     eos = target.config.eos_token_id
@@ -178,7 +178,7 @@ def measure_tau(target, head, tokenizer, questions: list[str], **tree) -> dict:
         ``tau`` (mean over all cycles), ``tau_per_prompt_median``, ``cycles``, ``new_tokens``,
         ``prompts`` and the tree settings used.
     """
-    from models.proxy.data import gsm8k_prompt
+    from specfit.models.proxy.data import gsm8k_prompt
 
     all_taus, per_prompt, new = [], [], 0
     for q in questions:

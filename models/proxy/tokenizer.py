@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
-from models.proxy.data import EOS
+from specfit.models.proxy.data import EOS
 
 #: Vocabulary size of the proxy tokenizer (including the special token).
 VOCAB_SIZE = 4096

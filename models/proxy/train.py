@@ -2,9 +2,9 @@
 
 Usage::
 
-    python -m models.proxy.train --all          # tokenizer, target, EAGLE-3 head, τ, model cards
-    python -m models.proxy.train --target       # tokenizer + target only
-    python -m models.proxy.train --head --tau   # head (needs a trained target) and τ measurement
+    python -m specfit.models.proxy.train --all          # tokenizer, target, EAGLE-3 head, τ, model cards
+    python -m specfit.models.proxy.train --target       # tokenizer + target only
+    python -m specfit.models.proxy.train --head --tau   # head (needs a trained target) and τ measurement
 
 Stages write into :data:`models.proxy.TARGET_DIR` and :data:`models.proxy.EAGLE3_DIR`
 (``--out`` changes the parent directory). Threads: ``--threads`` (default 2). Wall-clock caps
@@ -19,12 +19,12 @@ import json
 import time
 from pathlib import Path
 
-from models.proxy import EAGLE3_DIR, TARGET_DIR
+from specfit.models.proxy import EAGLE3_DIR, TARGET_DIR
 
 
 def main(argv=None) -> None:
     """Command-line entry point (see the module docstring)."""
-    ap = argparse.ArgumentParser(prog="python -m models.proxy.train", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m specfit.models.proxy.train", description=__doc__.split("\n")[0])
     ap.add_argument("--all", action="store_true", help="run every stage")
     ap.add_argument("--target", action="store_true", help="train the tokenizer and the target")
     ap.add_argument("--head", action="store_true", help="train the EAGLE-3 head on the target")
@@ -40,7 +40,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     import torch
 
-    from models.proxy import data
+    from specfit.models.proxy import data
 
     torch.set_num_threads(args.threads)
     target_dir = args.out / "target" if args.out else TARGET_DIR
@@ -48,8 +48,8 @@ def main(argv=None) -> None:
     data_dir = args.data_dir or data.DATA_DIR
     run_all = args.all or not (args.target or args.head or args.tau)
     if run_all or args.target:
-        from models.proxy.tokenizer import train_tokenizer
-        from models.proxy.train_target import train_target
+        from specfit.models.proxy.tokenizer import train_tokenizer
+        from specfit.models.proxy.train_target import train_target
 
         sources = data.training_sources(data_dir)
         target_dir.mkdir(parents=True, exist_ok=True)
@@ -59,13 +59,13 @@ def main(argv=None) -> None:
         (target_dir / "train_info.json").write_text(json.dumps(info, indent=2) + "\n")
         print("target:", info, flush=True)
     if run_all or args.head:
-        from models.proxy.train_head import train_head
+        from specfit.models.proxy.train_head import train_head
 
         info = train_head(target_dir, head_dir, data_dir=data_dir, steps=args.head_steps,
                           max_minutes=args.head_minutes, device=args.device)
         print("head:", info, flush=True)
     if run_all or args.tau:
-        from models.proxy.report import write_reports
+        from specfit.models.proxy.report import write_reports
 
         write_reports(target_dir, head_dir, data_dir=data_dir, device=args.device)
 

@@ -31,7 +31,7 @@ def load_target(target_dir, device="cpu"):
     import torch
     from transformers import AutoTokenizer, Qwen3MoeForCausalLM
 
-    from models.proxy.train_target import use_grouped_mm
+    from specfit.models.proxy.train_target import use_grouped_mm
 
     model = Qwen3MoeForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).to(device).eval()
     use_grouped_mm(model)
@@ -170,9 +170,9 @@ def train_head(target_dir: Path, out_dir: Path, *, data_dir=None, steps: int = 8
     """
     import torch
 
-    from models.eagle3 import Eagle3Config, Eagle3Head, default_aux_layer_ids, save_eagle3, select_aux_hidden
-    from models.proxy import data
-    from models.proxy.train_target import SOURCE_WEIGHTS, lr_at, sample_batch, tokenize_sources
+    from specfit.models.eagle3 import Eagle3Config, Eagle3Head, default_aux_layer_ids, save_eagle3, select_aux_hidden
+    from specfit.models.proxy import data
+    from specfit.models.proxy.train_target import SOURCE_WEIGHTS, lr_at, sample_batch, tokenize_sources
 
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed + 1)

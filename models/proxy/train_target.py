@@ -110,7 +110,7 @@ def save_checkpoint(model, tokenizer, out_dir: Path) -> None:
 
     import torch
 
-    from models.eagle3 import write_dir_atomically
+    from specfit.models.eagle3 import write_dir_atomically
 
     def write(tmp: Path):
         copy.deepcopy(model).to(torch.bfloat16).save_pretrained(str(tmp))  # training weights stay float32

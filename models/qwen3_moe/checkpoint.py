@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from models.experts import HostExpertStore
-from models.qwen3_moe.config import CheckpointError, Qwen3MoeSpec
+from specfit.models.experts import HostExpertStore
+from specfit.models.qwen3_moe.config import CheckpointError, Qwen3MoeSpec
 
 
 class CheckpointReader:

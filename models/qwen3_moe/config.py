@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from specfit.errors import SpecFitInputError
+from specfit.core.errors import SpecFitInputError
 
 #: The only architecture this runtime loads.
 ARCHITECTURE = "Qwen3MoeForCausalLM"

@@ -7,8 +7,8 @@ from typing import Sequence
 
 import torch
 
-from models.qwen3_moe.model import OffloadedQwen3Moe
-from specfit.errors import SpecFitInputError
+from specfit.models.qwen3_moe.model import OffloadedQwen3Moe
+from specfit.core.errors import SpecFitInputError
 
 #: Files whose presence means a checkpoint directory ships a tokenizer.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")

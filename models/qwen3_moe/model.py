@@ -27,11 +27,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from models.experts import DeviceExpertCache, HostExpertStore, check_cache_args, parse_bytes, slots_for_budget
-from models.qwen3_moe.checkpoint import CheckpointReader, load_dense, load_experts
-from models.qwen3_moe.config import Qwen3MoeSpec, read_spec
-from specfit.errors import SpecFitInputError, check_positive_int
-from specfit.tree import DraftTree
+from specfit.models.experts import DeviceExpertCache, HostExpertStore, check_cache_args, parse_bytes, slots_for_budget
+from specfit.models.qwen3_moe.checkpoint import CheckpointReader, load_dense, load_experts
+from specfit.models.qwen3_moe.config import Qwen3MoeSpec, read_spec
+from specfit.core.errors import SpecFitInputError, check_positive_int
+from specfit.core.tree import DraftTree
 
 
 @dataclass

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-from specfit.cost import CostModel
-from specfit.errors import SpecFitInputError
-from specfit.tree import DraftTree
+from specfit.core.cost import CostModel
+from specfit.core.errors import SpecFitInputError
+from specfit.core.tree import DraftTree
 
 _REQUIRED = ("parents", "path_prob", "num_experts", "experts", "cost")
 _OPTIONAL = ("cache", "max_nodes", "max_new_experts_per_layer", "tokens")

@@ -16,8 +16,8 @@ from typing import Iterable
 
 import numpy as np
 
-from specfit.errors import SpecFitInputError
-from specfit.instance import Instance
+from specfit.core.errors import SpecFitInputError
+from specfit.core.instance import Instance
 
 
 @dataclass(frozen=True)

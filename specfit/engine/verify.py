@@ -29,7 +29,7 @@ from typing import Sequence
 
 import torch
 
-from specfit.errors import SpecFitInputError
+from specfit.core.errors import SpecFitInputError
 
 
 @dataclass(frozen=True)

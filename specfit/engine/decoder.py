@@ -31,13 +31,13 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from solvers import get_solver
-from solvers.stop import should_stop
-from specfit.cost import CostModel, calibrate
-from specfit.errors import SpecFitInputError, check_positive_int, lookup
-from specfit.instance import Instance
-from specfit.tree import DraftTree
-from specfit.verify import verify_greedy, verify_sampling
+from specfit.solvers import get_solver
+from specfit.solvers.stop import should_stop
+from specfit.core.cost import CostModel, calibrate
+from specfit.core.errors import SpecFitInputError, check_positive_int, lookup
+from specfit.core.instance import Instance
+from specfit.core.tree import DraftTree
+from specfit.engine.verify import verify_greedy, verify_sampling
 
 
 @dataclass(frozen=True)
@@ -215,7 +215,7 @@ class SpecDecoder:
         For ``oracle``: a second target instance on the same weights whose KV mirrors ``target``;
         it computes the true routing of each drafted tree outside the timed path.
     temperature, top_p : float
-        0 → greedy verification; > 0 → lossless sampling verification (:mod:`specfit.verify`).
+        0 → greedy verification; > 0 → lossless sampling verification (:mod:`specfit.engine.verify`).
     seed : int
         Seed of the sampling verifier.
     rate_mode : bool
@@ -225,7 +225,7 @@ class SpecDecoder:
         Verify-width budget passed to the selector.
     calibrate_every : int, optional
         Online cost model: every this many cycles (once at least ``L + 2`` have run), refit
-        ``fixed_ms``, ``per_node_ms`` and ``per_expert_ms`` by NNLS (:func:`specfit.cost.calibrate`)
+        ``fixed_ms``, ``per_node_ms`` and ``per_expert_ms`` by NNLS (:func:`specfit.core.cost.calibrate`)
         from this decoder's measured cycles (nodes verified, experts transferred per layer, measured
         verify ms) and select with the fitted model; :attr:`calibration` holds the last fit.
 

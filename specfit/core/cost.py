@@ -16,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-from specfit.errors import SpecFitInputError, check_positive_int, lookup
+from specfit.core.errors import SpecFitInputError, check_positive_int, lookup
 
 #: Bytes of one Qwen3-30B-A3B expert in bf16: (gate, up, down) = 3 * 2048 * 768 params * 2 bytes.
 QWEN3_30B_A3B_EXPERT_BYTES = 9_437_184

@@ -18,7 +18,7 @@ from typing import Iterable, Sequence
 import networkx as nx
 import numpy as np
 
-from specfit.errors import SpecFitInputError
+from specfit.core.errors import SpecFitInputError
 
 #: Slack allowed when checking that path probabilities do not increase along a path.
 PROB_TOL = 1e-9
