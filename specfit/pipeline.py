@@ -122,20 +122,21 @@ def _head_config(target_dir: Path, draft_dir: Path) -> tuple[dict, tuple[int, ..
     return target_cfg, check_target(Eagle3Config.from_dict(json.loads(path.read_text())), target_cfg)
 
 
-def _build_predictor(name: str, target_dir: Path, trace, spec):
-    from specfit.models.predictors import PREDICTORS, get_predictor
+def _predictor_trace(name: str, target_dir: Path, trace) -> Path | None:
+    """The routing trace a named predictor is built from (None: ``recency`` without one); checked
+    before any weights are read."""
     from specfit.core.errors import lookup
+    from specfit.models.predictors import PREDICTORS
 
     lookup(PREDICTORS, name, "predictor")
-    dims = dict(num_layers=len(spec.moe_layers), num_experts=spec.num_experts, top_k=spec.top_k)
     if name == "recency" and trace is None:
-        return get_predictor(name, **dims)
+        return None
     trace = Path(trace) if trace is not None else target_dir / "routing_trace.npz"
     if not trace.is_file():
         raise SpecFitInputError("predictor_trace", f"predictor {name!r} needs a routing trace; no such file: {trace} "
                                 "(record one with python -m specfit.eval.predictors --save-traces, "
                                 "or use predictor='recency')")
-    return get_predictor(name, trace=trace, **dims)
+    return trace
 
 
 class SpecFit:
@@ -246,6 +247,8 @@ class SpecFit:
         target_dir = Path(target_dir)
         read_spec(target_dir)  # a missing or unsupported checkpoint fails here, before the head is read
         head_cfg = None if draft_dir is None else _head_config(target_dir, Path(draft_dir))
+        named = head_cfg is not None and isinstance(predictor, str)
+        trace = _predictor_trace(predictor, target_dir, predictor_trace) if named else None
         load = dict(device=device, dtype=_as_dtype(dtype), eviction=eviction, max_len=max_len,
                     aux_layers=None if head_cfg is None else head_cfg[1])
         target = OffloadedQwen3Moe.from_pretrained(target_dir, cache_slots=0 if budget is not None else cache_slots,
@@ -261,11 +264,13 @@ class SpecFit:
         slots = target.cache.slots if budget is None else target.slots_for(budget, reserved_bytes=head_bytes)
         if budget is not None:
             target.reset_cache(slots)
-        built = None
-        if drafter is not None and predictor is not None:
-            built = (_build_predictor(predictor, target_dir, predictor_trace, target.spec)
-                     if isinstance(predictor, str) else predictor)
-        L = len(target.spec.moe_layers)
+        spec, built = target.spec, None if drafter is None else predictor
+        L = len(spec.moe_layers)
+        if named:
+            from specfit.models.predictors import get_predictor
+
+            built = get_predictor(predictor, num_layers=L, num_experts=spec.num_experts, top_k=spec.top_k,
+                                  **({} if trace is None else {"trace": trace}))
 
         def reference():
             return OffloadedQwen3Moe.from_pretrained(target_dir, cache_slots="all", **load)
