@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from specfit.core.cost import DEFAULT_PROFILE, CostModel, get_profile
-from specfit.core.errors import SpecFitInputError, check_positive_int
+from specfit.core.errors import SpecFitInputError, check_positive_int, lookup
 from specfit.engine import CycleRecord, Method, SpecDecoder, TreeSettings, get_method
 
 if TYPE_CHECKING:  # torch and the model code load only when a model does
@@ -125,7 +125,6 @@ def _head_config(target_dir: Path, draft_dir: Path) -> tuple[dict, tuple[int, ..
 def _predictor_trace(name: str, target_dir: Path, trace) -> Path | None:
     """The routing trace a named predictor is built from (None: ``recency`` without one); checked
     before any weights are read."""
-    from specfit.core.errors import lookup
     from specfit.models.predictors import PREDICTORS
 
     lookup(PREDICTORS, name, "predictor")
