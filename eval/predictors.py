@@ -156,7 +156,7 @@ def run(model_dir: Path, *, head_dir: Path | None, n_train: int, n_eval: int, ma
                                               aux_layers=aux_layers)
     head = None
     if head_dir is not None:
-        head = load_eagle3(head_dir, cfg, embed_weight=model.w["model.embed_tokens.weight"].float().cpu(), device=device)
+        head = load_eagle3(head_dir, cfg, embed_weight=model.embed_weight.float().cpu(), device=device)
     train_txt, eval_txt = prompt_texts(n_train, n_eval, data_dir)
     V = model.spec.vocab_size
     t0 = time.perf_counter()

@@ -342,68 +342,30 @@ def make_record(prompt: Prompt, method: str, prompt_ids: list[int], gen, text: s
 
 
 # -- models ---------------------------------------------------------------------------------------
-class _Models:
-    """The target(s), head and per-method decoders of one run."""
+def load_models(p: Plan):
+    """The target, head, predictor and cost model of a run, built by :class:`specfit.pipeline.SpecFit`.
 
-    def __init__(self, p: Plan):
-        from specfit.models.eagle3 import Eagle3Drafter, load_eagle3
-        from specfit.models.qwen3_moe import OffloadedQwen3Moe
+    One target serves every method: :meth:`SpecFit.decoder` gives it an empty expert cache of
+    ``cache_slots`` (0 for ``eagle3-vanilla``) before each generation. Its KV holds the longest
+    prompt, ``max_new_tokens`` and one draft tree.
+    """
+    from specfit.pipeline import SpecFit, kv_tokens_needed
 
-        c = p.config
-        longest = max(len(ids) for _, ids in p.prompts)
-        tree_nodes = c.top_k * (1 + (c.depth - 1) * c.top_k)  # nodes EAGLE-2 growth drafts at most
-        self.max_len = longest + c.max_new_tokens + tree_nodes + 2
-        self.aux, self.head = None, None
-        if p.draft_dir is not None:  # the head fixes which target features the target must return
-            from specfit.models.eagle3 import Eagle3Config, check_target
+    c = p.config
+    longest = max(len(ids) for _, ids in p.prompts)
+    needs_predictor = p.trace_path is not None or c.predictor == "recency"
+    return SpecFit.from_pretrained(p.target_dir, p.draft_dir, cache_slots=c.cache_slots, eviction=c.eviction,
+                                   device=c.device, predictor=c.predictor if needs_predictor else None,
+                                   predictor_trace=p.trace_path, profile=c.profile,
+                                   max_len=kv_tokens_needed(longest, c.max_new_tokens, _tree(c)))
 
-            target_cfg = json.loads((p.target_dir / "config.json").read_text())
-            head_cfg = Eagle3Config.from_dict(json.loads((p.draft_dir / "config.json").read_text()))
-            self.aux = check_target(head_cfg, target_cfg)
 
-        def load(slots):
-            return OffloadedQwen3Moe.from_pretrained(p.target_dir, device=c.device, cache_slots=slots,
-                                                     eviction=c.eviction, max_len=self.max_len, aux_layers=self.aux)
+def _tree(c: EvalConfig) -> TreeSettings:
+    return TreeSettings(c.total_tokens, c.depth, c.top_k)
 
-        self.targets = {}
-        for m in p.methods:
-            slots = c.cache_slots if m.uses_cache else 0
-            if slots not in self.targets:
-                self.targets[slots] = load(slots)
-        self.reference = load("all") if any(m.oracle for m in p.methods) else None
-        if p.draft_dir is not None:
-            any_target = next(iter(self.targets.values()))
-            embed = any_target.w["model.embed_tokens.weight"]
-            self.head = load_eagle3(p.draft_dir, target_config=target_cfg, embed_weight=embed.float(),
-                                    device=c.device, dtype=any_target.dtype)
-        self.drafter = Eagle3Drafter(self.head) if self.head is not None else None
-        any_target = next(iter(self.targets.values()))
-        self.spec = any_target.spec
-        self.num_layers = len(self.spec.moe_layers)
-        self.cost = get_profile(c.profile).for_layers(self.num_layers)
-        self.predictor = None
-        if p.trace_path is not None or c.predictor == "recency":
-            from specfit.models.predictors import get_predictor
 
-            extra = {} if p.trace_path is None else {"trace": p.trace_path}
-            self.predictor = get_predictor(c.predictor, num_layers=self.num_layers, num_experts=self.spec.num_experts,
-                                           top_k=self.spec.top_k, **extra)
-
-    def decoder(self, p: Plan, method, seed: int):
-        """A fresh :class:`SpecDecoder` for ``method`` whose target starts with an empty expert cache."""
-        from specfit.models.experts import DeviceExpertCache
-        from specfit.engine import SpecDecoder
-
-        c = p.config
-        slots = c.cache_slots if method.uses_cache else 0
-        target = self.targets[slots]
-        target.cache = None  # free the old slots before allocating the new ones
-        target.cache = DeviceExpertCache(target.store, target.device, slots, c.eviction)
-        predictor = self.predictor if method.selector in ("scan", "exact") and not method.oracle else None
-        return SpecDecoder(target, self.drafter if method.draft else None, method,
-                           tree=TreeSettings(c.total_tokens, c.depth, c.top_k), cost=self.cost, predictor=predictor,
-                           reference=self.reference if method.oracle else None, temperature=c.temperature,
-                           top_p=c.top_p, seed=seed, rate_mode=c.rate_mode)
+def _sampling(c: EvalConfig, seed: int) -> dict:
+    return dict(temperature=c.temperature, top_p=c.top_p, seed=seed, rate_mode=c.rate_mode)
 
 
 def _prompt_seed(seed: int, prompt: Prompt) -> int:
@@ -442,6 +404,45 @@ def run_eval(config: EvalConfig, progress: bool = True) -> dict:
         torch.set_num_threads(threads)
 
 
+def evaluate(config: EvalConfig | None = None, /, *, progress: bool = False, **options) -> dict:
+    """Run the evaluation from Python with the settings ``specfit eval`` takes.
+
+    Parameters
+    ----------
+    config : EvalConfig, optional
+        Base settings (default ``EvalConfig()``, the CLI's defaults).
+    progress : bool
+        Show a progress bar (tqdm, on stderr).
+    **options
+        Fields of :class:`EvalConfig` overriding ``config`` (``limit=2``, ``out="runs/x"``, ...);
+        ``datasets`` and ``methods`` may be comma-separated strings, as on the command line, or
+        sequences of names.
+
+    Returns
+    -------
+    dict
+        As :func:`run_eval`: ``rows`` (summary rows), ``markdown``, ``paths``, ``ran``, ``skipped``.
+
+    Raises
+    ------
+    TypeError
+        An option that is not a field of :class:`EvalConfig`.
+    SpecFitInputError
+        Bad configuration or input (see :func:`plan`); raised before anything is written.
+    """
+    from dataclasses import fields, replace
+
+    unknown = sorted(set(options) - {f.name for f in fields(EvalConfig)})
+    if unknown:
+        raise TypeError(f"evaluate() got an unknown option {unknown[0]!r}; the options are EvalConfig's fields")
+    for name in ("datasets", "methods"):
+        if isinstance(options.get(name), str):
+            options[name] = tuple(s.strip() for s in options[name].split(",") if s.strip())
+        elif name in options:
+            options[name] = tuple(options[name])
+    return run_eval(replace(config or EvalConfig(), **options), progress=progress)
+
+
 def _run(p: Plan, progress: bool) -> dict:
     import torch
     from tqdm import tqdm
@@ -449,7 +450,9 @@ def _run(p: Plan, progress: bool) -> dict:
     from specfit.eval.report import atomic_write_text, write_summary
 
     config = p.config
-    models = _Models(p)
+    models = load_models(p)
+    spec = models.target.spec
+    num_layers = len(spec.moe_layers)
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     cfg_path = out / "config.json"
@@ -460,15 +463,15 @@ def _run(p: Plan, progress: bool) -> dict:
     done = {(r["id"], r["dataset"], r["method"]) for r in read_results(results_path, repair=True)}
     todo = [(pr, ids, m) for pr, ids in p.prompts for m in p.methods if (pr.id, pr.dataset, m.name) not in done]
     skipped = len(p.prompts) * len(p.methods) - len(todo)
-    eos = models.spec.eos_token_id
+    eos = models.eos_token_id
     draft_ms = DRAFT_LEVEL_MS[config.profile]
     with open(results_path, "a", encoding="utf-8") as f, torch.no_grad():
         for m in dict.fromkeys(m for _, _, m in todo):  # untimed warm-up: first-call costs stay out of wall_s
-            models.decoder(p, m, 0).generate(todo[0][1][-WARMUP_TOKENS:], 2)
+            models.decoder(m, tree=_tree(config), **_sampling(config, 0)).generate(todo[0][1][-WARMUP_TOKENS:], 2)
         bar = tqdm(todo, desc="specfit eval", unit="gen", disable=not progress, dynamic_ncols=True)
         for pr, ids, m in bar:
             bar.set_postfix_str(f"{pr.dataset}/{pr.id[:18]} {m.name}")
-            dec = models.decoder(p, m, _prompt_seed(config.seed, pr))
+            dec = models.decoder(m, tree=_tree(config), **_sampling(config, _prompt_seed(config.seed, pr)))
             gen = dec.generate(ids, config.max_new_tokens, eos_id=eos)
             text = p.tokenizer.decode(gen.output_ids, skip_special_tokens=True)
             append_result(f, make_record(pr, m.name, ids, gen, text, models.cost, draft_ms))
@@ -478,13 +481,13 @@ def _run(p: Plan, progress: bool) -> dict:
     sets = {d: i for i, d in enumerate(dict.fromkeys(pr.dataset for pr, _ in p.prompts))}
     records = sorted((r for r in records if (r["id"], r["dataset"]) in keys and r["method"] in order),
                      key=lambda r: (sets[r["dataset"]], order[r["method"]]))  # rows: datasets, then --methods
-    meta = {"config": config.to_json(), "resolved": p.identity, "num_layers": models.num_layers,
-            "num_experts": int(models.spec.num_experts), "top_k": int(models.spec.top_k),
-            "cost": models.cost.to_json(), "draft_level_ms": draft_ms, "max_len": models.max_len}
+    meta = {"config": config.to_json(), "resolved": p.identity, "num_layers": num_layers,
+            "num_experts": int(spec.num_experts), "top_k": int(spec.top_k),
+            "cost": models.cost.to_json(), "draft_level_ms": draft_ms, "max_len": models.target.max_len}
     rows, text, paths = write_summary(out, records, meta, [pr for pr, _ in p.prompts])
     return {"rows": rows, "markdown": text, "paths": {"results": results_path, "config": cfg_path, **paths},
             "ran": len(todo), "skipped": skipped}
 
 
-__all__ = ["EvalConfig", "DATASETS", "DEFAULT_METHODS", "DEFAULT_DATASETS", "plan", "run_eval", "read_results",
-           "append_result", "make_record"]
+__all__ = ["EvalConfig", "DATASETS", "DEFAULT_METHODS", "DEFAULT_DATASETS", "plan", "run_eval", "evaluate",
+           "load_models", "read_results", "append_result", "make_record"]

@@ -68,18 +68,19 @@ def _add_generate(sub) -> None:
 
 
 def _run_generate(args) -> int:
-    from specfit.models.qwen3_moe import generate_report
+    from specfit import SpecFit
 
-    ids = None
+    prompt = args.prompt
     if args.prompt_ids is not None:
         try:
-            ids = [int(t) for t in args.prompt_ids.split(",") if t.strip()]
+            prompt = [int(t) for t in args.prompt_ids.split(",") if t.strip()]
         except ValueError:
             raise SpecFitInputError("--prompt-ids", f"must be comma-separated integers, got {args.prompt_ids!r}") from None
     slots = args.cache_slots
     slots = int(slots) if slots is not None and slots.isdigit() else slots
-    rep = generate_report(args.model, prompt=args.prompt, prompt_ids=ids, max_new_tokens=args.max_new_tokens,
-                          device=args.device, cache_slots=slots, gpu_memory=args.gpu_memory, eviction=args.eviction)
+    model = SpecFit.from_pretrained(args.model, cache_slots=slots, gpu_memory_bytes=args.gpu_memory,
+                                    eviction=args.eviction, device=args.device)
+    rep = model.generate(prompt, method="ar", max_new_tokens=args.max_new_tokens).to_json()
     if args.json:
         print(json.dumps(rep))
         return 0
@@ -178,16 +179,14 @@ def _add_eval(sub) -> None:
 
 
 def _run_eval(args) -> int:
-    from specfit.eval.run import EvalConfig, run_eval
+    from specfit import evaluate
 
-    split = lambda text: tuple(s.strip() for s in text.split(",") if s.strip())  # noqa: E731
-    config = EvalConfig(datasets=split(args.dataset), limit=args.limit, methods=split(args.methods),
-                        max_new_tokens=args.max_new_tokens, cache_slots=args.cache_slots, profile=args.profile,
-                        model=args.model, draft=args.draft, temperature=args.temperature, top_p=args.top_p,
-                        seed=args.seed, total_tokens=args.total_tokens, depth=args.depth, top_k=args.top_k,
-                        predictor=args.predictor, predictor_trace=args.predictor_trace,
-                        device=args.device, threads=args.threads, out=args.out)
-    res = run_eval(config, progress=not args.no_progress)
+    res = evaluate(datasets=args.dataset, limit=args.limit, methods=args.methods,
+                   max_new_tokens=args.max_new_tokens, cache_slots=args.cache_slots, profile=args.profile,
+                   model=args.model, draft=args.draft, temperature=args.temperature, top_p=args.top_p,
+                   seed=args.seed, total_tokens=args.total_tokens, depth=args.depth, top_k=args.top_k,
+                   predictor=args.predictor, predictor_trace=args.predictor_trace,
+                   device=args.device, threads=args.threads, out=args.out, progress=not args.no_progress)
     print(res["markdown"], end="")
     print(f"wrote {', '.join(str(p) for p in res['paths'].values())} "
           f"({res['ran']} new generations, {res['skipped']} resumed)")
@@ -203,7 +202,10 @@ _COMMANDS = (    ("solve", _add_solve, _run_solve),
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``specfit`` command with all subcommands."""
+    from specfit import __version__
+
     parser = argparse.ArgumentParser(prog="specfit", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"specfit {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for _, add, _ in _COMMANDS:
         add(sub)

@@ -466,7 +466,7 @@ def test_cli_generate_text_with_tokenizer(moe_ckpt, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv,needle", [
-    (["--prompt", "hello"], "--prompt: the model directory has no tokenizer"),
+    (["--prompt", "hello"], "prompt: the model directory has no tokenizer"),
     (["--prompt-ids", "1,x"], "--prompt-ids"),
     (["--prompt-ids", "1", "--cache-slots", "99"], "cache_slots"),
 ])

@@ -7,8 +7,8 @@ Public API::
 """
 
 from specfit.models.qwen3_moe.config import ARCHITECTURE, CheckpointError, Qwen3MoeSpec, read_spec
-from specfit.models.qwen3_moe.generate import generate_report, greedy_generate
+from specfit.models.qwen3_moe.generate import greedy_generate
 from specfit.models.qwen3_moe.model import ForwardOutput, OffloadedQwen3Moe, default_aux_layers
 
 __all__ = ["ARCHITECTURE", "CheckpointError", "ForwardOutput", "OffloadedQwen3Moe", "Qwen3MoeSpec",
-           "default_aux_layers", "generate_report", "greedy_generate", "read_spec"]
+           "default_aux_layers", "greedy_generate", "read_spec"]

@@ -1,4 +1,4 @@
-"""Greedy autoregressive generation and the report behind ``specfit generate``."""
+"""Greedy autoregressive generation and the tokenizer of a checkpoint directory."""
 
 from __future__ import annotations
 
@@ -62,49 +62,3 @@ def load_tokenizer(model_dir: str | Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(model_dir))
-
-
-def generate_report(model_dir: str | Path, *, prompt: str | None = None, prompt_ids: Sequence[int] | None = None,
-                    max_new_tokens: int, device: str = "cpu", **model_kwargs) -> dict:
-    """Load a checkpoint, decode greedily and report tokens, expert-cache counters and memory.
-
-    Parameters
-    ----------
-    model_dir : str or Path
-        Qwen3-MoE checkpoint directory.
-    prompt : str, optional
-        Prompt text; needs a tokenizer in ``model_dir``. Exactly one of ``prompt``/``prompt_ids``.
-    prompt_ids : sequence of int, optional
-        Prompt token ids.
-    max_new_tokens : int
-        Tokens to generate (fewer when an end-of-sequence id of ``config.json`` is emitted).
-    device : str
-        Compute device.
-    **model_kwargs
-        Passed to :meth:`OffloadedQwen3Moe.from_pretrained` (``cache_slots``, ``gpu_memory``, ``eviction``).
-
-    Returns
-    -------
-    dict
-        ``{"output_ids": [int], "text": str | None, "prompt_ids": [int], "stats": cache stats
-        (see :meth:`DeviceExpertCache.stats`), "memory": bytes (see :meth:`OffloadedQwen3Moe.memory`)}``.
-
-    Raises
-    ------
-    SpecFitInputError
-        No prompt or both, ``prompt`` without a tokenizer, or any loading/runtime input error.
-    """
-    if (prompt is None) == (prompt_ids is None):
-        raise SpecFitInputError("--prompt", "give exactly one of --prompt and --prompt-ids")
-    tokenizer = load_tokenizer(model_dir)
-    if prompt is not None:
-        if tokenizer is None:
-            raise SpecFitInputError("--prompt", "the model directory has no tokenizer; use --prompt-ids")
-        prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    prompt_ids = [int(t) for t in prompt_ids]
-    model = OffloadedQwen3Moe.from_pretrained(model_dir, device=device,
-                                              max_len=len(prompt_ids) + max_new_tokens + 1, **model_kwargs)
-    out = greedy_generate(model, prompt_ids, max_new_tokens, eos_token_id=model.spec.eos_token_id)
-    return {"prompt_ids": prompt_ids, "output_ids": out,
-            "text": None if tokenizer is None else tokenizer.decode(out, skip_special_tokens=True),
-            "stats": model.cache.stats(), "memory": model.memory()}

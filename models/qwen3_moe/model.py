@@ -193,12 +193,39 @@ class OffloadedQwen3Moe:
     def _resident_bytes(self) -> int:
         return sum(t.nbytes for t in self.w.values()) + self.k_cache.nbytes + self.v_cache.nbytes
 
-    def _slots_for(self, budget: int) -> int:
+    def _slots_for(self, budget: int, reserved: int = 0) -> int:
         E, eb = self.spec.num_experts, self.store.expert_bytes
-        slots = slots_for_budget(budget, self._resident_bytes(), len(self.spec.moe_layers), E, eb)
+        resident = self._resident_bytes() + reserved
+        slots = slots_for_budget(budget, resident, len(self.spec.moe_layers), E, eb)
         if slots == 0:  # the transient staging buffer must still fit
-            slots_for_budget(budget, self._resident_bytes() + min(E, 8) * eb, 1, E, eb)
+            slots_for_budget(budget, resident + min(E, 8) * eb, 1, E, eb)
         return slots
+
+    def slots_for(self, gpu_memory, reserved_bytes: int = 0) -> int:
+        """Expert-cache slots per MoE layer that fit in a device memory budget.
+
+        ``slots = min(E, floor((budget - resident - reserved) / (L_moe * expert_bytes)))`` where
+        ``resident`` is the non-expert weights plus the preallocated KV cache (:meth:`memory`);
+        with 0 slots the 8-expert staging buffer must still fit.
+
+        Parameters
+        ----------
+        gpu_memory : int or str
+            Device memory budget, bytes or a size like ``"20GiB"``.
+        reserved_bytes : int
+            Further device bytes to keep free (e.g. a draft head's weights).
+
+        Returns
+        -------
+        int
+            Slots per layer in [0, E].
+
+        Raises
+        ------
+        SpecFitInputError
+            If the budget is not a size or cannot hold the resident bytes (field ``gpu_memory``).
+        """
+        return self._slots_for(parse_bytes(gpu_memory), reserved_bytes)
 
     def memory(self) -> dict:
         """Bytes the runtime holds.
@@ -309,6 +336,35 @@ class OffloadedQwen3Moe:
         """Forget the KV prefix (the expert cache keeps its contents and counters)."""
         self.kv_len = 0
         self._pending = None
+
+    def reset_cache(self, cache_slots: int | str, eviction: str | None = None) -> None:
+        """Replace the expert cache by an empty one with ``cache_slots`` slots per MoE layer.
+
+        The old slots are released before the new ones are allocated, so the device never holds
+        both. ``"all"`` loads every expert (not counted in the new counters).
+
+        Parameters
+        ----------
+        cache_slots : int or "all"
+            Slots per MoE layer, in [0, E]; 0 transfers every needed expert each forward.
+        eviction : str, optional
+            ``"lru"``/``"lfu"``; default: the current cache's policy.
+
+        Raises
+        ------
+        SpecFitInputError
+            If ``cache_slots`` or ``eviction`` is invalid (checked before the old cache is freed).
+        """
+        policy = eviction or self.cache.policy.name
+        check_cache_args(cache_slots, policy, self.spec.num_experts)
+        self.cache = None
+        self.cache = DeviceExpertCache(self.store, self.device, cache_slots, policy)
+
+    @property
+    def embed_weight(self) -> torch.Tensor:
+        """(V, H) input embedding matrix on the device, in the model dtype (an EAGLE-3 head
+        without its own ``embed_tokens`` shares it)."""
+        return self.w["model.embed_tokens.weight"]
 
     # -- internals --------------------------------------------------------------------------------
     def _ids(self, ids) -> torch.Tensor:
