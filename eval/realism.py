@@ -411,14 +411,18 @@ def main(argv: list[str] | None = None) -> int:
                  tau_prompts=args.tau_prompts, max_new_tokens=args.max_new_tokens, device=args.device)
     report["command"] = " ".join(["python -m specfit.eval.realism", *(sys.argv[1:] if argv is None else argv)])
     write_json(args.out, report)
-    print(markdown(report))
-    print(f"written: {args.out}")
+    print(markdown(report) + f"\nwritten: {args.out}")
     return 0
 
 
-if __name__ == "__main__":
+def _cli() -> int:
+    """``main`` with bad input as one stderr line and exit status 2."""
     try:
-        sys.exit(main())
+        return main()
     except SpecFitInputError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        print(f"python -m specfit.eval.realism: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(_cli())

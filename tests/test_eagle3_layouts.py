@@ -195,16 +195,13 @@ SMALL = Eagle3Config(hidden_size=PROXY["hidden_size"], intermediate_size=64, num
                      target_hidden_size=PROXY["hidden_size"])
 
 
-def small_head(seed: int = 0, cfg: Eagle3Config = SMALL) -> Eagle3Head:
-    torch.manual_seed(seed)
-    head = Eagle3Head(cfg).eval()
-    with torch.no_grad():
-        for p in head.parameters():
-            p.normal_(0, 0.05)
-        keep = torch.randperm(cfg.vocab_size)[: cfg.draft_vocab_size].sort().values
-        head.d2t.copy_(keep - torch.arange(cfg.draft_vocab_size))
-        head.t2d.zero_()
-        head.t2d[keep] = True
+def small_head(cfg: Eagle3Config = SMALL) -> Eagle3Head:
+    """Random weights (std 0.05) and a random reduced draft vocabulary, from a fixed generator."""
+    gen, head = torch.Generator().manual_seed(0), Eagle3Head(cfg).eval()
+    keep = torch.randperm(cfg.vocab_size, generator=gen)[: cfg.draft_vocab_size].sort().values
+    state = {k: torch.randn(v.shape, generator=gen) * 0.05 for k, v in head.state_dict().items() if v.is_floating_point()}
+    state.update(d2t=keep - torch.arange(cfg.draft_vocab_size), t2d=torch.isin(torch.arange(cfg.vocab_size), keep))
+    head.load_state_dict(state)
     return head
 
 
