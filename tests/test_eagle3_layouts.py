@@ -272,3 +272,26 @@ def test_specfit_eval_refuses_a_mismatched_head_in_one_line(tmp_path, capsys, mu
     assert main(eval_cli(d, tmp_path / "out")) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and field in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("head_config, field", [
+    ({**SPECFORGE_QWEN3_30B, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 24, 48]}},
+     "eagle_aux_hidden_state_layer_ids"),
+    ({**SPECFORGE_QWEN3_30B, "hidden_size": 4096, "intermediate_size": 12288, "num_attention_heads": 64,
+      "num_key_value_heads": 4}, "target_hidden_size"),                  # a head built for a 4096-wide target
+], ids=["aux-out-of-range", "head-for-a-wider-target"])
+def test_specfit_eval_refuses_real_shape_heads_for_the_wrong_target(tmp_path, capsys, head_config, field):
+    """``specfit eval --model DIR --draft DIR`` on a Qwen3-30B-A3B-shaped target: refused before any weight loads."""
+    import shutil
+
+    target = tmp_path / "qwen3-30b-a3b"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps(QWEN3_30B_A3B))
+    for name in ("tokenizer.json", "tokenizer_config.json"):  # eval prompts are text; any tokenizer will do here
+        shutil.copy(TARGET_DIR / name, target / name)
+    head = real_shape_head(tmp_path / "head", published_names("midlayer."), head_config)
+    args = ["eval", "--model", str(target), "--draft", str(head), "--out", str(tmp_path / "out"), "--dataset", "gsm8k",
+            "--limit", "1", "--methods", "eagle3", "--no-progress"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and field in err
