@@ -13,7 +13,10 @@ and ``eagle_config.eagle_aux_hidden_state_layer_ids``; weights ``fc.weight``,
 ``midlayer.{input_layernorm,hidden_norm,post_attention_layernorm}.weight``,
 ``midlayer.self_attn.{q,k,v,o}_proj.weight``, ``midlayer.mlp.{gate,up,down}_proj.weight``,
 ``norm.weight``, ``lm_head.weight``, ``d2t`` (int64 offsets), ``t2d`` (bool) and optionally
-``embed_tokens.weight`` (otherwise the target's input embedding is used, as EAGLE does).
+``embed_tokens.weight`` (otherwise the target's input embedding is used, as EAGLE does). Also read:
+vLLM's ``layers.0.*`` names for ``midlayer.*``, a ``model.`` prefix, a missing ``t2d`` (rebuilt from
+``d2t``) and the speculators ``config.json`` (:meth:`Eagle3Config.from_dict`,
+:func:`canonical_weight_names`, :func:`inspect_eagle3`).
 
 Aux layer ids index the target's ``output_hidden_states`` tuple (0 = embedding output, i = output
 of decoder layer i-1 = input of layer i), the convention of SGLang/vLLM's
