@@ -72,7 +72,8 @@ class EvalConfig:
     profile : str
         Hardware profile of :mod:`specfit.core.cost` for the selection and the modeled times.
     model, draft : str or None
-        Target checkpoint and EAGLE-3 head directories (default: the shipped proxy pair).
+        Target checkpoint and EAGLE-3 head directories (default: the shipped proxy target and its
+        realistic ``lite`` head); ``draft`` may name a shipped head: ``lite`` or ``strong``.
     temperature, top_p : float
         0 = greedy verification; > 0 = lossless sampling verification.
     seed : int
@@ -129,7 +130,7 @@ class EvalConfig:
 
 
 def _resolve_dirs(config: EvalConfig, drafts: bool) -> tuple[Path, Path | None]:
-    from specfit.models.proxy import paths
+    from specfit.models.proxy import head_dir, paths
 
     shipped = paths()
     target = Path(config.model) if config.model else shipped["target"]
@@ -137,10 +138,10 @@ def _resolve_dirs(config: EvalConfig, drafts: bool) -> tuple[Path, Path | None]:
         raise SpecFitInputError("--model", f"no Qwen3-MoE checkpoint (config.json) in {target}")
     if not drafts:
         return target.resolve(), None
-    draft = Path(config.draft) if config.draft else shipped["eagle3"]
+    draft = head_dir(config.draft)  # a directory, or a shipped head by name (lite = default, strong)
     if not (draft / "config.json").is_file():
-        hint = ("; the shipped head is built by `python -m specfit.models.proxy.train --head`" if not config.draft
-                else "")
+        hint = ("; the shipped heads are built by `python -m specfit.models.proxy.train --head --head-lite`"
+                if config.draft in (None, "lite", "strong") else "")
         raise SpecFitInputError("--draft", f"no EAGLE-3 head (config.json) in {draft}{hint}")
     return target.resolve(), draft.resolve()
 

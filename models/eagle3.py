@@ -13,7 +13,10 @@ and ``eagle_config.eagle_aux_hidden_state_layer_ids``; weights ``fc.weight``,
 ``midlayer.{input_layernorm,hidden_norm,post_attention_layernorm}.weight``,
 ``midlayer.self_attn.{q,k,v,o}_proj.weight``, ``midlayer.mlp.{gate,up,down}_proj.weight``,
 ``norm.weight``, ``lm_head.weight``, ``d2t`` (int64 offsets), ``t2d`` (bool) and optionally
-``embed_tokens.weight`` (otherwise the target's input embedding is used, as EAGLE does).
+``embed_tokens.weight`` (otherwise the target's input embedding is used, as EAGLE does). Also read:
+vLLM's ``layers.0.*`` names for ``midlayer.*``, a ``model.`` prefix, a missing ``t2d`` (rebuilt from
+``d2t``) and the speculators ``config.json`` (:meth:`Eagle3Config.from_dict`,
+:func:`canonical_weight_names`, :func:`inspect_eagle3`).
 
 Aux layer ids index the target's ``output_hidden_states`` tuple (0 = embedding output, i = output
 of decoder layer i-1 = input of layer i), the convention of SGLang/vLLM's
@@ -31,6 +34,7 @@ never stay visible (no ghost KV).
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 from dataclasses import dataclass
@@ -108,17 +112,31 @@ class Eagle3Config:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     max_position_embeddings: int = 4096
+    norm_before_residual: bool = False
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "Eagle3Config":
         """Read a public EAGLE-3 ``config.json`` (Llama keys + EAGLE-3 keys).
 
+        Two published layouts are read: SpecForge/EAGLE's flat ``LlamaForCausalLMEagle3`` config
+        (aux ids in ``eagle_config.eagle_aux_hidden_state_layer_ids``, a top-level
+        ``eagle_aux_hidden_state_layer_ids``, or absent = the target's default low/middle/high
+        layers) and the vLLM *speculators* format (``speculators_model_type: "eagle3"``, the Llama
+        keys nested in ``transformer_layer_config``; ``norm_before_residual`` defaults to true there,
+        as in vLLM's ``speculators/algos.py``, and to false in the flat layout).
+
         Raises
         ------
         SpecFitInputError
-            If a required key is missing or not a positive integer, ``num_hidden_layers != 1``, or
-            ``rope_scaling`` asks for anything but default RoPE.
+            If a required key is missing or not a positive integer, ``num_hidden_layers != 1``,
+            ``rope_scaling`` asks for anything but default RoPE, or a speculators config is not EAGLE-3.
         """
+        speculators = isinstance(d.get("transformer_layer_config"), Mapping)
+        if speculators:
+            kind = d.get("speculators_model_type", "eagle3")
+            if kind != "eagle3":
+                raise SpecFitInputError("config.speculators_model_type", f"only 'eagle3' heads load, got {kind!r}")
+            d = {**d["transformer_layer_config"], **{k: v for k, v in d.items() if k != "transformer_layer_config"}}
 
         def need(key):
             if key not in d:
@@ -148,6 +166,7 @@ class Eagle3Config:
             rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
             rope_theta=float(rope),
             max_position_embeddings=int(d.get("max_position_embeddings", 4096)),
+            norm_before_residual=bool(d.get("norm_before_residual", speculators)),
         )
 
     def to_dict(self) -> dict:
@@ -170,6 +189,8 @@ class Eagle3Config:
             "rope_theta": self.rope_theta,
             "max_position_embeddings": self.max_position_embeddings,
         }
+        if self.norm_before_residual:
+            d["norm_before_residual"] = True
         if self.aux_layer_ids is not None:
             d["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(self.aux_layer_ids), "use_aux_hidden_state": True}
         return d
@@ -306,7 +327,8 @@ class Eagle3Layer(nn.Module):
         """
         cfg = self.cfg
         b, n, _ = hidden.shape
-        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+        normed = self.hidden_norm(hidden)
+        x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)
         a = self.self_attn
         q = apply_rope(a.q_proj(x).view(b, n, cfg.num_attention_heads, cfg.head_dim), positions, cfg.rope_theta)
         k = apply_rope(a.k_proj(x).view(b, n, cfg.num_key_value_heads, cfg.head_dim), positions, cfg.rope_theta)
@@ -315,7 +337,8 @@ class Eagle3Layer(nn.Module):
         keys = torch.cat([past_k, k], dim=1).repeat_interleave(rep, dim=2).transpose(1, 2)
         vals = torch.cat([past_v, v], dim=1).repeat_interleave(rep, dim=2).transpose(1, 2)
         out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=mask)
-        h = hidden + a.o_proj(out.transpose(1, 2).reshape(b, n, -1))
+        residual = normed if cfg.norm_before_residual else hidden  # vLLM's norm_before_residual
+        h = residual + a.o_proj(out.transpose(1, 2).reshape(b, n, -1))
         m = self.mlp
         y = self.post_attention_layernorm(h)
         h = h + m.down_proj(F.silu(m.gate_proj(y)) * m.up_proj(y))
@@ -461,9 +484,194 @@ def save_eagle3(head: Eagle3Head, out_dir, include_embed: bool = False, dtype=to
     write_dir_atomically(Path(out_dir), write)
 
 
+def expected_weight_shapes(cfg: Eagle3Config) -> dict[str, tuple[int, ...]]:
+    """Shape of every weight of a head with config ``cfg``, by name (no tensors are allocated).
+
+    Returns
+    -------
+    dict[str, tuple of int]
+        :data:`WEIGHT_NAMES` plus ``embed_tokens.weight`` (vocab_size, H); linear weights are
+        (out_features, in_features) as in ``torch.nn.Linear``.
+    """
+    h, i = cfg.hidden_size, cfg.intermediate_size
+    q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    m = "midlayer."
+    return {
+        "embed_tokens.weight": (cfg.vocab_size, h),
+        "fc.weight": (h, 3 * cfg.target_hidden_size),
+        m + "input_layernorm.weight": (h,), m + "hidden_norm.weight": (h,),
+        m + "self_attn.q_proj.weight": (q, 2 * h), m + "self_attn.k_proj.weight": (kv, 2 * h),
+        m + "self_attn.v_proj.weight": (kv, 2 * h), m + "self_attn.o_proj.weight": (h, q),
+        m + "post_attention_layernorm.weight": (h,),
+        m + "mlp.gate_proj.weight": (i, h), m + "mlp.up_proj.weight": (i, h), m + "mlp.down_proj.weight": (h, i),
+        "norm.weight": (h,), "lm_head.weight": (cfg.draft_vocab_size, h),
+        "d2t": (cfg.draft_vocab_size,), "t2d": (cfg.vocab_size,),
+    }
+
+
+#: Checkpoint entries that carry no weight of the head (recomputed buffers of older exports).
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def canonical_weight_names(names) -> tuple[dict[str, str], str]:
+    """Map a checkpoint's weight names onto this module's (``midlayer.*``) names.
+
+    Published EAGLE-3 heads name the decoder layer ``midlayer.*`` (EAGLE, SpecForge, AngelSlim) or
+    ``layers.0.*`` (vLLM's ``llama_eagle3`` and the speculators format; vLLM renames ``midlayer.``
+    to ``layers.0.`` when it loads), optionally under a ``model.`` prefix, with or without
+    ``embed_tokens.weight``.
+
+    Parameters
+    ----------
+    names : iterable of str
+        Weight names as stored.
+
+    Returns
+    -------
+    tuple
+        (``{canonical name: stored name}``, layout ``"midlayer"`` or ``"layers.0"``).
+
+    Raises
+    ------
+    SpecFitInputError
+        A second decoder layer (``layers.1.*``), both layer styles at once, a name that maps
+        twice, or a name that is not a weight of an EAGLE-3 head.
+    """
+    import re
+
+    known = set(expected_weight_shapes(Eagle3Config(1, 1, 1, 1, 1, 1, 1, 1)))
+    names = sorted(n for n in names if not n.endswith(IGNORED_SUFFIXES))
+    styles = {s: next((n for n in names if re.match(rf"(model\.)?{re.escape(s)}\.", n)), None)
+              for s in ("midlayer", "layers.0")}
+    if all(styles.values()):
+        raise SpecFitInputError("weights", f"mixes midlayer.* and layers.0.* names ({styles['midlayer']}, "
+                                f"{styles['layers.0']}); a head has one decoder layer")
+    out = {}
+    for stored in names:
+        name = stored.removeprefix("model.")
+        layer = re.match(r"layers\.(\d+)\.", name)
+        if layer:
+            if layer.group(1) != "0":
+                raise SpecFitInputError(f"weights.{stored}", "an EAGLE-3 head has exactly one decoder layer (layers.0 / midlayer)")
+            name = "midlayer." + name[layer.end():]
+        if name not in known:
+            raise SpecFitInputError(f"weights.{stored}", "not a weight of an EAGLE-3 head (fc, midlayer/layers.0, norm, lm_head, "
+                                    "embed_tokens, d2t, t2d)")
+        if name in out:
+            raise SpecFitInputError(f"weights.{stored}", f"stored twice (also as {out[name]})")
+        out[name] = stored
+    return out, "layers.0" if styles["layers.0"] else "midlayer"
+
+
+@dataclass(frozen=True)
+class Eagle3Checkpoint:
+    """What :func:`inspect_eagle3` found in a head directory (read from headers only).
+
+    Attributes
+    ----------
+    config : Eagle3Config
+    aux_layer_ids : tuple of int or None
+        Resolved against the target when one was given (:func:`check_target`).
+    files : tuple of pathlib.Path
+        Weight files.
+    names : dict[str, str]
+        Canonical name → stored name.
+    layout : str
+        ``"midlayer"`` or ``"layers.0"``.
+    """
+
+    config: Eagle3Config
+    aux_layer_ids: tuple[int, ...] | None
+    files: tuple[Path, ...]
+    names: dict[str, str]
+    layout: str
+
+    @property
+    def has_embed(self) -> bool:
+        """Whether the checkpoint stores ``embed_tokens.weight`` (else the target's is used)."""
+        return "embed_tokens.weight" in self.names
+
+    def num_params(self) -> int:
+        """Parameters stored in the checkpoint (d2t and t2d included)."""
+        shapes = expected_weight_shapes(self.config)
+        return sum(math.prod(shapes[n]) for n in self.names)
+
+
+def _weight_headers(files) -> dict[str, tuple[tuple[int, ...], Path]]:
+    """Stored name → (shape, file), reading safetensors headers (no tensor data) or .bin files."""
+    from safetensors import SafetensorError, safe_open
+
+    out = {}
+    for f in files:
+        try:
+            if f.suffix == ".safetensors":
+                with safe_open(str(f), framework="pt") as st:
+                    out.update({k: (tuple(st.get_slice(k).get_shape()), f) for k in st.keys()})
+            else:
+                sd = torch.load(f, map_location="cpu", weights_only=True, mmap=True)
+                out.update({k: (tuple(v.shape), f) for k, v in sd.items()})
+        except (SafetensorError, OSError, RuntimeError, ValueError) as exc:
+            raise SpecFitInputError("eagle3_path", f"cannot read weights {f.name}: {exc}") from None
+    return out
+
+
+def inspect_eagle3(path, target_config=None) -> Eagle3Checkpoint:
+    """Check a head directory against its config (and a target) without loading any tensor data.
+
+    Parameters
+    ----------
+    path : str or pathlib.Path
+        Directory with ``config.json`` and ``*.safetensors`` (or ``pytorch_model*.bin``) files.
+    target_config : transformers.PretrainedConfig or Mapping, optional
+        The target's config; when given, :func:`check_target` runs.
+
+    Returns
+    -------
+    Eagle3Checkpoint
+
+    Raises
+    ------
+    SpecFitInputError
+        One line naming the first mismatch: missing config or weights, a weight name that is not
+        an EAGLE-3 head's (:func:`canonical_weight_names`), a missing weight, a shape that
+        disagrees with the config, no ``d2t`` for a reduced draft vocabulary, or (with
+        ``target_config``) a hidden-size, aux-layer or vocabulary mismatch with the target.
+    """
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise SpecFitInputError("eagle3_path", f"no config.json in {path}")
+    try:
+        raw = json.loads((path / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise SpecFitInputError("eagle3_path", f"{path / 'config.json'} is not readable JSON ({exc})") from None
+    cfg = Eagle3Config.from_dict(raw)
+    aux_ids = check_target(cfg, target_config) if target_config is not None else cfg.aux_layer_ids
+    files = tuple(sorted(path.glob("*.safetensors")) or sorted(path.glob("pytorch_model*.bin")))
+    if not files:
+        raise SpecFitInputError("eagle3_path", f"no *.safetensors (or pytorch_model*.bin) weights in {path}")
+    headers = _weight_headers(files)
+    names, layout = canonical_weight_names(headers)
+    for name, shape in expected_weight_shapes(cfg).items():
+        if name not in names:
+            if name == "embed_tokens.weight" or name == "t2d":
+                continue  # the target's embedding; t2d follows from d2t
+            if name == "d2t" and cfg.draft_vocab_size == cfg.vocab_size:
+                continue  # full vocabulary: draft id = target id
+            raise SpecFitInputError(f"weights.{name}", f"missing from the checkpoint ({layout} layout)")
+        got = headers[names[name]][0]
+        if got != shape:
+            raise SpecFitInputError(f"weights.{names[name]}", f"shape {got} does not match the config's {shape}")
+    return Eagle3Checkpoint(cfg, aux_ids, files, names, layout)
+
+
 def load_eagle3(path, target_config=None, embed_weight: torch.Tensor | None = None, device="cpu",
                 dtype=torch.float32) -> Eagle3Head:
-    """Load an EAGLE-3 head from a directory in the public layout.
+    """Load an EAGLE-3 head from a directory in one of the published layouts.
+
+    Layouts: ``midlayer.*`` or ``layers.0.*`` names, optional ``model.`` prefix, with or without
+    ``embed_tokens.weight``, flat or speculators ``config.json`` (:func:`inspect_eagle3`).
+    A missing ``t2d`` is rebuilt from ``d2t``; a missing ``d2t`` is allowed only when the draft
+    vocabulary is the full vocabulary.
 
     Parameters
     ----------
@@ -487,42 +695,41 @@ def load_eagle3(path, target_config=None, embed_weight: torch.Tensor | None = No
     Raises
     ------
     SpecFitInputError
-        Missing config or weights, a weight whose shape disagrees with the config, an invalid
-        ``d2t``, or (with ``target_config``) a hidden-size, aux-layer or vocabulary mismatch.
+        Everything :func:`inspect_eagle3` refuses; no embedding anywhere; an embedding of the
+        wrong shape; an invalid ``d2t``.
     """
-    from safetensors.torch import load_file
-
-    path = Path(path)
-    if not (path / "config.json").is_file():
-        raise SpecFitInputError("eagle3_path", f"no config.json in {path}")
-    cfg = Eagle3Config.from_dict(json.loads((path / "config.json").read_text()))
-    aux_ids = check_target(cfg, target_config) if target_config is not None else cfg.aux_layer_ids
-    files = sorted(path.glob("*.safetensors")) or sorted(path.glob("pytorch_model*.bin"))
-    if not files:
-        raise SpecFitInputError("eagle3_path", f"no *.safetensors (or pytorch_model*.bin) weights in {path}")
-    weights = {}
-    for f in files:
-        sd = load_file(str(f)) if f.suffix == ".safetensors" else torch.load(f, map_location="cpu", weights_only=True)
-        for k, v in sd.items():
-            weights[k.removeprefix("model.")] = v
-    head = Eagle3Head(cfg)
-    expected = head.state_dict()
-    if "embed_tokens.weight" not in weights:
+    ckpt = inspect_eagle3(path, target_config)
+    cfg, shapes = ckpt.config, expected_weight_shapes(ckpt.config)
+    if not ckpt.has_embed:
         if embed_weight is None:
             raise SpecFitInputError("embed_tokens", "checkpoint has no embed_tokens.weight; pass the target's input embedding")
-        weights["embed_tokens.weight"] = embed_weight
-    for name, ref in expected.items():
-        if name not in weights:
-            raise SpecFitInputError(f"weights.{name}", "missing from the checkpoint")
-        if tuple(weights[name].shape) != tuple(ref.shape):
-            raise SpecFitInputError(f"weights.{name}", f"shape {tuple(weights[name].shape)} does not match the config's {tuple(ref.shape)}")
-    d2t = weights["d2t"].long()
+        if tuple(embed_weight.shape) != shapes["embed_tokens.weight"]:
+            raise SpecFitInputError("embed_tokens", f"the target's embedding is {tuple(embed_weight.shape)}, "
+                                    f"the head needs {shapes['embed_tokens.weight']}")
+    weights = {}
+    for f in ckpt.files:
+        if f.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(f), framework="pt") as st:
+                weights.update({k: st.get_tensor(k) for k in st.keys() if k in ckpt.names.values()})
+        else:
+            weights.update(torch.load(f, map_location="cpu", weights_only=True))
+    state = {name: weights[stored] for name, stored in ckpt.names.items()}
+    state.setdefault("embed_tokens.weight", embed_weight)
+    state.setdefault("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
+    d2t = state["d2t"].long()
     tgt = d2t + torch.arange(cfg.draft_vocab_size)
     if tgt.min() < 0 or tgt.max() >= cfg.vocab_size:
         raise SpecFitInputError("d2t", f"draft id + d2t must lie in [0, {cfg.vocab_size}) (the target vocabulary)")
-    state = {k: (weights[k].to(dtype) if ref.is_floating_point() else weights[k].to(ref.dtype)) for k, ref in expected.items()}
-    head.load_state_dict(state)
-    head.aux_layer_ids = aux_ids
+    if "t2d" not in state:
+        state["t2d"] = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+        state["t2d"][tgt] = True
+    head = Eagle3Head(cfg)
+    expected = head.state_dict()
+    head.load_state_dict({k: (state[k].to(dtype) if ref.is_floating_point() else state[k].to(ref.dtype))
+                          for k, ref in expected.items()})
+    head.aux_layer_ids = ckpt.aux_layer_ids
     return head.to(device).eval()
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specfit.models.eagle3 import DraftLevel, load_eagle3
-from specfit.models.proxy import EAGLE3_DIR, TARGET_DIR, paths
+from specfit.models.proxy import EAGLE3_DIR, EAGLE3_LITE_DIR, TARGET_DIR, head_dir, paths
 from specfit.models.proxy.data import gsm8k, gsm8k_prompt
 from specfit.models.proxy.evaluate import greedy_tau, select_tree
 from specfit.models.proxy.train_head import draft_vocabulary
@@ -25,7 +25,7 @@ def shipped():
 
 
 def test_paths_and_size():
-    assert paths() == {"target": TARGET_DIR, "eagle3": EAGLE3_DIR}
+    assert paths() == {"target": TARGET_DIR, "eagle3": EAGLE3_DIR, "eagle3-lite": EAGLE3_LITE_DIR}
     total = sum(p.stat().st_size for d in paths().values() for p in d.iterdir() if p.name.startswith(("model", "tokenizer")))
     assert total <= 60e6
 
@@ -81,3 +81,26 @@ def test_draft_vocabulary_takes_most_frequent_tokens_under_the_mixture():
     assert (torch.arange(2) + d2t).tolist() == [3, 5]
     assert t2d.nonzero().flatten().tolist() == [3, 5]
     assert cov == pytest.approx(0.375 + 1 / 3)
+
+
+def test_default_head_is_the_lite_one_and_strong_is_one_flag_away(tmp_path):
+    from specfit.eval.run import EvalConfig, plan
+
+    assert head_dir(None) == EAGLE3_LITE_DIR and head_dir("lite") == EAGLE3_LITE_DIR and head_dir("strong") == EAGLE3_DIR
+    assert head_dir(tmp_path) == tmp_path  # a directory is taken as given
+    cfg = dict(datasets=("gsm8k",), limit=1, methods=("eagle3",), out=str(tmp_path / "o"))
+    assert plan(EvalConfig(**cfg)).draft_dir == EAGLE3_LITE_DIR.resolve()
+    assert plan(EvalConfig(**cfg, draft="strong")).draft_dir == EAGLE3_DIR.resolve()
+
+
+def test_lite_head_accepts_less_than_the_strong_head(shipped):
+    """The lite head is the realistic one: τ around 2 where the strong head is far above (same prompts)."""
+    target, tok, strong = shipped
+    lite = load_eagle3(EAGLE3_LITE_DIR, target.config, embed_weight=target.get_input_embeddings().weight)
+    taus = {"lite": [], "strong": []}
+    for r in gsm8k("test")[:3]:
+        ids = tok(gsm8k_prompt(r["question"]))["input_ids"]
+        for name, head in (("lite", lite), ("strong", strong)):
+            taus[name] += greedy_tau(target, head, ids, max_new_tokens=32)[1]
+    lite_tau, strong_tau = np.mean(taus["lite"]), np.mean(taus["strong"])
+    assert 1.5 <= lite_tau <= 3.0 and strong_tau > lite_tau + 1.0

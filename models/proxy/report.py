@@ -261,4 +261,7 @@ Caveat: the proxy target is a 6-layer toy whose greedy text is formulaic and rep
 much easier to draft than Qwen3-30B-A3B (SPECFIT.md §5 quotes τ ≈ 2.0–2.1 for public heads on a
 2-token chain). Use the pair to exercise drafting, routing and the expert cache end to end, not to
 predict the real model's acceptance or speedup.
+
+This is the *strong* head. `specfit eval` defaults to the *lite* head (`../eagle3-lite/`, τ ≈ 2 on GSM8K,
+like public Qwen3-30B-A3B heads); select this one with `specfit eval --draft strong`.
 """

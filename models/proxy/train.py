@@ -5,9 +5,10 @@ Usage::
     python -m specfit.models.proxy.train --all          # tokenizer, target, EAGLE-3 head, τ, model cards
     python -m specfit.models.proxy.train --target       # tokenizer + target only
     python -m specfit.models.proxy.train --head --tau   # head (needs a trained target) and τ measurement
+    python -m specfit.models.proxy.train --head-lite    # the lite head (default of specfit eval), τ, its card
 
-Stages write into :data:`models.proxy.TARGET_DIR` and :data:`models.proxy.EAGLE3_DIR`
-(``--out`` changes the parent directory). Threads: ``--threads`` (default 2). Wall-clock caps
+Stages write into :data:`models.proxy.TARGET_DIR`, :data:`models.proxy.EAGLE3_DIR` and
+:data:`models.proxy.EAGLE3_LITE_DIR` (``--out`` changes the parent directory). Threads: ``--threads`` (default 2). Wall-clock caps
 (``--target-minutes`` 48, ``--head-minutes`` 25) keep the whole run under 90 minutes on a 2-core
 CPU; a capped stage still saves its last checkpoint and records the steps it ran.
 """
@@ -19,7 +20,7 @@ import json
 import time
 from pathlib import Path
 
-from specfit.models.proxy import EAGLE3_DIR, TARGET_DIR
+from specfit.models.proxy import EAGLE3_DIR, EAGLE3_LITE_DIR, TARGET_DIR
 
 
 def main(argv=None) -> None:
@@ -29,6 +30,8 @@ def main(argv=None) -> None:
     ap.add_argument("--target", action="store_true", help="train the tokenizer and the target")
     ap.add_argument("--head", action="store_true", help="train the EAGLE-3 head on the target")
     ap.add_argument("--tau", action="store_true", help="measure τ and held-out statistics, write model cards")
+    ap.add_argument("--head-lite", action="store_true",
+                    help="train the lite head (models.proxy.lite.LITE_RECIPE), measure its τ, write its card")
     ap.add_argument("--out", type=Path, default=None, help="parent directory of target/ and eagle3/")
     ap.add_argument("--data-dir", type=Path, default=None, help="data copy (default: repo data/proxy)")
     ap.add_argument("--target-steps", type=int, default=1500)
@@ -45,8 +48,9 @@ def main(argv=None) -> None:
     torch.set_num_threads(args.threads)
     target_dir = args.out / "target" if args.out else TARGET_DIR
     head_dir = args.out / "eagle3" if args.out else EAGLE3_DIR
+    lite_dir = args.out / "eagle3-lite" if args.out else EAGLE3_LITE_DIR
     data_dir = args.data_dir or data.DATA_DIR
-    run_all = args.all or not (args.target or args.head or args.tau)
+    run_all = args.all or not (args.target or args.head or args.tau or args.head_lite)
     if run_all or args.target:
         from specfit.models.proxy.tokenizer import train_tokenizer
         from specfit.models.proxy.train_target import train_target
@@ -68,6 +72,11 @@ def main(argv=None) -> None:
         from specfit.models.proxy.report import write_reports
 
         write_reports(target_dir, head_dir, data_dir=data_dir, device=args.device)
+    if run_all or args.head_lite:
+        from specfit.models.proxy.lite import train_lite
+
+        res = train_lite(target_dir, lite_dir, data_dir=data_dir, device=args.device)
+        print("lite head τ:", {k: round(v["tau"], 3) for k, v in res["tau"].items()}, flush=True)
 
 
 if __name__ == "__main__":

@@ -141,7 +141,8 @@ def ttt_loss(head, input_ids, aux, target_logits, ttt_steps: int = 3, decay: flo
 
 def train_head(target_dir: Path, out_dir: Path, *, data_dir=None, steps: int = 800, batch: int = 16,
                seq_len: int = 256, lr: float = 2e-3, warmup: int = 30, ttt_steps: int = 3,
-               ckpt_every: int = 100, max_minutes: float | None = None, seed: int = 0, device: str = "cpu"):
+               ckpt_every: int = 100, max_minutes: float | None = None, seed: int = 0, device: str = "cpu",
+               draft_vocab_size: int = DRAFT_VOCAB, source_weights: dict[str, float] | None = None):
     """Train the EAGLE-3 head for the target in ``target_dir`` and save it to ``out_dir``.
 
     Parameters
@@ -162,6 +163,11 @@ def train_head(target_dir: Path, out_dir: Path, *, data_dir=None, steps: int = 8
         Wall-clock cap.
     device : str
         Torch device.
+    draft_vocab_size : int
+        Size of the draft vocabulary (default :data:`DRAFT_VOCAB`).
+    source_weights : dict[str, float], optional
+        Sampling mixture over the training sources (default: the target's
+        :data:`models.proxy.train_target.SOURCE_WEIGHTS`); also ranks the draft vocabulary.
 
     Returns
     -------
@@ -181,8 +187,9 @@ def train_head(target_dir: Path, out_dir: Path, *, data_dir=None, steps: int = 8
         p.requires_grad_(False)
     tc = target.config
     streams = tokenize_sources(tok, data.training_sources(data_dir or data.DATA_DIR))
-    d2t, t2d, coverage = draft_vocabulary(streams, SOURCE_WEIGHTS, tc.vocab_size, DRAFT_VOCAB)
-    cfg = Eagle3Config(hidden_size=tc.hidden_size, vocab_size=tc.vocab_size, draft_vocab_size=DRAFT_VOCAB,
+    weights = dict(source_weights or SOURCE_WEIGHTS)
+    d2t, t2d, coverage = draft_vocabulary(streams, weights, tc.vocab_size, draft_vocab_size)
+    cfg = Eagle3Config(hidden_size=tc.hidden_size, vocab_size=tc.vocab_size, draft_vocab_size=draft_vocab_size,
                        target_hidden_size=tc.hidden_size, aux_layer_ids=default_aux_layer_ids(tc.num_hidden_layers),
                        rms_norm_eps=tc.rms_norm_eps, rope_theta=10000.0, **HEAD_SHAPE)
     head = Eagle3Head(cfg).to(device)
@@ -190,7 +197,7 @@ def train_head(target_dir: Path, out_dir: Path, *, data_dir=None, steps: int = 8
         head.d2t.copy_(d2t)
         head.t2d.copy_(t2d)
         head.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
-        head.lm_head.weight.copy_(target.lm_head.weight[torch.arange(DRAFT_VOCAB) + d2t])
+        head.lm_head.weight.copy_(target.lm_head.weight[torch.arange(draft_vocab_size) + d2t])
         head.norm.weight.copy_(target.model.norm.weight)
     head.embed_tokens.weight.requires_grad_(False)
     params = [p for p in head.parameters() if p.requires_grad]
@@ -204,7 +211,7 @@ def train_head(target_dir: Path, out_dir: Path, *, data_dir=None, steps: int = 8
     for step in range(steps):
         for g in opt.param_groups:
             g["lr"] = lr_at(step, steps, lr, warmup)
-        x = torch.from_numpy(sample_batch(streams, SOURCE_WEIGHTS, batch, seq_len, rng)).to(device)
+        x = torch.from_numpy(sample_batch(streams, weights, batch, seq_len, rng)).to(device)
         with torch.no_grad():
             out = target(input_ids=x, output_hidden_states=True)
         aux = select_aux_hidden(out.hidden_states, cfg.aux_layer_ids)
@@ -221,6 +228,7 @@ def train_head(target_dir: Path, out_dir: Path, *, data_dir=None, steps: int = 8
         if timed_out:
             break
     info = {"steps": step + 1, "tokens": (step + 1) * batch * seq_len, "minutes": (time.time() - t0) / 60,
-            "ttt_steps": ttt_steps, "draft_vocab_size": DRAFT_VOCAB, "draft_vocab_coverage": coverage}
+            "ttt_steps": ttt_steps, "draft_vocab_size": draft_vocab_size, "draft_vocab_coverage": coverage,
+            "source_weights": weights, "lr": lr, "warmup": warmup}
     (out_dir / "train_info.json").write_text(json.dumps(info, indent=2) + "\n")
     return info
