@@ -66,6 +66,7 @@ CASES = [
     ("expert id out of range", _set(["experts", 1, 1], [1, 8]), "experts[1][1]"),
     ("negative expert id", _set(["experts", 3, 0], [-1, 6]), "experts[3][0]"),
     ("num_experts < 1", _set(["num_experts"], 0), "num_experts"),
+    ("empty expert lists", _set(["experts"], [[[], []]] * 4), "experts"),
     ("cache id out of range", _set(["cache", 1], [4, 9]), "cache[1]"),
     ("cache layers", _set(["cache"], [[3]]), "cache"),
     ("negative cost", _set(["cost", "per_node_ms"], -0.1), "cost.per_node_ms"),
