@@ -244,22 +244,21 @@ class RoutingTrace:
         SpecFitInputError
             If the file is missing or is not a routing trace (field ``trace``).
         """
+        from specfit.core.readers import read_npz
+
         path = Path(path)
-        if not path.is_file():
-            raise SpecFitInputError("trace", f"no such file: {path}")
-        try:
-            z = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as e:
-            raise SpecFitInputError("trace", f"{path} is not an .npz routing trace ({e})") from None
-        with z:
-            if "format" not in z.files or str(z["format"]) != FORMAT:
-                raise SpecFitInputError("trace", f"{path} is not a {FORMAT} file")
-            src = str(z["hidden_source"]) or None
-            out = cls(int(z["num_experts"]), src)
-            hid = z["draft_hidden"] if "draft_hidden" in z.files else None
-            off = z["offsets"]
-            for a, b in zip(off[:-1], off[1:]):
-                out.add(z["tokens"][a:b], z["routing"][a:b], None if hid is None else hid[a:b])
+        z = read_npz(path, "trace")
+        if "format" not in z or str(z["format"]) != FORMAT:
+            raise SpecFitInputError("trace", f"{path} is not a {FORMAT} file")
+        for name in ("hidden_source", "num_experts", "offsets", "tokens", "routing"):
+            if name not in z:
+                raise SpecFitInputError("trace", f"{path} lacks the array {name!r}")
+        src = str(z["hidden_source"]) or None
+        out = cls(int(z["num_experts"]), src)
+        hid = z.get("draft_hidden")
+        off = z["offsets"]
+        for a, b in zip(off[:-1], off[1:]):
+            out.add(z["tokens"][a:b], z["routing"][a:b], None if hid is None else hid[a:b])
         return out
 
 
