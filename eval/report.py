@@ -56,17 +56,17 @@ def versions() -> dict:
     return out
 
 
-def machine() -> dict:
-    """Platform, CPU model and count (:func:`eval.compare.machine_info`), the GPU if torch sees one,
-    and torch's CPU threads."""
+def machine(device: str = "cpu") -> dict:
+    """Platform, CPU model and count (:func:`eval.compare.machine_info`), the GPU model of the run's
+    ``device`` (None on the CPU) and torch's CPU threads."""
     import torch
 
     from specfit.eval.compare import machine_info
+    from specfit.models.devices import device_name
 
     info = machine_info(one_core=False)
     return {"platform": info["platform"], "cpu": info["cpu"], "cpu_count": os.cpu_count(),
-            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-            "torch_threads": torch.get_num_threads()}
+            "gpu": device_name(device), "torch_threads": torch.get_num_threads()}
 
 
 def _task_metric(recs: list[dict]) -> tuple[dict, str]:
@@ -292,7 +292,7 @@ def write_summary(out: str | Path, records: list[dict], meta: dict, prompts) -> 
     out = Path(out)
     c = meta["config"]
     rows = summarise(records, c["depth"], c["temperature"])
-    meta = {**meta, "versions": versions(), "machine": machine(),
+    meta = {**meta, "versions": versions(), "machine": machine(c.get("device", "cpu")),
             "cost_scaling": cost_scaling_note(meta["num_layers"], c["profile"]),
             "cache": "every generation starts with an empty expert cache, warmed by its own prefill",
             "prompts_per_dataset": {d: sum(p.dataset == d for p in prompts) for d in dict.fromkeys(p.dataset for p in prompts)},
