@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specfit.core.errors import SpecFitInputError, check_positive_int
+from specfit.core.readers import read_json
 
 #: Weight names of the public EAGLE-3 layout (besides the optional ``embed_tokens.weight``).
 WEIGHT_NAMES = (
@@ -135,6 +136,11 @@ class Eagle3Config:
         aux = eagle.get("eagle_aux_hidden_state_layer_ids", d.get("eagle_aux_hidden_state_layer_ids"))
         rope = d.get("rope_theta") or (d.get("rope_parameters") or {}).get("rope_theta") or 10000.0
         vocab = need("vocab_size")
+        kv = check_positive_int("config.num_key_value_heads", d.get("num_key_value_heads", heads))
+        if heads % kv:
+            raise SpecFitInputError("config.num_key_value_heads", f"must divide num_attention_heads ({heads}), got {kv}")
+        if (d.get("head_dim") or hidden // heads) % 2:
+            raise SpecFitInputError("config.head_dim", "must be even (rotary embeddings rotate pairs)")
         return cls(
             hidden_size=hidden,
             intermediate_size=need("intermediate_size"),
@@ -461,6 +467,29 @@ def save_eagle3(head: Eagle3Head, out_dir, include_embed: bool = False, dtype=to
     write_dir_atomically(Path(out_dir), write)
 
 
+def _read_weights(f: Path) -> dict[str, torch.Tensor]:
+    """All tensors of one weight file (``.safetensors`` or a ``torch.save`` ``.bin``), on the CPU.
+
+    Raises
+    ------
+    SpecFitInputError
+        Naming the file, if it is truncated, not in its format or not a mapping of tensors.
+    """
+    import pickle
+
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        sd = load_file(str(f)) if f.suffix == ".safetensors" else torch.load(f, map_location="cpu", weights_only=True)
+    except (SafetensorError, OSError, RuntimeError, EOFError, pickle.UnpicklingError) as exc:
+        raise SpecFitInputError(str(f), f"is not a readable weight file ({f.stat().st_size} bytes; truncated or "
+                                        f"not {f.suffix[1:]}?): {str(exc).splitlines()[0]}") from None
+    if not isinstance(sd, dict):
+        raise SpecFitInputError(str(f), f"must hold a mapping of tensor names to tensors, got {type(sd).__name__}")
+    return sd
+
+
 def load_eagle3(path, target_config=None, embed_weight: torch.Tensor | None = None, device="cpu",
                 dtype=torch.float32) -> Eagle3Head:
     """Load an EAGLE-3 head from a directory in the public layout.
@@ -490,20 +519,20 @@ def load_eagle3(path, target_config=None, embed_weight: torch.Tensor | None = No
         Missing config or weights, a weight whose shape disagrees with the config, an invalid
         ``d2t``, or (with ``target_config``) a hidden-size, aux-layer or vocabulary mismatch.
     """
-    from safetensors.torch import load_file
+    from specfit.models.devices import resolve_device
 
+    device = resolve_device(device)
     path = Path(path)
     if not (path / "config.json").is_file():
         raise SpecFitInputError("eagle3_path", f"no config.json in {path}")
-    cfg = Eagle3Config.from_dict(json.loads((path / "config.json").read_text()))
+    cfg = Eagle3Config.from_dict(read_json(path / "config.json"))
     aux_ids = check_target(cfg, target_config) if target_config is not None else cfg.aux_layer_ids
     files = sorted(path.glob("*.safetensors")) or sorted(path.glob("pytorch_model*.bin"))
     if not files:
         raise SpecFitInputError("eagle3_path", f"no *.safetensors (or pytorch_model*.bin) weights in {path}")
     weights = {}
     for f in files:
-        sd = load_file(str(f)) if f.suffix == ".safetensors" else torch.load(f, map_location="cpu", weights_only=True)
-        for k, v in sd.items():
+        for k, v in _read_weights(f).items():
             weights[k.removeprefix("model.")] = v
     head = Eagle3Head(cfg)
     expected = head.state_dict()
@@ -573,6 +602,12 @@ class Eagle3Drafter:
     def __init__(self, head: Eagle3Head):
         self.head = head
         self.reset()
+
+    @property
+    def aux_layer_ids(self) -> tuple[int, ...] | None:
+        """The target layers whose hidden states the head reads (None: the target's default);
+        :class:`specfit.engine.SpecDecoder` checks them against the target's ``aux_layers``."""
+        return self.head.aux_layer_ids
 
     def reset(self) -> None:
         """Forget all committed tokens."""

@@ -8,7 +8,8 @@ from typing import Sequence
 import torch
 
 from specfit.models.qwen3_moe.model import OffloadedQwen3Moe
-from specfit.core.errors import SpecFitInputError
+from specfit.core.errors import SpecFitInputError, check_positive_int
+from specfit.models.qwen3_moe.config import read_spec
 
 #: Files whose presence means a checkpoint directory ships a tokenizer.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
@@ -23,8 +24,8 @@ def greedy_generate(model: OffloadedQwen3Moe, prompt_ids, max_new_tokens: int,
     model : OffloadedQwen3Moe
         The target; its KV is reset first, its expert cache is kept.
     prompt_ids : sequence of int or LongTensor
-        (T,) prompt token ids.
-    max_new_tokens : int
+        (T,) or (1, T) prompt token ids; batch size 1 only.
+    max_new_tokens : int, >= 1
         Upper bound on generated tokens.
     eos_token_id : int or sequence of int, optional
         Stop after emitting one of these ids (it is included in the output).
@@ -37,15 +38,13 @@ def greedy_generate(model: OffloadedQwen3Moe, prompt_ids, max_new_tokens: int,
     Raises
     ------
     SpecFitInputError
-        If ``max_new_tokens`` is negative or the prompt is invalid.
+        If ``max_new_tokens`` is not a positive integer, or the prompt is invalid (empty, a batch
+        of more than one sequence, ids out of the vocabulary, longer than the KV capacity).
     """
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise SpecFitInputError("max_new_tokens", f"must be a non-negative integer, got {max_new_tokens!r}")
+    check_positive_int("max_new_tokens", max_new_tokens)
     stop = set([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id or [])
     model.reset()
     out: list[int] = []
-    if max_new_tokens == 0:
-        return out
     logits = model.prefill(prompt_ids).logits[-1]
     while True:
         tok = int(torch.argmax(logits))
@@ -55,13 +54,39 @@ def greedy_generate(model: OffloadedQwen3Moe, prompt_ids, max_new_tokens: int,
         logits = model.decode(tok).logits[-1]
 
 
+def check_context(field: str, prompt_tokens: int, max_new_tokens: int, context: int) -> None:
+    """Refuse a generation that would run past the model's context.
+
+    Raises
+    ------
+    SpecFitInputError
+        On ``field`` if ``prompt_tokens + max_new_tokens > context`` (``max_position_embeddings``):
+        positions past it are outside what the model was trained on, and a long run there only
+        costs time.
+    """
+    if prompt_tokens + max_new_tokens > context:
+        raise SpecFitInputError(field, f"the prompt ({prompt_tokens} tokens) plus {max_new_tokens} new tokens exceed "
+                                f"the model's context of {context} tokens (max_position_embeddings)")
+
+
 def load_tokenizer(model_dir: str | Path):
-    """The directory's tokenizer (transformers ``AutoTokenizer``), or None when it ships none."""
+    """The directory's tokenizer (transformers ``AutoTokenizer``), or None when it ships none.
+
+    Raises
+    ------
+    SpecFitInputError
+        Naming the folder, if its tokenizer files cannot be loaded (truncated, not JSON, ...).
+    """
     if not any((Path(model_dir) / f).is_file() for f in TOKENIZER_FILES):
         return None
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(model_dir))
+    try:
+        return AutoTokenizer.from_pretrained(str(model_dir))
+    except Exception as exc:  # tokenizers/transformers raise many types for a corrupt file
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise SpecFitInputError(str(model_dir), f"its tokenizer files cannot be loaded ({type(exc).__name__}: {first})"
+                                ) from None
 
 
 def generate_report(model_dir: str | Path, *, prompt: str | None = None, prompt_ids: Sequence[int] | None = None,
@@ -76,8 +101,9 @@ def generate_report(model_dir: str | Path, *, prompt: str | None = None, prompt_
         Prompt text; needs a tokenizer in ``model_dir``. Exactly one of ``prompt``/``prompt_ids``.
     prompt_ids : sequence of int, optional
         Prompt token ids.
-    max_new_tokens : int
-        Tokens to generate (fewer when an end-of-sequence id of ``config.json`` is emitted).
+    max_new_tokens : int, >= 1
+        Tokens to generate (fewer when an end-of-sequence id of ``config.json`` is emitted); the
+        prompt plus these must fit in the model's context (``max_position_embeddings``).
     device : str
         Compute device.
     **model_kwargs
@@ -92,16 +118,24 @@ def generate_report(model_dir: str | Path, *, prompt: str | None = None, prompt_
     Raises
     ------
     SpecFitInputError
-        No prompt or both, ``prompt`` without a tokenizer, or any loading/runtime input error.
+        A missing model directory (field ``model_dir``), no prompt or both, ``prompt`` without a
+        tokenizer, a bad ``max_new_tokens`` or one that runs past the model's context, or any
+        loading/runtime input error.
     """
+    if not Path(model_dir).is_dir():
+        raise SpecFitInputError("model_dir", f"{model_dir} is not a folder" if Path(model_dir).exists()
+                                else f"no such checkpoint folder: {model_dir}")
     if (prompt is None) == (prompt_ids is None):
-        raise SpecFitInputError("--prompt", "give exactly one of --prompt and --prompt-ids")
+        raise SpecFitInputError("prompt", "give exactly one of prompt and prompt_ids")
+    check_positive_int("max_new_tokens", max_new_tokens)
+    spec = read_spec(model_dir)  # a bad config.json is reported before the tokenizer is looked at
     tokenizer = load_tokenizer(model_dir)
     if prompt is not None:
         if tokenizer is None:
-            raise SpecFitInputError("--prompt", "the model directory has no tokenizer; use --prompt-ids")
+            raise SpecFitInputError("prompt", "the model directory has no tokenizer; give token ids instead")
         prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     prompt_ids = [int(t) for t in prompt_ids]
+    check_context("max_new_tokens", len(prompt_ids), max_new_tokens, spec.max_position_embeddings)
     model = OffloadedQwen3Moe.from_pretrained(model_dir, device=device,
                                               max_len=len(prompt_ids) + max_new_tokens + 1, **model_kwargs)
     out = greedy_generate(model, prompt_ids, max_new_tokens, eos_token_id=model.spec.eos_token_id)

@@ -54,3 +54,23 @@ def check_positive_int(field: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise SpecFitInputError(field, f"must be a positive integer, got {value!r}")
     return int(value)
+
+
+def check_single_sequence(field: str, shape: tuple[int, ...]) -> None:
+    """Check that token ids of ``shape`` are one sequence: ``(T,)`` or ``(1, T)``. Batch size 1 only.
+
+    SpecFit decodes one sequence at a time (the draft tree, the expert cache and the KV are per
+    sequence); a ``(B, T)`` batch with B > 1 is refused rather than flattened into one prompt.
+
+    Raises
+    ------
+    SpecFitInputError
+        Naming ``field``: batch size 1 only for ``(B, T)`` with B > 1, otherwise a shape that is
+        not 1-D or ``(1, T)``.
+    """
+    shape = tuple(int(s) for s in shape)
+    if len(shape) == 2 and shape[0] != 1:
+        raise SpecFitInputError(field, f"batch size 1 only: got {shape[0]} sequences (shape {shape}); "
+                                "pass one sequence of shape (T,) or (1, T)")
+    if len(shape) not in (1, 2):
+        raise SpecFitInputError(field, f"must be token ids of shape (T,) or (1, T) (batch size 1 only), got shape {shape}")
