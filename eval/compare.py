@@ -79,8 +79,8 @@ def load_folder(folder: str | Path) -> list[tuple[str, Instance]]:
     Raises
     ------
     SpecFitInputError
-        If the folder does not exist or holds no ``*.json`` file (field ``instances``), or an
-        instance is invalid.
+        If the folder does not exist or holds no ``*.json`` file, or an instance file is
+        unreadable or invalid (field ``instances``; the rule names the file and the instance field).
     """
     p = Path(folder)
     if not p.is_dir():
@@ -88,7 +88,14 @@ def load_folder(folder: str | Path) -> list[tuple[str, Instance]]:
     files = sorted(p.glob("*.json"))
     if not files:
         raise SpecFitInputError("instances", f"{p} holds no *.json instance file")
-    return [(f.name, load_instance(f)) for f in files]
+    out = []
+    for f in files:
+        try:
+            out.append((f.name, load_instance(f)))
+        except SpecFitInputError as exc:  # say which of the folder's files is bad
+            rule = exc.rule if exc.field == "instance" else f"{exc.field}: {exc.rule}"
+            raise SpecFitInputError("instances", f"{f}: {rule}") from None
+    return out
 
 
 def machine_info(one_core: bool) -> dict:
