@@ -249,15 +249,21 @@ def plot(rows: list[dict], out: Path) -> dict[str, Path]:
     _save(fig, paths["experts_png"])
 
     fig, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 4), squeeze=False)
+    drafted = [m for m in methods if m != "ar"]
+    # methods with identical acceptance (eagle3 and eagle3-vanilla draft the same trees) would hide one
+    # another: each method is shifted sideways by a fixed fraction of a depth step and has its own marker
+    shift = {m: 0.3 * ((i + 0.5) / len(drafted) - 0.5) for i, m in enumerate(drafted)}
     for ax, d in zip(axes[0], datasets):
         for r in rows:
             if r["dataset"] == d and r["method"] != "ar":
-                acc = r["acceptance_by_depth"]
-                ax.plot(range(1, len(acc) + 1), acc, marker="o", color=colors[r["method"]], label=r["method"],
-                        ls=("-", "--", ":", "-.")[methods.index(r["method"]) % 4])  # equal curves stay visible
-        ax.set(xlabel="tree position d (depth)", ylabel="cycles accepting >= d draft tokens", title=d, ylim=(0, 1))
+                acc, m = r["acceptance_by_depth"], r["method"]
+                ax.plot([x + shift[m] for x in range(1, len(acc) + 1)], acc, color=colors[m], label=m,
+                        marker=markers[drafted.index(m) % len(markers)], ls=("-", "--", ":", "-.")[drafted.index(m) % 4])
+        ax.set(xlabel="tree position d (depth; methods side by side)", ylabel="cycles accepting >= d draft tokens",
+               title=d, ylim=(0, 1))
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     _save(fig, paths["acceptance_png"])
     return paths
 
