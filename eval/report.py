@@ -15,6 +15,7 @@ from pathlib import Path
 from statistics import median
 
 from specfit.eval import metrics
+from specfit.core.readers import read_json
 from specfit.eval.modeled import cost_scaling_note
 
 #: Columns of ``summary.md``: (header, row key, format).
@@ -339,7 +340,7 @@ def benchmark_markdown(run_dirs) -> str:
     """
     parts = []
     for d in run_dirs:
-        s = json.loads((Path(d) / "summary.json").read_text())
+        s = read_json(Path(d) / "summary.json", "run_dirs")
         c = s["config"]
         parts.append(f"### Profile {c['profile']} ({', '.join(f'{k}: {v}' for k, v in s['prompts_per_dataset'].items())} "
                      f"prompts, {c['max_new_tokens']} new tokens each)\n")

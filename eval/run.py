@@ -254,9 +254,9 @@ def _check_out(out: Path, identity: dict) -> None:
     if not cfg.is_file():
         return
     try:
-        old = json.loads(cfg.read_text())
-    except (OSError, json.JSONDecodeError):
-        raise SpecFitInputError("out", f"{cfg} is unreadable; use another out folder") from None
+        old = read_json(cfg)
+    except SpecFitInputError as exc:
+        raise SpecFitInputError("out", f"{exc.field}: {exc.rule}; use another out folder") from None
     for k, v in identity.items():
         if k in old and old[k] != v and not (k.startswith("draft") and (old[k] is None or v is None)):
             raise SpecFitInputError("out", f"{out} holds results with {k}={old[k]!r}, this run has {k}={v!r}; "

@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specfit.core.errors import SpecFitInputError, check_positive_int
+from specfit.core.errors import SpecFitInputError, check_positive_int, check_single_sequence
 from specfit.core.readers import read_json
 
 #: Weight names of the public EAGLE-3 layout (besides the optional ``embed_tokens.weight``).
@@ -649,7 +649,9 @@ class Eagle3Drafter:
             If the shapes disagree or the features have the wrong width.
         """
         dev = self.head.fc.weight.device
-        tokens = torch.as_tensor(accepted_tokens, device=dev).long().reshape(-1)
+        tokens = torch.as_tensor(accepted_tokens, device=dev).long()
+        check_single_sequence("accepted_tokens", tuple(tokens.shape))  # batch size 1 only
+        tokens = tokens.reshape(-1)
         aux = torch.as_tensor(target_aux_hidden, device=dev)
         if aux.dim() != 2 or aux.shape[0] != tokens.shape[0]:
             raise SpecFitInputError("target_aux_hidden", f"must be (m, 3H) with m = {tokens.shape[0]} tokens, got {tuple(aux.shape)}")

@@ -467,6 +467,9 @@ def train_probe(hidden, routing, num_experts: int, *, epochs: int = 40, lr: floa
         raise SpecFitInputError("hidden", "has no row without NaN")
     h, r = h[ok], r[ok]
     epochs, batch_size = check_positive_int("epochs", epochs), check_positive_int("batch_size", batch_size)
+    from specfit.models.devices import resolve_device
+
+    device = resolve_device(device)
     for field, v in (("lr", lr), ("weight_decay", weight_decay)):
         if not np.isfinite(v) or v < 0 or (field == "lr" and v == 0):
             raise SpecFitInputError(field, f"must be a finite number > 0 (weight_decay >= 0), got {v!r}")

@@ -21,7 +21,7 @@ from typing import Iterator
 
 import numpy as np
 
-from specfit.core.errors import SpecFitInputError, check_positive_int
+from specfit.core.errors import SpecFitInputError, check_positive_int, check_single_sequence
 
 #: Format tag written into every saved trace.
 FORMAT = "specfit-routing-trace-v1"
@@ -283,7 +283,9 @@ def teacher_forced_draft_hidden(head, prompt_ids, aux_hidden) -> np.ndarray:
     """
     import torch
 
-    ids = torch.as_tensor(prompt_ids).reshape(-1)
+    ids = torch.as_tensor(prompt_ids)
+    check_single_sequence("prompt_ids", tuple(ids.shape))
+    ids = ids.reshape(-1)
     T = ids.shape[0]
     out = np.full((T, head.cfg.hidden_size), np.nan, np.float32)
     if T >= 3:
@@ -338,7 +340,9 @@ def record_prompt(model, prompt_ids, trace: RoutingTrace | None = None, head=Non
             raise SpecFitInputError("aux_layers", f"the model records {tuple(model.aux_layers)} but the head reads {tuple(aux_ids)}")
     if trace is None:
         trace = RoutingTrace(model.spec.num_experts, source)
-    ids = torch.as_tensor(prompt_ids).reshape(-1).long()
+    ids = torch.as_tensor(prompt_ids)
+    check_single_sequence("prompt_ids", tuple(ids.shape))
+    ids = ids.reshape(-1).long()
     model.reset()
     with torch.no_grad():
         out = model.prefill(ids)

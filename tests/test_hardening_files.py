@@ -205,3 +205,14 @@ def test_readers_name_the_file(tmp_path):
     assert read_npz(npz, required=("x",))["x"].shape == (2,)
     with pytest.raises(SpecFitInputError, match="'y' is missing"):
         read_npz(npz, required=("y",))
+
+
+def test_unreadable_config_of_a_previous_run(tmp_path, capsys):
+    src = proxy_paths()
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "config.json").write_bytes(b"\xff\xfe not text")
+    rc, err = run_cli(capsys, ["eval", "--model", str(src["target"]), "--methods", "ar", "--dataset", "gsm8k",
+                               "--limit", "1", "--out", str(out)])
+    assert_one_line(rc, err, "--out: ", str(out / "config.json"), "not UTF-8", "use another out folder")
+    assert sorted(p.name for p in out.iterdir()) == ["config.json"]

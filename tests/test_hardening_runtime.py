@@ -167,6 +167,27 @@ def test_decoder_takes_one_sequence(proxy_target):
         dec.generate(torch.tensor([0.5, 1.5]), 3)
 
 
+def test_every_token_id_entry_point_takes_one_sequence(proxy_target):
+    from specfit.models.eagle3 import Eagle3Drafter, load_eagle3
+    from specfit.models.traces import record_prompt
+
+    ids = torch.tensor([[5, 9, 300], [5, 9, 301]])
+    with pytest.raises(SpecFitInputError, match="prompt_ids: batch size 1 only"):
+        record_prompt(proxy_target, ids)
+    head = load_eagle3(proxy_paths()["eagle3"], embed_weight=proxy_target.w["model.embed_tokens.weight"])
+    with pytest.raises(SpecFitInputError, match="accepted_tokens: batch size 1 only"):
+        Eagle3Drafter(head).commit(ids, torch.zeros(6, 3 * 128))
+
+
+def test_probe_training_device_is_checked():
+    import numpy as np
+
+    from specfit.models.predictors import train_probe
+
+    with pytest.raises(SpecFitInputError, match="device: 'gpu' is not a device"):
+        train_probe(np.zeros((4, 3), np.float32), np.zeros((4, 1, 1), np.int64), 2, device="gpu")
+
+
 # --- head and target features -------------------------------------------------------------------
 def test_head_and_target_aux_layers_must_agree():
     from specfit.engine import SpecDecoder
