@@ -28,7 +28,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from specfit.solvers import get_solver
-from specfit.core.errors import SpecFitInputError
+from specfit.core.errors import SpecFitInputError, check_nonnegative_int
 from specfit.core.instance import Instance, load_instance
 
 #: Relative tolerance under which two objective values count as the same.
@@ -338,6 +338,7 @@ def compare_solvers(*, solvers: list[str], out: str | Path, instances_dir: str |
 
     if count < 1:
         raise SpecFitInputError("count", f"must be >= 1, got {count}")
+    check_nonnegative_int("seed", seed)
     if instances_dir is not None:
         items = load_folder(instances_dir)
         if max_nodes is not None:

@@ -36,7 +36,7 @@ from specfit.eval.metrics import task_score
 from specfit.eval.modeled import DRAFT_LEVEL_MS, modeled_cycle_ms
 from specfit.core.cost import DEFAULT_PROFILE, get_profile
 from specfit.engine import TreeSettings, get_method
-from specfit.core.errors import SpecFitInputError, check_positive_int, lookup
+from specfit.core.errors import SpecFitInputError, check_nonnegative_int, check_positive_int, lookup
 from specfit.core.readers import read_json
 
 #: Methods of the default run (``oracle`` and ``eagle3-scan`` are available on request).
@@ -178,8 +178,8 @@ def plan(config: EvalConfig) -> Plan:
 
     for name in ("limit", "max_new_tokens", "total_tokens", "depth", "top_k", "max_article_tokens"):
         check_positive_int(name, getattr(config, name))
-    if isinstance(config.threads, bool) or not isinstance(config.threads, int) or config.threads < 0:
-        raise SpecFitInputError("threads", f"must be an integer >= 0, got {config.threads!r}")
+    for name in ("threads", "seed"):
+        check_nonnegative_int(name, getattr(config, name))
     from specfit.models.devices import resolve_device
 
     resolve_device(config.device)

@@ -191,3 +191,14 @@ def test_cli_maps_only_given_flags():
 
     names = _flag_names(parser, args)
     assert "max_nodes" not in names and names["solver"] == "--solver"
+
+
+def test_negative_seed_is_one_rule(tmp_path, capsys):
+    from specfit.eval.instances import generate_instances, get_preset
+
+    with pytest.raises(SpecFitInputError, match="^seed: must be an integer >= 0"):
+        next(generate_instances(get_preset("small"), [4], 1, seed=-1))
+    one_line_error(capsys, ["compare-solvers", "--preset", "small", "--sizes", "4", "--count", "1", "--seed", "-1",
+                            "--out", str(tmp_path / "o"), "--no-progress"], "--seed: must be an integer >= 0")
+    one_line_error(capsys, ["eval", "--seed", "-1", "--out", str(tmp_path / "e")], "--seed: must be an integer >= 0")
+    assert not (tmp_path / "o").exists() and not (tmp_path / "e").exists()

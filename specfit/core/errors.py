@@ -56,6 +56,21 @@ def check_positive_int(field: str, value) -> int:
     return int(value)
 
 
+def check_nonnegative_int(field: str, value) -> int:
+    """Return ``value`` as an int if it is an integer >= 0 (``bool`` excluded), e.g. a seed.
+
+    Raises
+    ------
+    SpecFitInputError
+        Naming ``field``, otherwise.
+    """
+    import numbers
+
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise SpecFitInputError(field, f"must be an integer >= 0, got {value!r}")
+    return int(value)
+
+
 def check_single_sequence(field: str, shape: tuple[int, ...]) -> None:
     """Check that token ids of ``shape`` are one sequence: ``(T,)`` or ``(1, T)``. Batch size 1 only.
 

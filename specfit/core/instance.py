@@ -25,7 +25,7 @@ def _check_budget(name: str, value, low: int, why: str) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) and not (
             isinstance(value, float) and value.is_integer()) or value < low:
-        raise SpecFitInputError(name, f"must be an integer >= {low} ({why}) or null, got {value!r}")
+        raise SpecFitInputError(name, f"must be an integer >= {low} ({why}), got {value!r}")
     return int(value)
 
 
