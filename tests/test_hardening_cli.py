@@ -202,3 +202,13 @@ def test_negative_seed_is_one_rule(tmp_path, capsys):
                             "--out", str(tmp_path / "o"), "--no-progress"], "--seed: must be an integer >= 0")
     one_line_error(capsys, ["eval", "--seed", "-1", "--out", str(tmp_path / "e")], "--seed: must be an integer >= 0")
     assert not (tmp_path / "o").exists() and not (tmp_path / "e").exists()
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--prompt-ids", ","], "--prompt-ids: must contain at least one token"),
+    (["--prompt-ids", "99999"], "--prompt-ids: token ids must lie in [0, 4096)"),
+    (["--prompt", ""], "--prompt: encodes to no tokens"),
+])
+def test_generate_prompt_errors_name_the_flag(capsys, argv, needle):
+    proxy = proxy_paths()["target"]
+    one_line_error(capsys, ["generate", "--model", str(proxy), "--max-new-tokens", "2", *argv], needle)

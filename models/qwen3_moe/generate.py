@@ -134,7 +134,14 @@ def generate_report(model_dir: str | Path, *, prompt: str | None = None, prompt_
         if tokenizer is None:
             raise SpecFitInputError("prompt", "the model directory has no tokenizer; give token ids instead")
         prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        if not prompt_ids:
+            raise SpecFitInputError("prompt", "encodes to no tokens")
     prompt_ids = [int(t) for t in prompt_ids]
+    if not prompt_ids:
+        raise SpecFitInputError("prompt_ids", "must contain at least one token")
+    bad = [t for t in prompt_ids if not 0 <= t < spec.vocab_size]
+    if bad:
+        raise SpecFitInputError("prompt_ids", f"token ids must lie in [0, {spec.vocab_size}) (vocab_size), got {bad[0]}")
     check_context("max_new_tokens", len(prompt_ids), max_new_tokens, spec.max_position_embeddings)
     model = OffloadedQwen3Moe.from_pretrained(model_dir, device=device,
                                               max_len=len(prompt_ids) + max_new_tokens + 1, **model_kwargs)

@@ -322,11 +322,11 @@ class OffloadedQwen3Moe:
         except (TypeError, ValueError, RuntimeError):
             raise SpecFitInputError("input_ids", "must be integer token ids of shape (T,) or (1, T)") from None
         check_single_sequence("input_ids", tuple(t.shape))
+        if t.numel() == 0:
+            raise SpecFitInputError("input_ids", "must contain at least one token")
         if t.is_floating_point() or t.is_complex():
             raise SpecFitInputError("input_ids", f"must be integer token ids, got dtype {t.dtype}")
         t = t.reshape(-1).to(torch.long)
-        if t.numel() == 0:
-            raise SpecFitInputError("input_ids", "must contain at least one token")
         if int(t.min()) < 0 or int(t.max()) >= self.spec.vocab_size:
             raise SpecFitInputError("input_ids", f"must lie in [0, {self.spec.vocab_size})")
         return t.to(self.device)
