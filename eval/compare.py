@@ -165,7 +165,10 @@ def run_solvers(instances: Iterable[tuple[str, Instance]], solvers: list[str], *
     from tqdm import tqdm
 
     options = options or {}
-    objs = {name: get_solver(name, **options.get(name, {})) for name in solvers}
+    try:
+        objs = {name: get_solver(name, **options.get(name, {})) for name in solvers}
+    except SpecFitInputError as exc:  # an unknown name in the list ``solvers``
+        raise SpecFitInputError("solvers", exc.rule) if exc.field == "solver" else exc from None
     records: list[Record] = []
     warm = False
     for source, inst in tqdm(instances, total=total, disable=not progress, desc="compare-solvers", unit="inst"):

@@ -35,7 +35,7 @@ from specfit.eval.datasets import DATASETS, MAX_ARTICLE_TOKENS, Prompt, encode, 
 from specfit.eval.metrics import task_score
 from specfit.eval.modeled import DRAFT_LEVEL_MS, modeled_cycle_ms
 from specfit.core.cost import DEFAULT_PROFILE, get_profile
-from specfit.engine import TreeSettings, get_method
+from specfit.engine import METHODS, TreeSettings
 from specfit.core.errors import SpecFitInputError, check_nonnegative_int, check_positive_int, lookup
 from specfit.core.readers import read_json
 
@@ -191,7 +191,7 @@ def plan(config: EvalConfig) -> Plan:
         raise SpecFitInputError("methods", "name at least one method")
     if len(set(config.methods)) != len(config.methods):
         raise SpecFitInputError("methods", "names a method twice")
-    methods = [get_method(m) for m in config.methods]
+    methods = [lookup(METHODS, m, "methods") for m in config.methods]
     if not config.datasets:
         raise SpecFitInputError("datasets", "name at least one dataset")
     get_profile(config.profile)

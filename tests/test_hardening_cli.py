@@ -212,3 +212,11 @@ def test_negative_seed_is_one_rule(tmp_path, capsys):
 def test_generate_prompt_errors_name_the_flag(capsys, argv, needle):
     proxy = proxy_paths()["target"]
     one_line_error(capsys, ["generate", "--model", str(proxy), "--max-new-tokens", "2", *argv], needle)
+
+
+def test_unknown_names_in_lists_name_the_list_flag(tmp_path, capsys):
+    one_line_error(capsys, ["eval", "--methods", "ar,nope", "--out", str(tmp_path / "e")],
+                   "--methods: unknown methods 'nope'")
+    one_line_error(capsys, ["compare-solvers", "--preset", "small", "--sizes", "4", "--count", "1", "--solvers",
+                            "exact,simplex", "--out", str(tmp_path / "o"), "--no-progress"],
+                   "--solvers: unknown solver 'simplex'")
