@@ -49,11 +49,7 @@ def check_positive_int(field: str, value) -> int:
     SpecFitInputError
         Naming ``field``, otherwise.
     """
-    import numbers
-
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise SpecFitInputError(field, f"must be a positive integer, got {value!r}")
-    return int(value)
+    return _check_int(field, value, 1, "a positive integer")
 
 
 def check_nonnegative_int(field: str, value) -> int:
@@ -64,10 +60,14 @@ def check_nonnegative_int(field: str, value) -> int:
     SpecFitInputError
         Naming ``field``, otherwise.
     """
+    return _check_int(field, value, 0, "an integer >= 0")
+
+
+def _check_int(field: str, value, low: int, what: str) -> int:
     import numbers
 
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-        raise SpecFitInputError(field, f"must be an integer >= 0, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        raise SpecFitInputError(field, f"must be {what}, got {value!r}")
     return int(value)
 
 
