@@ -36,7 +36,7 @@ from specfit.eval.metrics import task_score
 from specfit.eval.modeled import DRAFT_LEVEL_MS, modeled_cycle_ms
 from specfit.core.cost import DEFAULT_PROFILE, get_profile
 from specfit.engine import METHODS, TreeSettings
-from specfit.core.errors import SpecFitInputError, check_nonnegative_int, check_positive_int, lookup
+from specfit.core.errors import SpecFitInputError, check_context, check_nonnegative_int, check_positive_int, lookup
 from specfit.core.readers import read_json
 
 #: Methods of the default run (``oracle`` and ``eagle3-scan`` are available on request).
@@ -174,7 +174,7 @@ def plan(config: EvalConfig) -> Plan:
     """
     from specfit.models.experts import check_cache_args
     from specfit.models.qwen3_moe import read_spec
-    from specfit.models.qwen3_moe.generate import check_context, load_tokenizer
+    from specfit.models.qwen3_moe.generate import load_tokenizer
 
     for name in ("limit", "max_new_tokens", "total_tokens", "depth", "top_k", "max_article_tokens"):
         check_positive_int(name, getattr(config, name))

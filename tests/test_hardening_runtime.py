@@ -165,6 +165,8 @@ def test_decoder_takes_one_sequence(proxy_target):
         dec.generate(torch.tensor([ids, ids]), 3)
     with pytest.raises(SpecFitInputError, match="prompt_ids: must be integer token ids"):
         dec.generate(torch.tensor([0.5, 1.5]), 3)
+    with pytest.raises(SpecFitInputError, match="max_new_tokens: .* exceed the model's context of 2048"):
+        dec.generate(ids, 5000)  # through the API too, not only the CLI
 
 
 def test_every_token_id_entry_point_takes_one_sequence(proxy_target):

@@ -8,7 +8,7 @@ from typing import Sequence
 import torch
 
 from specfit.models.qwen3_moe.model import OffloadedQwen3Moe
-from specfit.core.errors import SpecFitInputError, check_positive_int
+from specfit.core.errors import SpecFitInputError, check_context, check_positive_int
 from specfit.models.qwen3_moe.config import read_spec
 
 #: Files whose presence means a checkpoint directory ships a tokenizer.
@@ -52,21 +52,6 @@ def greedy_generate(model: OffloadedQwen3Moe, prompt_ids, max_new_tokens: int,
         if len(out) >= max_new_tokens or tok in stop:
             return out
         logits = model.decode(tok).logits[-1]
-
-
-def check_context(field: str, prompt_tokens: int, max_new_tokens: int, context: int) -> None:
-    """Refuse a generation that would run past the model's context.
-
-    Raises
-    ------
-    SpecFitInputError
-        On ``field`` if ``prompt_tokens + max_new_tokens > context`` (``max_position_embeddings``):
-        positions past it are outside what the model was trained on, and a long run there only
-        costs time.
-    """
-    if prompt_tokens + max_new_tokens > context:
-        raise SpecFitInputError(field, f"the prompt ({prompt_tokens} tokens) plus {max_new_tokens} new tokens exceed "
-                                f"the model's context of {context} tokens (max_position_embeddings)")
 
 
 def load_tokenizer(model_dir: str | Path):

@@ -89,3 +89,18 @@ def check_single_sequence(field: str, shape: tuple[int, ...]) -> None:
                                 "pass one sequence of shape (T,) or (1, T)")
     if len(shape) not in (1, 2):
         raise SpecFitInputError(field, f"must be token ids of shape (T,) or (1, T) (batch size 1 only), got shape {shape}")
+
+
+def check_context(field: str, prompt_tokens: int, max_new_tokens: int, context: int) -> None:
+    """Refuse a generation that would run past the model's context.
+
+    Raises
+    ------
+    SpecFitInputError
+        On ``field`` if ``prompt_tokens + max_new_tokens > context`` (``max_position_embeddings``):
+        positions past it are outside what the model was trained on, and a long run there only
+        costs time.
+    """
+    if prompt_tokens + max_new_tokens > context:
+        raise SpecFitInputError(field, f"the prompt ({prompt_tokens} tokens) plus {max_new_tokens} new tokens exceed "
+                                f"the model's context of {context} tokens (max_position_embeddings)")

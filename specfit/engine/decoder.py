@@ -34,7 +34,7 @@ import torch
 from specfit.solvers import get_solver
 from specfit.solvers.stop import should_stop
 from specfit.core.cost import CostModel, calibrate
-from specfit.core.errors import SpecFitInputError, check_positive_int, check_single_sequence, lookup
+from specfit.core.errors import SpecFitInputError, check_context, check_positive_int, check_single_sequence, lookup
 from specfit.core.instance import Instance
 from specfit.core.tree import DraftTree
 from specfit.engine.verify import verify_greedy, verify_sampling
@@ -308,13 +308,17 @@ class SpecDecoder:
         Raises
         ------
         SpecFitInputError
-            On an empty prompt, a batch of more than one sequence, non-integer ids or a
-            non-positive ``max_new_tokens``.
+            On an empty prompt, a batch of more than one sequence, non-integer ids, a
+            non-positive ``max_new_tokens`` or one that runs past the target's
+            ``spec.max_position_embeddings`` (when the target has one).
         """
         prompt = _prompt_list(prompt_ids)
         if not prompt:
             raise SpecFitInputError("prompt_ids", "must contain at least one token")
         check_positive_int("max_new_tokens", max_new_tokens)
+        context = getattr(getattr(self.target, "spec", None), "max_position_embeddings", None)
+        if context is not None:
+            check_context("max_new_tokens", len(prompt), max_new_tokens, context)
         self._lam_tokens = self._lam_ms = 0.0
         t0 = time.perf_counter()
         for t in (self.target, self.reference):
