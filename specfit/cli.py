@@ -270,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{where}: error: {field}: {exc.rule}", file=sys.stderr)
         return 2
     except OSError as exc:  # a file we could not read or write (permissions, disk full, ...)
-        print(f"{where}: error: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
+        what = f"{exc.filename}: {exc.strerror}" if exc.filename and exc.strerror else str(exc).splitlines()[0]
+        print(f"{where}: error: {what}", file=sys.stderr)
         return 2
     except (KeyboardInterrupt, _Interrupted) as exc:
         print(f"{where}: {exc if isinstance(exc, _Interrupted) else 'interrupted'}", file=sys.stderr)

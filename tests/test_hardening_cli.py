@@ -220,3 +220,12 @@ def test_unknown_names_in_lists_name_the_list_flag(tmp_path, capsys):
     one_line_error(capsys, ["compare-solvers", "--preset", "small", "--sizes", "4", "--count", "1", "--solvers",
                             "exact,simplex", "--out", str(tmp_path / "o"), "--no-progress"],
                    "--solvers: unknown solver 'simplex'")
+
+
+def test_unwritable_out_is_one_line(tmp_path, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    one_line_error(capsys, ["compare-solvers", "--preset", "small", "--sizes", "4", "--count", "1",
+                            "--out", str(blocker / "out"), "--no-progress"], str(blocker))
+    one_line_error(capsys, ["eval", "--methods", "ar", "--dataset", "gsm8k", "--limit", "1", "--max-new-tokens", "1",
+                            "--out", str(blocker / "out"), "--no-progress"], str(blocker))
