@@ -39,7 +39,7 @@ def _add_solve(sub) -> None:
                    help="override the instance's max_nodes budget (an integer >= 1: the root is always verified)")
     p.add_argument("--rate", type=float, default=None,
                    help="rate mode: maximise A - rate*T with rate in tokens/s (default: ratio mode, max A/T)")
-    p.add_argument("--time-limit", dest="time_limit_s", type=float, default=None,
+    p.add_argument("--time-limit", dest="time_limit_s", metavar="SECONDS", type=float, default=None,
                    help="time limit in seconds, for the solvers that take one (cpsat; exact on budgeted instances); "
                         "other solvers refuse it")
     p.add_argument("--json", action="store_true", help="print the selection as one JSON object")
@@ -72,7 +72,7 @@ def _add_generate(sub) -> None:
     p = sub.add_parser("generate", help="greedy decoding with the offloaded Qwen3-MoE runtime",
                        description="Greedy autoregressive decoding of a Qwen3-MoE checkpoint whose experts "
                                    "stay in host memory behind a device expert cache.")
-    p.add_argument("--model", dest="model_dir", required=True,
+    p.add_argument("--model", dest="model_dir", metavar="DIR", required=True,
                    help="Qwen3-MoE checkpoint directory (config.json + safetensors)")
     prompt = p.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", help="prompt text (needs a tokenizer in --model)")
@@ -135,7 +135,7 @@ def _add_compare_solvers(sub) -> None:
     p.add_argument("--instances", help="read instance JSON files from this folder instead of generating")
     p.add_argument("--solvers", default="exact,cpsat,eagle,scan,greedy", help="solver names, comma-separated")
     p.add_argument("--rate", type=float, help="rate mode with long-run rate in tokens/s (default: ratio mode)")
-    p.add_argument("--time-limit", dest="time_limit_s", type=float, default=30.0,
+    p.add_argument("--time-limit", dest="time_limit_s", metavar="SECONDS", type=float, default=30.0,
                    help="cpsat time limit per instance, s (default 30)")
     p.add_argument("--total-tokens", type=int, default=32, help="eagle's total_tokens (default 32)")
     p.add_argument("--out", default="results/compare_solvers", help="output folder (default results/compare_solvers)")
@@ -169,7 +169,7 @@ def _add_eval(sub) -> None:
                                    "τ, wall-clock and modeled tokens/s, speedups, expert transfers, cache hit rate, "
                                    "solver share, equality with AR and task scores. Writes OUT/results.jsonl "
                                    "(resumable), OUT/summary.json, OUT/summary.md and PNG plots.")
-    p.add_argument("--dataset", dest="datasets", default="gsm8k,cnndm",
+    p.add_argument("--dataset", dest="datasets", metavar="DATASET[,...]", default="gsm8k,cnndm",
                    help="comma-separated: gsm8k, cnndm, spec-bench or PATH.jsonl with a 'prompt' per line "
                         "(default gsm8k,cnndm)")
     p.add_argument("--limit", type=int, default=10, help="prompts per dataset (default 10)")
