@@ -28,7 +28,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from specfit.solvers import get_solver
-from specfit.core.errors import SpecFitInputError
+from specfit.core.errors import SpecFitInputError, check_nonnegative_int
 from specfit.core.instance import Instance, load_instance
 
 #: Relative tolerance under which two objective values count as the same.
@@ -79,8 +79,8 @@ def load_folder(folder: str | Path) -> list[tuple[str, Instance]]:
     Raises
     ------
     SpecFitInputError
-        If the folder does not exist or holds no ``*.json`` file (field ``instances``), or an
-        instance is invalid.
+        If the folder does not exist or holds no ``*.json`` file, or an instance file is
+        unreadable or invalid (field ``instances``; the rule names the file and the instance field).
     """
     p = Path(folder)
     if not p.is_dir():
@@ -88,7 +88,14 @@ def load_folder(folder: str | Path) -> list[tuple[str, Instance]]:
     files = sorted(p.glob("*.json"))
     if not files:
         raise SpecFitInputError("instances", f"{p} holds no *.json instance file")
-    return [(f.name, load_instance(f)) for f in files]
+    out = []
+    for f in files:
+        try:
+            out.append((f.name, load_instance(f)))
+        except SpecFitInputError as exc:  # say which of the folder's files is bad
+            rule = exc.rule if exc.field == "instance" else f"{exc.field}: {exc.rule}"
+            raise SpecFitInputError("instances", f"{f}: {rule}") from None
+    return out
 
 
 def machine_info(one_core: bool) -> dict:
@@ -158,7 +165,10 @@ def run_solvers(instances: Iterable[tuple[str, Instance]], solvers: list[str], *
     from tqdm import tqdm
 
     options = options or {}
-    objs = {name: get_solver(name, **options.get(name, {})) for name in solvers}
+    try:
+        objs = {name: get_solver(name, **options.get(name, {})) for name in solvers}
+    except SpecFitInputError as exc:  # an unknown name in the list ``solvers``
+        raise SpecFitInputError("solvers", exc.rule) if exc.field == "solver" else exc from None
     records: list[Record] = []
     warm = False
     for source, inst in tqdm(instances, total=total, disable=not progress, desc="compare-solvers", unit="inst"):
@@ -331,6 +341,7 @@ def compare_solvers(*, solvers: list[str], out: str | Path, instances_dir: str |
 
     if count < 1:
         raise SpecFitInputError("count", f"must be >= 1, got {count}")
+    check_nonnegative_int("seed", seed)
     if instances_dir is not None:
         items = load_folder(instances_dir)
         if max_nodes is not None:

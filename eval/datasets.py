@@ -26,6 +26,7 @@ from pathlib import Path
 
 from specfit.models.proxy.data import CNN_HELD_OUT, gsm8k_prompt
 from specfit.core.errors import SpecFitInputError, check_positive_int
+from specfit.core.readers import read_text
 
 #: Folder of the evaluation data copies shipped inside the ``eval`` package.
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -65,10 +66,7 @@ class Prompt:
 
 
 def _read_jsonl(path: Path, field: str) -> list[tuple[int, object]]:
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise SpecFitInputError(field, f"cannot read {path}: {exc.strerror or exc}") from None
+    lines = read_text(path, field).splitlines()
     out = []
     for i, line in enumerate(lines, 1):
         if not line.strip():
@@ -81,20 +79,20 @@ def _read_jsonl(path: Path, field: str) -> list[tuple[int, object]]:
 
 
 def _gsm8k(data_dir: Path) -> list[Prompt]:
-    recs = _read_jsonl(data_dir / "gsm8k" / "test.jsonl", "--dataset")
+    recs = _read_jsonl(data_dir / "gsm8k" / "test.jsonl", "datasets")
     return [Prompt(f"gsm8k-test-{i - 1}", "gsm8k", "gsm8k", gsm8k_prompt(r["question"]), r["answer"])
             for i, r in recs]
 
 
 def _cnndm(data_dir: Path) -> list[Prompt]:
-    recs = _read_jsonl(data_dir / "cnn_dailymail" / "frank_cnndm_test_250.jsonl", "--dataset")[:CNN_HELD_OUT]
+    recs = _read_jsonl(data_dir / "cnn_dailymail" / "frank_cnndm_test_250.jsonl", "datasets")[:CNN_HELD_OUT]
     return [Prompt(r["id"], "cnndm", "cnndm", "Article: {article}\nSummary:", r["highlights"], r["article"])
             for _, r in recs]
 
 
 def _spec_bench(data_dir: Path) -> list[Prompt]:
     out = []
-    for _, r in _read_jsonl(data_dir / "spec_bench" / "question.jsonl", "--dataset"):
+    for _, r in _read_jsonl(data_dir / "spec_bench" / "question.jsonl", "datasets"):
         ref = (r.get("reference") or [None])[0]
         pid = f"spec-bench-{r['question_id']}"
         if r["category"] == "math_reasoning":
@@ -107,7 +105,7 @@ def _spec_bench(data_dir: Path) -> list[Prompt]:
 
 def _user_jsonl(path: Path) -> list[Prompt]:
     out, seen = [], set()
-    for i, r in _read_jsonl(path, "--dataset"):
+    for i, r in _read_jsonl(path, "datasets"):
         if not isinstance(r, dict):
             raise SpecFitInputError("prompt", f"{path} line {i} must be a JSON object with a 'prompt' string")
         if not isinstance(r.get("prompt"), str) or not r["prompt"]:
@@ -123,7 +121,7 @@ def _user_jsonl(path: Path) -> list[Prompt]:
         seen.add(str(pid))
         out.append(Prompt(str(pid), path.stem, "none", r["prompt"], ref))
     if not out:
-        raise SpecFitInputError("--dataset", f"{path} holds no prompts")
+        raise SpecFitInputError("datasets", f"{path} holds no prompts")
     return out
 
 
@@ -151,16 +149,16 @@ def load_prompts(name: str, limit: int | None = None, data_dir: str | Path = DAT
         a bad ``limit``.
     """
     if limit is not None:
-        check_positive_int("--limit", limit)
+        check_positive_int("limit", limit)
     loaders = {"gsm8k": _gsm8k, "cnndm": _cnndm, "spec-bench": _spec_bench}
     if name in loaders:
         prompts = loaders[name](Path(data_dir))
     elif name.endswith(".jsonl"):
         if not Path(name).is_file():
-            raise SpecFitInputError("--dataset", f"no such file: {name}")
+            raise SpecFitInputError("datasets", f"no such file: {name}")
         prompts = _user_jsonl(Path(name))
     else:
-        raise SpecFitInputError("--dataset", f"unknown dataset {name!r}; use one of {', '.join(DATASETS)} "
+        raise SpecFitInputError("datasets", f"unknown dataset {name!r}; use one of {', '.join(DATASETS)} "
                                              "or a path ending in .jsonl")
     return prompts[:limit]
 

@@ -24,7 +24,7 @@ from typing import Iterator
 import numpy as np
 
 from specfit.core.cost import PROFILES, get_profile
-from specfit.core.errors import SpecFitInputError, lookup
+from specfit.core.errors import SpecFitInputError, check_nonnegative_int, lookup
 from specfit.core.instance import Instance
 from specfit.core.tree import DraftTree
 
@@ -234,7 +234,13 @@ def generate_instances(spec: InstanceSpec, sizes, count: int, seed: int = 0) -> 
 
     Instance ``(n, index)`` is drawn from ``numpy.random.default_rng((seed, n, index))``, so it is
     the same whatever other sizes or counts are asked for.
+
+    Raises
+    ------
+    SpecFitInputError
+        If ``seed`` is not an integer >= 0 (at the first instance: this is a generator).
     """
+    check_nonnegative_int("seed", seed)
     for n in sizes:
         for i in range(count):
             yield n, i, generate_instance(int(n), spec, np.random.default_rng((seed, int(n), i)))

@@ -40,6 +40,7 @@ import torch
 from specfit.models.predictors import get_predictor, recall_at_k
 from specfit.models.traces import RoutingTrace, record_prompt
 from specfit.core.errors import SpecFitInputError
+from specfit.core.readers import read_json
 
 #: Predictors reported: label → (registry name, options, online). ``online`` False: never observes.
 VARIANTS = {
@@ -146,9 +147,9 @@ def run(model_dir: Path, *, head_dir: Path | None, n_train: int, n_eval: int, ma
     from specfit.models.eagle3 import Eagle3Config, check_target, default_aux_layer_ids, load_eagle3
     from specfit.models.qwen3_moe import OffloadedQwen3Moe
 
-    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    cfg = read_json(Path(model_dir) / "config.json")
     if head_dir is not None:
-        head_cfg = Eagle3Config.from_dict(json.loads((Path(head_dir) / "config.json").read_text()))
+        head_cfg = Eagle3Config.from_dict(read_json(Path(head_dir) / "config.json"))
         aux_layers = check_target(head_cfg, cfg)
     else:
         aux_layers = default_aux_layer_ids(cfg["num_hidden_layers"])
@@ -184,7 +185,7 @@ def run(model_dir: Path, *, head_dir: Path | None, n_train: int, n_eval: int, ma
             "hidden_source": train.hidden_source, "num_layers": train.num_layers, "num_experts": E, "top_k": k,
             "chance_recall": k / E, "train_prompts": train.num_prompts, "eval_prompts": held.num_prompts,
             "train_tokens": len(train), "eval_tokens_scored": len(held) - SKIP * held.num_prompts,
-            "max_tokens": max_tokens, "depth": depth, "record_s": record_s, "predictors": rows, "machine": machine(),
+            "max_tokens": max_tokens, "depth": depth, "record_s": record_s, "predictors": rows, "machine": machine(device),
             "protocol": f"held-out prompts replayed token by token: token j predicted as a depth-{depth} draft node "
                         f"(routing of tokens < j - {depth} observed; probe input = teacher-forced depth-1 hidden state)"}
 

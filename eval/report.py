@@ -15,6 +15,7 @@ from pathlib import Path
 from statistics import median
 
 from specfit.eval import metrics
+from specfit.core.readers import read_json
 from specfit.eval.modeled import cost_scaling_note
 
 #: Columns of ``summary.md``: (header, row key, format).
@@ -56,17 +57,17 @@ def versions() -> dict:
     return out
 
 
-def machine() -> dict:
-    """Platform, CPU model and count (:func:`eval.compare.machine_info`), the GPU if torch sees one,
-    and torch's CPU threads."""
+def machine(device: str = "cpu") -> dict:
+    """Platform, CPU model and count (:func:`eval.compare.machine_info`), the GPU model of the run's
+    ``device`` (None on the CPU) and torch's CPU threads."""
     import torch
 
     from specfit.eval.compare import machine_info
+    from specfit.models.devices import device_name
 
     info = machine_info(one_core=False)
     return {"platform": info["platform"], "cpu": info["cpu"], "cpu_count": os.cpu_count(),
-            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-            "torch_threads": torch.get_num_threads()}
+            "gpu": device_name(device), "torch_threads": torch.get_num_threads()}
 
 
 def _task_metric(recs: list[dict]) -> tuple[dict, str]:
@@ -249,15 +250,21 @@ def plot(rows: list[dict], out: Path) -> dict[str, Path]:
     _save(fig, paths["experts_png"])
 
     fig, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 4), squeeze=False)
+    drafted = [m for m in methods if m != "ar"]
+    # methods with identical acceptance (eagle3 and eagle3-vanilla draft the same trees) would hide one
+    # another: each method is shifted sideways by a fixed fraction of a depth step and has its own marker
+    shift = {m: 0.3 * ((i + 0.5) / len(drafted) - 0.5) for i, m in enumerate(drafted)}
     for ax, d in zip(axes[0], datasets):
         for r in rows:
             if r["dataset"] == d and r["method"] != "ar":
-                acc = r["acceptance_by_depth"]
-                ax.plot(range(1, len(acc) + 1), acc, marker="o", color=colors[r["method"]], label=r["method"],
-                        ls=("-", "--", ":", "-.")[methods.index(r["method"]) % 4])  # equal curves stay visible
-        ax.set(xlabel="tree position d (depth)", ylabel="cycles accepting >= d draft tokens", title=d, ylim=(0, 1))
+                acc, m = r["acceptance_by_depth"], r["method"]
+                ax.plot([x + shift[m] for x in range(1, len(acc) + 1)], acc, color=colors[m], label=m,
+                        marker=markers[drafted.index(m) % len(markers)], ls=("-", "--", ":", "-.")[drafted.index(m) % 4])
+        ax.set(xlabel="tree position d (depth; methods side by side)", ylabel="cycles accepting >= d draft tokens",
+               title=d, ylim=(0, 1))
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     _save(fig, paths["acceptance_png"])
     return paths
 
@@ -292,7 +299,7 @@ def write_summary(out: str | Path, records: list[dict], meta: dict, prompts) -> 
     out = Path(out)
     c = meta["config"]
     rows = summarise(records, c["depth"], c["temperature"])
-    meta = {**meta, "versions": versions(), "machine": machine(),
+    meta = {**meta, "versions": versions(), "machine": machine(c.get("device", "cpu")),
             "cost_scaling": cost_scaling_note(meta["num_layers"], c["profile"]),
             "cache": "every generation starts with an empty expert cache, warmed by its own prefill",
             "prompts_per_dataset": {d: sum(p.dataset == d for p in prompts) for d in dict.fromkeys(p.dataset for p in prompts)},
@@ -333,7 +340,7 @@ def benchmark_markdown(run_dirs) -> str:
     """
     parts = []
     for d in run_dirs:
-        s = json.loads((Path(d) / "summary.json").read_text())
+        s = read_json(Path(d) / "summary.json", "run_dirs")
         c = s["config"]
         parts.append(f"### Profile {c['profile']} ({', '.join(f'{k}: {v}' for k, v in s['prompts_per_dataset'].items())} "
                      f"prompts, {c['max_new_tokens']} new tokens each)\n")

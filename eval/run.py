@@ -28,15 +28,16 @@ from __future__ import annotations
 import json
 import os
 import zlib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from specfit.eval.datasets import DATASETS, MAX_ARTICLE_TOKENS, Prompt, encode, load_prompts
 from specfit.eval.metrics import task_score
 from specfit.eval.modeled import DRAFT_LEVEL_MS, modeled_cycle_ms
 from specfit.core.cost import DEFAULT_PROFILE, get_profile
-from specfit.engine import TreeSettings, get_method
-from specfit.core.errors import SpecFitInputError, check_positive_int, lookup
+from specfit.engine import METHODS, TreeSettings
+from specfit.core.errors import SpecFitInputError, check_context, check_nonnegative_int, check_positive_int, lookup
+from specfit.core.readers import read_json
 
 #: Methods of the default run (``oracle`` and ``eagle3-scan`` are available on request).
 DEFAULT_METHODS = ("ar", "eagle3-vanilla", "eagle3", "specfit")
@@ -62,11 +63,13 @@ class EvalConfig:
         Prompts per dataset (the first ones in file order).
     methods : tuple of str
         Method names of :data:`specfit.engine.METHODS`.
-    max_new_tokens : int
-        New tokens per prompt (fewer if the target emits EOS).
-    cache_slots : int
-        Expert-cache slots per MoE layer for every method but ``eagle3-vanilla`` (default 32: a
-        24 GB GPU holds about a quarter of Qwen3-30B-A3B's 128 experts per layer).
+    max_new_tokens : int, >= 1
+        New tokens per prompt (fewer if the target emits EOS); the longest prompt plus these must
+        fit in the target's ``max_position_embeddings``.
+    cache_slots : int or "all"
+        Expert-cache slots per MoE layer for every method but ``eagle3-vanilla``: an integer in
+        [0, experts] or ``"all"`` (default 32: a 24 GB GPU holds about a quarter of Qwen3-30B-A3B's
+        128 experts per layer). :func:`plan` resolves ``"all"`` to the expert count.
     eviction : str
         Expert-cache eviction policy (``lru``/``lfu``).
     profile : str
@@ -92,7 +95,7 @@ class EvalConfig:
     rate_mode : bool
         Long-run-rate selection instead of the per-cycle ratio (SPECFIT.md §3).
     device : str
-        Compute device (``cpu``, ``cuda``, ``cuda:1``).
+        Compute device (``cpu``, ``cuda``, ``cuda:1``); one this torch can use.
     threads : int
         torch CPU threads while the run lasts (default 1: the proxy's matrices are too small to
         gain from more, and on a shared machine extra threads only contend; 0 = torch's default).
@@ -104,7 +107,7 @@ class EvalConfig:
     limit: int = 10
     methods: tuple[str, ...] = DEFAULT_METHODS
     max_new_tokens: int = 64
-    cache_slots: int = 32
+    cache_slots: int | str = 32
     eviction: str = "lru"
     profile: str = DEFAULT_PROFILE
     model: str | None = None
@@ -135,14 +138,14 @@ def _resolve_dirs(config: EvalConfig, drafts: bool) -> tuple[Path, Path | None]:
     shipped = paths()
     target = Path(config.model) if config.model else shipped["target"]
     if not (target / "config.json").is_file():
-        raise SpecFitInputError("--model", f"no Qwen3-MoE checkpoint (config.json) in {target}")
+        raise SpecFitInputError("model", f"no Qwen3-MoE checkpoint (config.json) in {target}")
     if not drafts:
         return target.resolve(), None
     draft = head_dir(config.draft)  # a directory, or a shipped head by name (lite = default, strong)
     if not (draft / "config.json").is_file():
         hint = ("; the shipped heads are built by `python -m specfit.models.proxy.train --head --head-lite`"
                 if config.draft in (None, "lite", "strong") else "")
-        raise SpecFitInputError("--draft", f"no EAGLE-3 head (config.json) in {draft}{hint}")
+        raise SpecFitInputError("draft", f"no EAGLE-3 head (config.json) in {draft}{hint}")
     return target.resolve(), draft.resolve()
 
 
@@ -170,48 +173,61 @@ def plan(config: EvalConfig) -> Plan:
         missing model or head directory; a target without tokenizer; bad numbers; an ``out``
         folder holding results of a different configuration.
     """
+    from specfit.models.experts import check_cache_args
+    from specfit.models.qwen3_moe import read_spec
     from specfit.models.qwen3_moe.generate import load_tokenizer
 
     for name in ("limit", "max_new_tokens", "total_tokens", "depth", "top_k", "max_article_tokens"):
-        check_positive_int(f"--{name.replace('_', '-')}", getattr(config, name))
-    if isinstance(config.threads, bool) or not isinstance(config.threads, int) or config.threads < 0:
-        raise SpecFitInputError("--threads", f"must be an integer >= 0, got {config.threads!r}")
-    if isinstance(config.cache_slots, bool) or not isinstance(config.cache_slots, int) or config.cache_slots < 0:
-        raise SpecFitInputError("--cache-slots", f"must be an integer >= 0, got {config.cache_slots!r}")
+        check_positive_int(name, getattr(config, name))
+    for name in ("threads", "seed"):
+        check_nonnegative_int(name, getattr(config, name))
+    from specfit.models.devices import resolve_device
+
+    resolve_device(config.device)
     if not config.temperature >= 0:
-        raise SpecFitInputError("--temperature", f"must be >= 0, got {config.temperature}")
+        raise SpecFitInputError("temperature", f"must be >= 0, got {config.temperature}")
     if not 0 < config.top_p <= 1:
-        raise SpecFitInputError("--top-p", f"must be in (0, 1], got {config.top_p}")
+        raise SpecFitInputError("top_p", f"must be in (0, 1], got {config.top_p}")
     if not config.methods:
-        raise SpecFitInputError("--methods", "name at least one method")
+        raise SpecFitInputError("methods", "name at least one method")
     if len(set(config.methods)) != len(config.methods):
-        raise SpecFitInputError("--methods", "names a method twice")
-    methods = [get_method(m) for m in config.methods]
+        raise SpecFitInputError("methods", "names a method twice")
+    methods = [lookup(METHODS, m, "methods") for m in config.methods]
     if not config.datasets:
-        raise SpecFitInputError("--dataset", "name at least one dataset")
+        raise SpecFitInputError("datasets", "name at least one dataset")
     get_profile(config.profile)
     if config.profile not in DRAFT_LEVEL_MS:
-        raise SpecFitInputError("--profile", f"no draft-level time is modeled for {config.profile!r}")
+        raise SpecFitInputError("profile", f"no draft-level time is modeled for {config.profile!r}")
     from specfit.models.predictors import PREDICTORS
 
-    lookup(PREDICTORS, config.predictor, "--predictor")
+    lookup(PREDICTORS, config.predictor, "predictor")
     prompts_by_set = [load_prompts(d, config.limit) for d in config.datasets]
     names = [ps[0].dataset for ps in prompts_by_set]
     if len(set(names)) != len(names):
-        raise SpecFitInputError("--dataset", "names a dataset twice")
+        raise SpecFitInputError("datasets", "names a dataset twice")
     target_dir, draft_dir = _resolve_dirs(config, any(m.draft for m in methods))
+    spec = read_spec(target_dir)
+    if not spec.moe_layers:
+        raise SpecFitInputError("model", f"{target_dir} has no MoE layer (mlp_only_layers / decoder_sparse_step "
+                                "leave none): there are no experts to offload or select for")
+    config = replace(config, cache_slots=check_cache_args(config.cache_slots, config.eviction, spec.num_experts))
     tokenizer = load_tokenizer(target_dir)
     if tokenizer is None:
-        raise SpecFitInputError("--model", f"{target_dir} ships no tokenizer; the evaluation prompts are text")
+        raise SpecFitInputError("model", f"{target_dir} ships no tokenizer; the evaluation prompts are text")
     prompts = [(p, encode(p, tokenizer, config.max_article_tokens)) for ps in prompts_by_set for p in ps]
     empty = [p.id for p, ids in prompts if not ids]
     if empty:
         raise SpecFitInputError("prompt", f"prompt {empty[0]!r} encodes to no tokens")
+    longest = max(prompts, key=lambda item: len(item[1]))
+    try:
+        check_context("max_new_tokens", len(longest[1]), config.max_new_tokens, spec.max_position_embeddings)
+    except SpecFitInputError as exc:
+        raise SpecFitInputError(exc.field, f"{exc.rule} (longest prompt: {longest[0].dataset}/{longest[0].id})") from None
     trace = None
     if config.predictor != "recency" and any(m.selector in ("scan", "exact") and not m.oracle for m in methods):
         trace = Path(config.predictor_trace) if config.predictor_trace else target_dir / "routing_trace.npz"
         if not trace.is_file():
-            raise SpecFitInputError("--predictor-trace", f"predictor {config.predictor!r} needs a routing trace; "
+            raise SpecFitInputError("predictor_trace", f"predictor {config.predictor!r} needs a routing trace; "
                                     f"no such file: {trace} (record one with python -m specfit.eval.predictors --save-traces)")
     identity = {k: getattr(config, k) for k in IDENTITY_FIELDS}
     identity.update(model=str(target_dir), draft=None if draft_dir is None else str(draft_dir),
@@ -235,17 +251,17 @@ def _fingerprint(d: Path | None) -> str | None:
 def _check_out(out: Path, identity: dict) -> None:
     cfg = out / "config.json"
     if out.exists() and not out.is_dir():
-        raise SpecFitInputError("--out", f"{out} exists and is not a folder")
+        raise SpecFitInputError("out", f"{out} exists and is not a folder")
     if not cfg.is_file():
         return
     try:
-        old = json.loads(cfg.read_text())
-    except (OSError, json.JSONDecodeError):
-        raise SpecFitInputError("--out", f"{cfg} is unreadable; use another --out") from None
+        old = read_json(cfg)
+    except SpecFitInputError as exc:
+        raise SpecFitInputError("out", f"{exc.field}: {exc.rule}; use another out folder") from None
     for k, v in identity.items():
         if k in old and old[k] != v and not (k.startswith("draft") and (old[k] is None or v is None)):
-            raise SpecFitInputError("--out", f"{out} holds results with {k}={old[k]!r}, this run has {k}={v!r}; "
-                                             "use another --out")
+            raise SpecFitInputError("out", f"{out} holds results with {k}={old[k]!r}, this run has {k}={v!r}; "
+                                             "use another out folder")
 
 
 # -- results.jsonl --------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
+from specfit.models.devices import device_name, resolve_device
 from specfit.models.qwen3_moe import OffloadedQwen3Moe, read_spec
 from specfit.models.qwen3_moe.checkpoint import dense_shapes
 from specfit.core.cost import calibrate
@@ -201,13 +202,14 @@ def run_bench(model: OffloadedQwen3Moe, *, prefix_len: int = 32, repeats: int = 
                             "records": cal.num_records}}
 
 
-def machine() -> dict:
-    """Where the numbers were taken."""
+def machine(device: str = "cpu") -> dict:
+    """Where the numbers were taken: platform, torch, threads and the GPU model of ``device``."""
     info = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
             "torch": torch.__version__, "threads": torch.get_num_threads(),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    if torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name()
+    gpu = device_name(device)
+    if gpu is not None:
+        info["gpu"] = gpu
     return info
 
 
@@ -242,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     slots = int(args.cache_slots) if args.cache_slots.isdigit() else args.cache_slots
-    device = torch.device(args.device)
+    device = resolve_device(args.device)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = args.model or write_synthetic_checkpoint(
             Path(tmp) / args.synthetic, args.synthetic, args.layers,
@@ -251,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
                                                   pin_memory=False if args.pageable else None,
                                                   max_len=args.prefix_len + args.repeats + 80)
     result = run_bench(model, prefix_len=args.prefix_len, repeats=args.repeats)
-    result.update(machine=machine(), command=" ".join(["python -m specfit.eval.runtime_bench", *(argv or sys.argv[1:])]),
+    result.update(machine=machine(device), command=" ".join(["python -m specfit.eval.runtime_bench", *(argv or sys.argv[1:])]),
                   source=args.model or f"synthetic:{args.synthetic}", layers=model.spec.num_layers)
     print(json.dumps(result["machine"]))
     print(format_table(result))

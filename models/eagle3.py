@@ -45,7 +45,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specfit.core.errors import SpecFitInputError, check_positive_int
+from specfit.core.errors import SpecFitInputError, check_positive_int, check_single_sequence
+from specfit.core.readers import read_json
 
 #: Weight names of the public EAGLE-3 layout (besides the optional ``embed_tokens.weight``).
 WEIGHT_NAMES = (
@@ -153,6 +154,11 @@ class Eagle3Config:
         aux = eagle.get("eagle_aux_hidden_state_layer_ids", d.get("eagle_aux_hidden_state_layer_ids"))
         rope = d.get("rope_theta") or (d.get("rope_parameters") or {}).get("rope_theta") or 10000.0
         vocab = need("vocab_size")
+        kv = check_positive_int("config.num_key_value_heads", d.get("num_key_value_heads", heads))
+        if heads % kv:
+            raise SpecFitInputError("config.num_key_value_heads", f"must divide num_attention_heads ({heads}), got {kv}")
+        if (d.get("head_dim") or hidden // heads) % 2:
+            raise SpecFitInputError("config.head_dim", "must be even (rotary embeddings rotate pairs)")
         return cls(
             hidden_size=hidden,
             intermediate_size=need("intermediate_size"),
@@ -599,6 +605,8 @@ class Eagle3Checkpoint:
 
 def _weight_headers(files) -> dict[str, tuple[tuple[int, ...], Path]]:
     """Stored name → (shape, file), reading safetensors headers (no tensor data) or .bin files."""
+    import pickle
+
     from safetensors import SafetensorError, safe_open
 
     out = {}
@@ -610,8 +618,9 @@ def _weight_headers(files) -> dict[str, tuple[tuple[int, ...], Path]]:
             else:
                 sd = torch.load(f, map_location="cpu", weights_only=True, mmap=True)
                 out.update({k: (tuple(v.shape), f) for k, v in sd.items()})
-        except (SafetensorError, OSError, RuntimeError, ValueError) as exc:
-            raise SpecFitInputError("eagle3_path", f"cannot read weights {f.name}: {exc}") from None
+        except (SafetensorError, OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError) as exc:
+            raise SpecFitInputError(str(f), f"is not a readable weight file ({f.stat().st_size} bytes; truncated or "
+                                            f"not {f.suffix[1:]}?): {str(exc).splitlines()[0]}") from None
     return out
 
 
@@ -640,11 +649,7 @@ def inspect_eagle3(path, target_config=None) -> Eagle3Checkpoint:
     path = Path(path)
     if not (path / "config.json").is_file():
         raise SpecFitInputError("eagle3_path", f"no config.json in {path}")
-    try:
-        raw = json.loads((path / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise SpecFitInputError("eagle3_path", f"{path / 'config.json'} is not readable JSON ({exc})") from None
-    cfg = Eagle3Config.from_dict(raw)
+    cfg = Eagle3Config.from_dict(read_json(path / "config.json"))
     aux_ids = check_target(cfg, target_config) if target_config is not None else cfg.aux_layer_ids
     files = tuple(sorted(path.glob("*.safetensors")) or sorted(path.glob("pytorch_model*.bin")))
     if not files:
@@ -698,6 +703,9 @@ def load_eagle3(path, target_config=None, embed_weight: torch.Tensor | None = No
         Everything :func:`inspect_eagle3` refuses; no embedding anywhere; an embedding of the
         wrong shape; an invalid ``d2t``.
     """
+    from specfit.models.devices import resolve_device
+
+    device = resolve_device(device)
     ckpt = inspect_eagle3(path, target_config)
     cfg, shapes = ckpt.config, expected_weight_shapes(ckpt.config)
     if not ckpt.has_embed:
@@ -781,6 +789,12 @@ class Eagle3Drafter:
         self.head = head
         self.reset()
 
+    @property
+    def aux_layer_ids(self) -> tuple[int, ...] | None:
+        """The target layers whose hidden states the head reads (None: the target's default);
+        :class:`specfit.engine.SpecDecoder` checks them against the target's ``aux_layers``."""
+        return self.head.aux_layer_ids
+
     def reset(self) -> None:
         """Forget all committed tokens."""
         self.k, self.v = self.head.empty_kv(1)
@@ -821,7 +835,9 @@ class Eagle3Drafter:
             If the shapes disagree or the features have the wrong width.
         """
         dev = self.head.fc.weight.device
-        tokens = torch.as_tensor(accepted_tokens, device=dev).long().reshape(-1)
+        tokens = torch.as_tensor(accepted_tokens, device=dev).long()
+        check_single_sequence("accepted_tokens", tuple(tokens.shape))  # batch size 1 only
+        tokens = tokens.reshape(-1)
         aux = torch.as_tensor(target_aux_hidden, device=dev)
         if aux.dim() != 2 or aux.shape[0] != tokens.shape[0]:
             raise SpecFitInputError("target_aux_hidden", f"must be (m, 3H) with m = {tokens.shape[0]} tokens, got {tuple(aux.shape)}")

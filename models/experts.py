@@ -82,6 +82,8 @@ def check_cache_args(slots: int | str, policy: str, num_experts: int) -> int:
     """
     if slots == "all":
         slots = num_experts
+    elif isinstance(slots, str) and slots.strip().isdigit():  # as typed on a command line
+        slots = int(slots)
     if isinstance(slots, bool) or not isinstance(slots, int) or not 0 <= slots <= num_experts:
         raise SpecFitInputError("cache_slots", f"must be an integer in [0, {num_experts}] or 'all', got {slots!r}")
     if policy not in POLICIES:
@@ -198,22 +200,26 @@ class _Timer:
     """Device-generic interval timer: CUDA events on CUDA (resolved lazily), perf_counter otherwise."""
 
     def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
         self._pending: list[tuple[object, object, Callable[[float], None]]] = []
+
+    def _event(self):
+        """A timing event recorded on the current stream of *this* device (where the copies and
+        kernels are queued), not of whichever CUDA device happens to be current."""
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record(torch.cuda.current_stream(self.device))
+        return ev
 
     def start(self):
         if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            return ev
+            return self._event()
         return time.perf_counter()
 
     def stop(self, start, sink: Callable[[float], None]) -> None:
         """Close the interval opened by :meth:`start`; ``sink(ms)`` is called now or at :meth:`flush`."""
         if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            self._pending.append((start, ev, sink))
+            self._pending.append((start, self._event(), sink))
         else:
             sink((time.perf_counter() - start) * 1e3)
 
@@ -287,6 +293,8 @@ class DeviceExpertCache:
     @property
     def device_bytes(self) -> int:
         """Device bytes held by the slots (or the staging buffer when ``slots=0``)."""
+        if not self.gate_up:  # a model without MoE layers
+            return 0
         per = self.gate_up[0].nbytes + self.down[0].nbytes
         return per * (self.num_layers if self.slots > 0 else 1)
 

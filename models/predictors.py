@@ -406,12 +406,10 @@ class ProbePredictor:
     @classmethod
     def load(cls, path, window: int = 32) -> "ProbePredictor":
         """Read a probe written by :meth:`save` (field ``probe`` in errors)."""
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                return cls(z["weight"], z["bias"], z["mean"], z["std"], int(z["top_k"]), window,
-                           z["prior"] if "prior" in z.files else None)
-        except (OSError, KeyError, ValueError) as e:
-            raise SpecFitInputError("probe", f"cannot read a probe from {path} ({e})") from None
+        from specfit.core.readers import read_npz
+
+        z = read_npz(path, "probe", required=("weight", "bias", "mean", "std", "top_k"))
+        return cls(z["weight"], z["bias"], z["mean"], z["std"], int(z["top_k"]), window, z.get("prior"))
 
 
 def train_probe(hidden, routing, num_experts: int, *, epochs: int = 40, lr: float = 3e-3,
@@ -469,6 +467,9 @@ def train_probe(hidden, routing, num_experts: int, *, epochs: int = 40, lr: floa
         raise SpecFitInputError("hidden", "has no row without NaN")
     h, r = h[ok], r[ok]
     epochs, batch_size = check_positive_int("epochs", epochs), check_positive_int("batch_size", batch_size)
+    from specfit.models.devices import resolve_device
+
+    device = resolve_device(device)
     for field, v in (("lr", lr), ("weight_decay", weight_decay)):
         if not np.isfinite(v) or v < 0 or (field == "lr" and v == 0):
             raise SpecFitInputError(field, f"must be a finite number > 0 (weight_decay >= 0), got {v!r}")

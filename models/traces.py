@@ -21,7 +21,7 @@ from typing import Iterator
 
 import numpy as np
 
-from specfit.core.errors import SpecFitInputError, check_positive_int
+from specfit.core.errors import SpecFitInputError, check_positive_int, check_single_sequence
 
 #: Format tag written into every saved trace.
 FORMAT = "specfit-routing-trace-v1"
@@ -244,22 +244,21 @@ class RoutingTrace:
         SpecFitInputError
             If the file is missing or is not a routing trace (field ``trace``).
         """
+        from specfit.core.readers import read_npz
+
         path = Path(path)
-        if not path.is_file():
-            raise SpecFitInputError("trace", f"no such file: {path}")
-        try:
-            z = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as e:
-            raise SpecFitInputError("trace", f"{path} is not an .npz routing trace ({e})") from None
-        with z:
-            if "format" not in z.files or str(z["format"]) != FORMAT:
-                raise SpecFitInputError("trace", f"{path} is not a {FORMAT} file")
-            src = str(z["hidden_source"]) or None
-            out = cls(int(z["num_experts"]), src)
-            hid = z["draft_hidden"] if "draft_hidden" in z.files else None
-            off = z["offsets"]
-            for a, b in zip(off[:-1], off[1:]):
-                out.add(z["tokens"][a:b], z["routing"][a:b], None if hid is None else hid[a:b])
+        z = read_npz(path, "trace")
+        if "format" not in z or str(z["format"]) != FORMAT:
+            raise SpecFitInputError("trace", f"{path} is not a {FORMAT} file")
+        for name in ("hidden_source", "num_experts", "offsets", "tokens", "routing"):
+            if name not in z:
+                raise SpecFitInputError("trace", f"{path} lacks the array {name!r}")
+        src = str(z["hidden_source"]) or None
+        out = cls(int(z["num_experts"]), src)
+        hid = z.get("draft_hidden")
+        off = z["offsets"]
+        for a, b in zip(off[:-1], off[1:]):
+            out.add(z["tokens"][a:b], z["routing"][a:b], None if hid is None else hid[a:b])
         return out
 
 
@@ -284,7 +283,9 @@ def teacher_forced_draft_hidden(head, prompt_ids, aux_hidden) -> np.ndarray:
     """
     import torch
 
-    ids = torch.as_tensor(prompt_ids).reshape(-1)
+    ids = torch.as_tensor(prompt_ids)
+    check_single_sequence("prompt_ids", tuple(ids.shape))
+    ids = ids.reshape(-1)
     T = ids.shape[0]
     out = np.full((T, head.cfg.hidden_size), np.nan, np.float32)
     if T >= 3:
@@ -339,7 +340,9 @@ def record_prompt(model, prompt_ids, trace: RoutingTrace | None = None, head=Non
             raise SpecFitInputError("aux_layers", f"the model records {tuple(model.aux_layers)} but the head reads {tuple(aux_ids)}")
     if trace is None:
         trace = RoutingTrace(model.spec.num_experts, source)
-    ids = torch.as_tensor(prompt_ids).reshape(-1).long()
+    ids = torch.as_tensor(prompt_ids)
+    check_single_sequence("prompt_ids", tuple(ids.shape))
+    ids = ids.reshape(-1).long()
     model.reset()
     with torch.no_grad():
         out = model.prefill(ids)

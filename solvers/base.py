@@ -13,6 +13,7 @@ subject to the instance's optional budgets ``max_nodes`` and ``max_new_experts_p
 from __future__ import annotations
 
 import importlib
+import inspect
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -158,11 +159,14 @@ def get_solver(name: str, **options) -> Solver:
     Raises
     ------
     SpecFitInputError
-        If ``name`` is unknown, or an option is not accepted by that solver.
+        If ``name`` is unknown, or an option is not accepted by that solver (the error's field is
+        the option, its rule lists the options the solver does accept).
     """
     module, cls = lookup(_REGISTRY, name, "solver").split(":")
     klass = getattr(importlib.import_module(module), cls)
-    try:
-        return klass(**options)
-    except TypeError as exc:
-        raise SpecFitInputError("solver", f"{name} does not accept these options: {exc}") from None
+    accepted = [p for p in inspect.signature(klass).parameters if p not in ("self", "args", "kwargs")]
+    for option in options:
+        if option not in accepted:
+            takes = f"its options: {', '.join(accepted)}" if accepted else "it takes no options"
+            raise SpecFitInputError(option, f"not accepted by solver {name!r} ({takes})")
+    return klass(**options)

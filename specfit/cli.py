@@ -2,7 +2,10 @@
 
 Every subcommand is a pair ``_add_<name>(subparsers)`` / ``_run_<name>(args) -> int``, registered in
 ``_COMMANDS``. Heavy imports (torch, transformers) happen inside ``_run_*`` so that ``specfit solve``
-starts fast. Bad input (:class:`~specfit.core.errors.SpecFitInputError`) is one line on stderr and exit 2.
+starts fast. Every error is one line on stderr: bad input (:class:`~specfit.core.errors.SpecFitInputError`,
+argparse's own errors, unreadable or unwritable files) exits 2, Ctrl-C exits 130. An argument's
+``dest`` is the library's field name, so an error on field ``cache_slots`` prints as ``--cache-slots``
+(:func:`_flag_names`): the flag on the command line, the field name in the API.
 """
 
 from __future__ import annotations
@@ -13,16 +16,32 @@ import sys
 
 from specfit.core.errors import SpecFitInputError
 
+#: What the top-level ``specfit --help`` says about the program.
+DESCRIPTION = ("SpecFit: throughput-optimal speculative decoding for Mixture-of-Experts models whose experts are "
+               "offloaded to host memory.")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``specfit <command>: error: <message>`` and exit 2, no usage block."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
 
 def _add_solve(sub) -> None:
     p = sub.add_parser("solve", help="select the verified subtree of one instance (SPECFIT.md §4)",
                        description="Read one instance JSON and print the selected subtree.")
     p.add_argument("instance", help="instance JSON file (SPECFIT.md §4)")
-    p.add_argument("--solver", default="exact", help="solver name (default: exact); see --list-solvers")
-    p.add_argument("--max-nodes", type=int, default=None, help="override the instance's max_nodes budget")
+    from specfit.solvers import available_solvers
+
+    p.add_argument("--solver", default="exact", help=f"solver: {', '.join(available_solvers())} (default exact)")
+    p.add_argument("--max-nodes", type=int, default=None,
+                   help="override the instance's max_nodes budget (an integer >= 1: the root is always verified)")
     p.add_argument("--rate", type=float, default=None,
                    help="rate mode: maximise A - rate*T with rate in tokens/s (default: ratio mode, max A/T)")
-    p.add_argument("--time-limit", type=float, default=None, help="time limit in seconds (cpsat)")
+    p.add_argument("--time-limit", dest="time_limit_s", metavar="SECONDS", type=float, default=None,
+                   help="time limit in seconds, for the solvers that take one (cpsat; exact on budgeted instances); "
+                        "other solvers refuse it")
     p.add_argument("--json", action="store_true", help="print the selection as one JSON object")
 
 
@@ -35,7 +54,7 @@ def _run_solve(args) -> int:
     inst = load_instance(args.instance)
     if args.max_nodes is not None:
         inst = replace(inst, max_nodes=args.max_nodes)
-    options = {} if args.time_limit is None else {"time_limit_s": args.time_limit}
+    options = {} if args.time_limit_s is None else {"time_limit_s": args.time_limit_s}
     sel = get_solver(args.solver, **options).solve(inst, rate=args.rate)
     if args.json:
         print(json.dumps(sel.to_json()))
@@ -53,11 +72,13 @@ def _add_generate(sub) -> None:
     p = sub.add_parser("generate", help="greedy decoding with the offloaded Qwen3-MoE runtime",
                        description="Greedy autoregressive decoding of a Qwen3-MoE checkpoint whose experts "
                                    "stay in host memory behind a device expert cache.")
-    p.add_argument("--model", required=True, help="Qwen3-MoE checkpoint directory (config.json + safetensors)")
+    p.add_argument("--model", dest="model_dir", metavar="DIR", required=True,
+                   help="Qwen3-MoE checkpoint directory (config.json + safetensors)")
     prompt = p.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", help="prompt text (needs a tokenizer in --model)")
     prompt.add_argument("--prompt-ids", help="prompt token ids, comma-separated (e.g. 1,2,3)")
-    p.add_argument("--max-new-tokens", type=int, required=True, help="tokens to generate")
+    p.add_argument("--max-new-tokens", type=int, required=True,
+                   help="tokens to generate, >= 1; the prompt plus these must fit in the model's max_position_embeddings")
     p.add_argument("--cache-slots", default=None,
                    help="device expert-cache slots per MoE layer: an integer (0 = transfer every needed expert "
                         "each forward) or 'all' (default 0)")
@@ -75,10 +96,8 @@ def _run_generate(args) -> int:
         try:
             prompt = [int(t) for t in args.prompt_ids.split(",") if t.strip()]
         except ValueError:
-            raise SpecFitInputError("--prompt-ids", f"must be comma-separated integers, got {args.prompt_ids!r}") from None
-    slots = args.cache_slots
-    slots = int(slots) if slots is not None and slots.isdigit() else slots
-    model = SpecFit.from_pretrained(args.model, cache_slots=slots, gpu_memory_bytes=args.gpu_memory,
+            raise SpecFitInputError("prompt_ids", f"must be comma-separated integers, got {args.prompt_ids!r}") from None
+    model = SpecFit.from_pretrained(args.model_dir, cache_slots=args.cache_slots, gpu_memory_bytes=args.gpu_memory,
                                     eviction=args.eviction, device=args.device)
     rep = model.generate(prompt, method="ar", max_new_tokens=args.max_new_tokens).to_json()
     if args.json:
@@ -109,13 +128,15 @@ def _add_compare_solvers(sub) -> None:
     p.add_argument("--cache-policy", choices=["popular", "random"], help="which experts the cache holds")
     p.add_argument("--branch", type=int, help="EAGLE top_k of the generated draft trees")
     p.add_argument("--profile", help="cost profile (default: the preset's)")
-    p.add_argument("--max-nodes", type=int, help="max_nodes budget for every instance")
+    p.add_argument("--max-nodes", type=int,
+                   help="max_nodes budget for every instance (an integer >= 1: the root is always verified)")
     p.add_argument("--max-new-experts-per-layer", type=int, help="expert budget for every generated instance")
     p.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
     p.add_argument("--instances", help="read instance JSON files from this folder instead of generating")
     p.add_argument("--solvers", default="exact,cpsat,eagle,scan,greedy", help="solver names, comma-separated")
     p.add_argument("--rate", type=float, help="rate mode with long-run rate in tokens/s (default: ratio mode)")
-    p.add_argument("--time-limit", type=float, default=30.0, help="cpsat time limit per instance, s (default 30)")
+    p.add_argument("--time-limit", dest="time_limit_s", metavar="SECONDS", type=float, default=30.0,
+                   help="cpsat time limit per instance, s (default 30)")
     p.add_argument("--total-tokens", type=int, default=32, help="eagle's total_tokens (default 32)")
     p.add_argument("--out", default="results/compare_solvers", help="output folder (default results/compare_solvers)")
     p.add_argument("--all-cores", action="store_true", help="do not pin the process to one core while timing")
@@ -131,7 +152,7 @@ def _run_compare_solvers(args) -> int:
                         skew=args.skew, sharing=args.sharing, cache_fraction=args.cache_fraction,
                         cache_policy=args.cache_policy, branch=args.branch, profile=args.profile,
                         max_new_experts_per_layer=args.max_new_experts_per_layer)
-    options = {"cpsat": {"time_limit_s": args.time_limit}, "eagle": {"total_tokens": args.total_tokens}}
+    options = {"cpsat": {"time_limit_s": args.time_limit_s}, "eagle": {"total_tokens": args.total_tokens}}
     text, paths = compare_solvers(solvers=names, out=args.out, instances_dir=args.instances, spec=spec,
                                   sizes=parse_sizes(args.sizes), count=args.count, seed=args.seed,
                                   max_nodes=args.max_nodes, rate=args.rate,
@@ -148,14 +169,18 @@ def _add_eval(sub) -> None:
                                    "τ, wall-clock and modeled tokens/s, speedups, expert transfers, cache hit rate, "
                                    "solver share, equality with AR and task scores. Writes OUT/results.jsonl "
                                    "(resumable), OUT/summary.json, OUT/summary.md and PNG plots.")
-    p.add_argument("--dataset", default="gsm8k,cnndm",
+    p.add_argument("--dataset", dest="datasets", metavar="DATASET[,...]", default="gsm8k,cnndm",
                    help="comma-separated: gsm8k, cnndm, spec-bench or PATH.jsonl with a 'prompt' per line "
                         "(default gsm8k,cnndm)")
     p.add_argument("--limit", type=int, default=10, help="prompts per dataset (default 10)")
     p.add_argument("--methods", default="ar,eagle3-vanilla,eagle3,specfit",
                    help="comma-separated methods (default ar,eagle3-vanilla,eagle3,specfit; also eagle3-scan, oracle)")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per prompt (default 64)")
-    p.add_argument("--cache-slots", type=int, default=32, help="expert-cache slots per MoE layer (default 32)")
+    p.add_argument("--max-new-tokens", type=int, default=64,
+                   help="new tokens per prompt, >= 1 (default 64); the longest prompt plus these must fit in the "
+                        "model's max_position_embeddings")
+    p.add_argument("--cache-slots", default=32,
+                   help="expert-cache slots per MoE layer: an integer in [0, experts] or 'all' (default 32)")
+    p.add_argument("--eviction", default="lru", choices=["lru", "lfu"], help="expert-cache eviction policy (default lru)")
     p.add_argument("--profile", default="qwen3-30b-a3b-pcie4",
                    help="hardware profile for selection and modeled time (default qwen3-30b-a3b-pcie4; "
                         "also qwen3-30b-a3b-h200)")
@@ -183,12 +208,15 @@ def _add_eval(sub) -> None:
 def _run_eval(args) -> int:
     from specfit import evaluate
 
-    res = evaluate(datasets=args.dataset, limit=args.limit, methods=args.methods,
-                   max_new_tokens=args.max_new_tokens, cache_slots=args.cache_slots, profile=args.profile,
-                   model=args.model, draft=args.draft, temperature=args.temperature, top_p=args.top_p,
-                   seed=args.seed, total_tokens=args.total_tokens, depth=args.depth, top_k=args.top_k,
-                   predictor=args.predictor, predictor_trace=args.predictor_trace,
-                   device=args.device, threads=args.threads, out=args.out, progress=not args.no_progress)
+    try:
+        res = evaluate(datasets=args.datasets, limit=args.limit, methods=args.methods,
+                       max_new_tokens=args.max_new_tokens, cache_slots=args.cache_slots, eviction=args.eviction,
+                       profile=args.profile, model=args.model, draft=args.draft, temperature=args.temperature,
+                       top_p=args.top_p, seed=args.seed, total_tokens=args.total_tokens, depth=args.depth,
+                       top_k=args.top_k, predictor=args.predictor, predictor_trace=args.predictor_trace,
+                       device=args.device, threads=args.threads, out=args.out, progress=not args.no_progress)
+    except KeyboardInterrupt:
+        raise _Interrupted("interrupted; rerun the same command to resume") from None
     print(res["markdown"], end="")
     print(f"wrote {', '.join(str(p) for p in res['paths'].values())} "
           f"({res['ran']} new generations, {res['skipped']} resumed)")
@@ -202,11 +230,15 @@ _COMMANDS = (    ("solve", _add_solve, _run_solve),
 )
 
 
+class _Interrupted(Exception):
+    """Ctrl-C, with what to tell the user."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``specfit`` command with all subcommands."""
     from specfit import __version__
 
-    parser = argparse.ArgumentParser(prog="specfit", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="specfit", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"specfit {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for _, add, _ in _COMMANDS:
@@ -214,15 +246,38 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _flag_names(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, str]:
+    """``dest -> --flag`` of the subcommand that ran: the map from the library's field names to the
+    command line. Flags left unset (None) are not in it, so that a field of an input file with the
+    same name (``max_nodes`` in an instance JSON) keeps its file name."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {a.dest: max(a.option_strings, key=len) for a in sub.choices[args.command]._actions
+            if a.option_strings and getattr(args, a.dest, None) is not None}
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``specfit`` and ``python -m specfit``. Returns the exit code."""
-    args = build_parser().parse_args(argv)
+    """Entry point of ``specfit`` and ``python -m specfit``. Returns the exit code.
+
+    Every error is one stderr line ``specfit <command>: error: <field or flag>: <rule>``: exit 2 for
+    bad input and unreadable or unwritable files, 130 for Ctrl-C.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
     run = {name: fn for name, _, fn in _COMMANDS}[args.command]
+    where = f"specfit {args.command}"
     try:
         return run(args)
     except SpecFitInputError as exc:
-        print(f"specfit {args.command}: error: {exc}", file=sys.stderr)
+        field = _flag_names(parser, args).get(exc.field, exc.field)
+        print(f"{where}: error: {field}: {exc.rule}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a file we could not read or write (permissions, disk full, ...)
+        what = f"{exc.filename}: {exc.strerror}" if exc.filename and exc.strerror else str(exc).splitlines()[0]
+        print(f"{where}: error: {what}", file=sys.stderr)
+        return 2
+    except (KeyboardInterrupt, _Interrupted) as exc:
+        print(f"{where}: {exc if isinstance(exc, _Interrupted) else 'interrupted'}", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

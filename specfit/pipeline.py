@@ -20,13 +20,13 @@ Example::
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from specfit.core.cost import DEFAULT_PROFILE, CostModel, get_profile
 from specfit.core.errors import SpecFitInputError, check_positive_int, lookup
+from specfit.core.readers import read_json
 from specfit.engine import CycleRecord, Method, SpecDecoder, TreeSettings, get_method
 
 if TYPE_CHECKING:  # torch and the model code load only when a model does
@@ -118,8 +118,8 @@ def _head_config(target_dir: Path, draft_dir: Path) -> tuple[dict, tuple[int, ..
     path = draft_dir / "config.json"
     if not path.is_file():
         raise SpecFitInputError("draft_dir", f"no EAGLE-3 head (config.json) in {draft_dir}")
-    target_cfg = json.loads((target_dir / "config.json").read_text())
-    return target_cfg, check_target(Eagle3Config.from_dict(json.loads(path.read_text())), target_cfg)
+    target_cfg = read_json(target_dir / "config.json")
+    return target_cfg, check_target(Eagle3Config.from_dict(read_json(path)), target_cfg)
 
 
 def _predictor_trace(name: str, target_dir: Path, trace) -> Path | None:

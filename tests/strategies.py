@@ -4,6 +4,9 @@
 q (with ties from a few round values), predicted experts per layer, an expert cache, a cost model
 (scalar or per-layer ``per_expert_ms``) and optional budgets. ``level_instances(...)`` draws a tree
 grown level by level (every node of level d+1 hangs off level d) for the stop-rule test.
+``near_tie_instances(...)`` draws instances in which some children's path probability exceeds their
+parent's by up to the validator's tolerance :data:`specfit.core.tree.PROB_TOL` (float round-off in a
+drafter's products), which the validator admits.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from hypothesis import strategies as st
 
 from specfit.core.cost import CostModel
 from specfit.core.instance import Instance
-from specfit.core.tree import DraftTree
+from specfit.core.tree import PROB_TOL, DraftTree
 
 #: Budget kinds accepted by :func:`instances`.
 BUDGETS = ("none", "nodes", "experts", "both")
@@ -113,3 +116,27 @@ def level_instances(draw, max_total: int = 14, budget: str = "none") -> tuple[In
     experts, cache = draw(_experts_and_cache(n, layers, num_experts))
     tree = DraftTree(parents, q=q, experts=experts, num_experts=num_experts)
     return _with_budgets(draw, tree, draw(costs(layers)), cache, budget), ends
+
+
+@st.composite
+def near_tie_instances(draw, max_nodes: int = 10, budget: str = "none") -> Instance:
+    """An instance whose path probabilities are ``P_parent + δ`` for some children, δ in (0, PROB_TOL].
+
+    Path probabilities are drawn directly (not as products of q): each node either ties its parent
+    up to ``δ`` above it, or takes a value in [0, P_parent]. Budgets as in :func:`instances`.
+    """
+    n = draw(st.integers(2, max_nodes))
+    parents = [-1] + [draw(st.integers(0, i - 1)) for i in range(1, n)]
+    prob = [1.0]
+    for v in range(1, n):
+        p = prob[parents[v]]
+        if draw(st.booleans()):
+            delta = draw(st.sampled_from([PROB_TOL, PROB_TOL / 2, 1e-12]) | st.floats(1e-15, PROB_TOL))
+            prob.append(min(p + delta, 1.0))
+        else:
+            prob.append(draw(st.sampled_from([0.0, p]) | st.floats(0.0, 1.0).map(lambda x, p=p: x * p)))
+    layers = draw(st.integers(0, 2))
+    num_experts = draw(st.integers(1, 4))
+    experts, cache = draw(_experts_and_cache(n, layers, num_experts))
+    tree = DraftTree(parents, path_prob=prob, experts=experts, num_experts=num_experts)
+    return _with_budgets(draw, tree, draw(costs(layers)), cache, budget)

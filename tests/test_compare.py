@@ -138,9 +138,9 @@ def test_compare_solvers_reads_a_folder(tmp_path, capsys):
     capsys.readouterr()
 
 
-@pytest.mark.parametrize("argv,field", [(["--instances", "EMPTY"], "instances"), (["--sizes", "a"], "sizes"),
-                                        (["--solvers", "exact,simplex"], "solver"), (["--count", "0"], "count"),
-                                        (["--sharing", "2"], "sharing")])
+@pytest.mark.parametrize("argv,field", [(["--instances", "EMPTY"], "--instances"), (["--sizes", "a"], "--sizes"),
+                                        (["--solvers", "exact,simplex"], "--solvers"), (["--count", "0"], "--count"),
+                                        (["--sharing", "2"], "--sharing")])
 def test_compare_solvers_bad_input_exits_2(argv, field, tmp_path, capsys):
     (tmp_path / "EMPTY").mkdir()
     argv = [a.replace("EMPTY", str(tmp_path / "EMPTY")) for a in argv]

@@ -162,8 +162,8 @@ def test_shipped_datasets_and_templates():
     ('{"prompt": ""}\n', "prompt"),
     ('{"prompt": "a", "id": 1}\n{"prompt": "b", "id": 1}\n', "id"),
     ('{"prompt": "a", "reference": 3}\n', "reference"),
-    ('{"prompt": "a"\n', "--dataset"),
-    ('\n', "--dataset"),
+    ('{"prompt": "a"\n', "datasets"),
+    ('\n', "datasets"),
 ])
 def test_user_jsonl_validation(tmp_path, content, field):
     path = tmp_path / "p.jsonl"
@@ -174,11 +174,12 @@ def test_user_jsonl_validation(tmp_path, content, field):
 
 
 def test_unknown_dataset_and_bad_limit():
-    with pytest.raises(SpecFitInputError, match="--dataset"):
+    # field names in the API (the command line maps them to --dataset / --limit)
+    with pytest.raises(SpecFitInputError, match="^datasets: "):
         load_prompts("mmlu")
-    with pytest.raises(SpecFitInputError, match="--dataset"):
+    with pytest.raises(SpecFitInputError, match="^datasets: "):
         load_prompts("missing.jsonl")
-    with pytest.raises(SpecFitInputError, match="--limit"):
+    with pytest.raises(SpecFitInputError, match="^limit: "):
         load_prompts("gsm8k", limit=0)
 
 

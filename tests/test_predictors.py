@@ -221,7 +221,7 @@ def test_trace_save_load_round_trip(tmp_path, trace):
 
 
 def test_trace_load_errors(tmp_path):
-    with pytest.raises(SpecFitInputError, match="^trace: no such file"):
+    with pytest.raises(SpecFitInputError, match="^trace: cannot read .*missing.npz: no such file"):
         RoutingTrace.load(tmp_path / "missing.npz")
     (tmp_path / "bad.npz").write_text("not a zip")
     with pytest.raises(SpecFitInputError, match="^trace:"):

@@ -277,7 +277,8 @@ def test_greedy_generate_stops_at_eos(moe_ckpt):
     model = OffloadedQwen3Moe.from_pretrained(path, max_len=64)
     full = greedy_generate(model, [1, 2], 8)
     assert greedy_generate(model, [1, 2], 8, eos_token_id=full[2]) == full[:full.index(full[2]) + 1]
-    assert greedy_generate(model, [1, 2], 0) == []
+    with pytest.raises(SpecFitInputError, match="max_new_tokens: must be a positive integer"):
+        greedy_generate(model, [1, 2], 0)  # one rule with `specfit eval` (issue 10)
 
 
 # --- loading -------------------------------------------------------------------------------------
@@ -468,7 +469,7 @@ def test_cli_generate_text_with_tokenizer(moe_ckpt, tmp_path, capsys):
 @pytest.mark.parametrize("argv,needle", [
     (["--prompt", "hello"], "prompt: the model directory has no tokenizer"),
     (["--prompt-ids", "1,x"], "--prompt-ids"),
-    (["--prompt-ids", "1", "--cache-slots", "99"], "cache_slots"),
+    (["--prompt-ids", "1", "--cache-slots", "99"], "--cache-slots: must be an integer in [0, 8]"),
 ])
 def test_cli_generate_errors(moe_ckpt, capsys, argv, needle):
     path, _ = moe_ckpt

@@ -13,14 +13,15 @@ never held twice. Experts are read in either layout:
 
 from __future__ import annotations
 
-import json
 from contextlib import ExitStack
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from specfit.models.experts import HostExpertStore
+from specfit.core.errors import SpecFitInputError
+from specfit.core.readers import read_json
 from specfit.models.qwen3_moe.config import CheckpointError, Qwen3MoeSpec
 
 
@@ -45,9 +46,13 @@ class CheckpointReader:
         index, single = self.dir / "model.safetensors.index.json", self.dir / "model.safetensors"
         if index.is_file():
             try:
-                weight_map = json.loads(index.read_text())["weight_map"]
-            except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                raise CheckpointError(str(index), f"must be JSON with a 'weight_map' ({exc!r})") from None
+                weight_map = read_json(index)["weight_map"]
+            except SpecFitInputError as exc:
+                raise CheckpointError(exc.field, exc.rule) from None
+            except KeyError:
+                raise CheckpointError(str(index), "must be a JSON object with a 'weight_map'") from None
+            if not isinstance(weight_map, dict):
+                raise CheckpointError(f"{index}: weight_map", "must map tensor names to shard file names")
             self.file_of = {name: self.dir / fn for name, fn in weight_map.items()}
             for name, path in self.file_of.items():
                 if not path.is_file():
@@ -59,7 +64,7 @@ class CheckpointReader:
 
     def _open(self, path: Path):
         if path not in self._handles:
-            self._handles[path] = self._stack.enter_context(safe_open(str(path), framework="pt", device="cpu"))
+            self._handles[path] = self._stack.enter_context(open_safetensors(path))
         return self._handles[path]
 
     def close(self) -> None:
@@ -98,7 +103,30 @@ class CheckpointReader:
         got = tuple(handle.get_slice(name).get_shape())
         if got != tuple(shape):
             raise CheckpointError(f"{path}: {name}", f"expected shape {tuple(shape)}, got {got}")
-        return handle.get_tensor(name).to(dtype)
+        try:
+            return handle.get_tensor(name).to(dtype)
+        except (SafetensorError, OSError) as exc:
+            raise CheckpointError(f"{path}: {name}", f"cannot be read ({exc})") from None
+
+
+def open_safetensors(path: str | Path):
+    """``safe_open(path)`` (memory-mapped, CPU tensors) with every failure as one :class:`CheckpointError`.
+
+    Raises
+    ------
+    CheckpointError
+        Naming the file, if it is missing, unreadable, truncated (the header promises more bytes
+        than the file holds) or not a safetensors file at all (e.g. a Git LFS pointer or text).
+    """
+    path = Path(path)
+    try:
+        return safe_open(str(path), framework="pt", device="cpu")
+    except FileNotFoundError:
+        raise CheckpointError(str(path), "does not exist") from None
+    except (SafetensorError, OSError) as exc:
+        size = path.stat().st_size if path.is_file() else 0
+        raise CheckpointError(str(path), f"is not a readable safetensors file ({size} bytes; truncated, "
+                                         f"a Git LFS pointer or not safetensors?): {exc}") from None
 
 
 def dense_shapes(spec: Qwen3MoeSpec) -> dict[str, tuple[int, ...]]:

@@ -8,7 +8,8 @@ from typing import Sequence
 import torch
 
 from specfit.models.qwen3_moe.model import OffloadedQwen3Moe
-from specfit.core.errors import SpecFitInputError
+from specfit.core.errors import SpecFitInputError, check_context, check_positive_int
+from specfit.models.qwen3_moe.config import read_spec
 
 #: Files whose presence means a checkpoint directory ships a tokenizer.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
@@ -23,8 +24,8 @@ def greedy_generate(model: OffloadedQwen3Moe, prompt_ids, max_new_tokens: int,
     model : OffloadedQwen3Moe
         The target; its KV is reset first, its expert cache is kept.
     prompt_ids : sequence of int or LongTensor
-        (T,) prompt token ids.
-    max_new_tokens : int
+        (T,) or (1, T) prompt token ids; batch size 1 only.
+    max_new_tokens : int, >= 1
         Upper bound on generated tokens.
     eos_token_id : int or sequence of int, optional
         Stop after emitting one of these ids (it is included in the output).
@@ -37,15 +38,13 @@ def greedy_generate(model: OffloadedQwen3Moe, prompt_ids, max_new_tokens: int,
     Raises
     ------
     SpecFitInputError
-        If ``max_new_tokens`` is negative or the prompt is invalid.
+        If ``max_new_tokens`` is not a positive integer, or the prompt is invalid (empty, a batch
+        of more than one sequence, ids out of the vocabulary, longer than the KV capacity).
     """
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise SpecFitInputError("max_new_tokens", f"must be a non-negative integer, got {max_new_tokens!r}")
+    check_positive_int("max_new_tokens", max_new_tokens)
     stop = set([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id or [])
     model.reset()
     out: list[int] = []
-    if max_new_tokens == 0:
-        return out
     logits = model.prefill(prompt_ids).logits[-1]
     while True:
         tok = int(torch.argmax(logits))
@@ -56,9 +55,20 @@ def greedy_generate(model: OffloadedQwen3Moe, prompt_ids, max_new_tokens: int,
 
 
 def load_tokenizer(model_dir: str | Path):
-    """The directory's tokenizer (transformers ``AutoTokenizer``), or None when it ships none."""
+    """The directory's tokenizer (transformers ``AutoTokenizer``), or None when it ships none.
+
+    Raises
+    ------
+    SpecFitInputError
+        Naming the folder, if its tokenizer files cannot be loaded (truncated, not JSON, ...).
+    """
     if not any((Path(model_dir) / f).is_file() for f in TOKENIZER_FILES):
         return None
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(model_dir))
+    try:
+        return AutoTokenizer.from_pretrained(str(model_dir))
+    except Exception as exc:  # tokenizers/transformers raise many types for a corrupt file
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise SpecFitInputError(str(model_dir), f"its tokenizer files cannot be loaded ({type(exc).__name__}: {first})"
+                                ) from None

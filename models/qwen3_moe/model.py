@@ -27,10 +27,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from specfit.models.devices import resolve_device
 from specfit.models.experts import DeviceExpertCache, HostExpertStore, check_cache_args, parse_bytes, slots_for_budget
 from specfit.models.qwen3_moe.checkpoint import CheckpointReader, load_dense, load_experts
 from specfit.models.qwen3_moe.config import Qwen3MoeSpec, read_spec
-from specfit.core.errors import SpecFitInputError, check_positive_int
+from specfit.core.errors import SpecFitInputError, check_positive_int, check_single_sequence
 from specfit.core.tree import DraftTree
 
 
@@ -113,7 +114,7 @@ class OffloadedQwen3Moe:
                  device, dtype: torch.dtype, *, cache_slots: int | str | None = None, gpu_memory=None,
                  eviction: str = "lru", max_len: int = 4096, aux_layers: Sequence[int] | None = None):
         self.spec, self.w, self.store = spec, weights, store
-        self.device, self.dtype = torch.device(device), dtype
+        self.device, self.dtype = resolve_device(device), dtype
         check_positive_int("max_len", max_len)
         self.max_len = max_len
         L = spec.num_layers
@@ -169,9 +170,10 @@ class OffloadedQwen3Moe:
             Missing config, shard or tensor, a shape mismatch, or an unsupported architecture;
             the message names the file and the tensor.
         SpecFitInputError
-            Bad ``cache_slots``, ``gpu_memory``, ``eviction``, ``max_len`` or ``aux_layers``.
+            Bad ``device`` (not one this torch can use), ``cache_slots``, ``gpu_memory``, ``eviction``,
+            ``max_len`` or ``aux_layers``.
         """
-        device = torch.device(device)
+        device = resolve_device(device)
         dtype = dtype or (torch.float32 if device.type == "cpu" else torch.bfloat16)
         spec = read_spec(model_dir)
         if kwargs.get("gpu_memory") is None:  # fail before reading gigabytes of weights
@@ -243,7 +245,9 @@ class OffloadedQwen3Moe:
 
     # -- public forward modes ---------------------------------------------------------------------
     def prefill(self, input_ids) -> ForwardOutput:
-        """Run ``input_ids`` (T,) after the committed prefix and commit all of them.
+        """Run ``input_ids`` (T,) or (1, T) after the committed prefix and commit all of them.
+
+        Batch size 1 only: a (B, T) tensor with B > 1 is refused, never flattened.
 
         Returns
         -------
@@ -253,7 +257,8 @@ class OffloadedQwen3Moe:
         Raises
         ------
         SpecFitInputError
-            If the ids are empty, out of the vocabulary, or overflow ``max_len``.
+            If the ids are empty, not integers, a batch of more than one sequence, out of the
+            vocabulary, or overflow ``max_len``.
         """
         ids = self._ids(input_ids)
         n = len(ids)
@@ -368,9 +373,16 @@ class OffloadedQwen3Moe:
 
     # -- internals --------------------------------------------------------------------------------
     def _ids(self, ids) -> torch.Tensor:
-        t = torch.as_tensor(ids).reshape(-1).to(torch.long)
+        try:
+            t = torch.as_tensor(ids)
+        except (TypeError, ValueError, RuntimeError):
+            raise SpecFitInputError("input_ids", "must be integer token ids of shape (T,) or (1, T)") from None
+        check_single_sequence("input_ids", tuple(t.shape))
         if t.numel() == 0:
             raise SpecFitInputError("input_ids", "must contain at least one token")
+        if t.is_floating_point() or t.is_complex():
+            raise SpecFitInputError("input_ids", f"must be integer token ids, got dtype {t.dtype}")
+        t = t.reshape(-1).to(torch.long)
         if int(t.min()) < 0 or int(t.max()) >= self.spec.vocab_size:
             raise SpecFitInputError("input_ids", f"must lie in [0, {self.spec.vocab_size})")
         return t.to(self.device)

@@ -49,8 +49,58 @@ def check_positive_int(field: str, value) -> int:
     SpecFitInputError
         Naming ``field``, otherwise.
     """
+    return _check_int(field, value, 1, "a positive integer")
+
+
+def check_nonnegative_int(field: str, value) -> int:
+    """Return ``value`` as an int if it is an integer >= 0 (``bool`` excluded), e.g. a seed.
+
+    Raises
+    ------
+    SpecFitInputError
+        Naming ``field``, otherwise.
+    """
+    return _check_int(field, value, 0, "an integer >= 0")
+
+
+def _check_int(field: str, value, low: int, what: str) -> int:
     import numbers
 
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise SpecFitInputError(field, f"must be a positive integer, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        raise SpecFitInputError(field, f"must be {what}, got {value!r}")
     return int(value)
+
+
+def check_single_sequence(field: str, shape: tuple[int, ...]) -> None:
+    """Check that token ids of ``shape`` are one sequence: ``(T,)`` or ``(1, T)``. Batch size 1 only.
+
+    SpecFit decodes one sequence at a time (the draft tree, the expert cache and the KV are per
+    sequence); a ``(B, T)`` batch with B > 1 is refused rather than flattened into one prompt.
+
+    Raises
+    ------
+    SpecFitInputError
+        Naming ``field``: batch size 1 only for ``(B, T)`` with B > 1, otherwise a shape that is
+        not 1-D or ``(1, T)``.
+    """
+    shape = tuple(int(s) for s in shape)
+    if len(shape) == 2 and shape[0] != 1:
+        raise SpecFitInputError(field, f"batch size 1 only: got {shape[0]} sequences (shape {shape}); "
+                                "pass one sequence of shape (T,) or (1, T)")
+    if len(shape) not in (1, 2):
+        raise SpecFitInputError(field, f"must be token ids of shape (T,) or (1, T) (batch size 1 only), got shape {shape}")
+
+
+def check_context(field: str, prompt_tokens: int, max_new_tokens: int, context: int) -> None:
+    """Refuse a generation that would run past the model's context.
+
+    Raises
+    ------
+    SpecFitInputError
+        On ``field`` if ``prompt_tokens + max_new_tokens > context`` (``max_position_embeddings``):
+        positions past it are outside what the model was trained on, and a long run there only
+        costs time.
+    """
+    if prompt_tokens + max_new_tokens > context:
+        raise SpecFitInputError(field, f"the prompt ({prompt_tokens} tokens) plus {max_new_tokens} new tokens exceed "
+                                f"the model's context of {context} tokens (max_position_embeddings)")

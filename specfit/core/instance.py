@@ -12,20 +12,20 @@ import numpy as np
 
 from specfit.core.cost import CostModel
 from specfit.core.errors import SpecFitInputError
+from specfit.core.readers import read_text
 from specfit.core.tree import DraftTree
 
 _REQUIRED = ("parents", "path_prob", "num_experts", "experts", "cost")
 _OPTIONAL = ("cache", "max_nodes", "max_new_experts_per_layer", "tokens")
 
 
-def _check_budget(name: str, value) -> int | None:
+def _check_budget(name: str, value, low: int, why: str) -> int | None:
+    """``value`` as an int >= ``low`` (or None); one rule and one message per budget."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) and not (
-            isinstance(value, float) and value.is_integer()):
-        raise SpecFitInputError(name, f"must be an integer or null, got {value!r}")
-    if value < 0:
-        raise SpecFitInputError(name, f"must be >= 0, got {value}")
+            isinstance(value, float) and value.is_integer()) or value < low:
+        raise SpecFitInputError(name, f"must be an integer >= {low} ({why}), got {value!r}")
     return int(value)
 
 
@@ -66,12 +66,12 @@ class Instance:
             object.__setattr__(self, "cache", np.zeros((L, E), dtype=bool))
         elif self.cache.shape != (L, E):
             raise SpecFitInputError("cache", f"must have shape (layers={L}, num_experts={E}), got {self.cache.shape}")
-        object.__setattr__(self, "max_nodes", _check_budget("max_nodes", self.max_nodes))
+        object.__setattr__(self, "max_nodes", _check_budget("max_nodes", self.max_nodes, 1,
+                                                            "infeasible budget: the root is always verified"))
         object.__setattr__(self, "max_new_experts_per_layer",
-                           _check_budget("max_new_experts_per_layer", self.max_new_experts_per_layer))
+                           _check_budget("max_new_experts_per_layer", self.max_new_experts_per_layer, 0,
+                                         "uncached experts per layer"))
         self.cost.per_expert_array(L)  # validates a per-layer list against L
-        if self.max_nodes is not None and self.max_nodes < 1:
-            raise SpecFitInputError("max_nodes", "infeasible budget: the root is always verified, so max_nodes must be >= 1")
         if self.max_new_experts_per_layer is not None and L:
             root_new = self.new_experts_per_layer([0])
             if root_new.max() > self.max_new_experts_per_layer:
@@ -210,10 +210,7 @@ def load_instance(path: str | Path) -> Instance:
         If the file is missing or not valid JSON (field ``instance``), or the content is invalid.
     """
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise SpecFitInputError("instance", f"cannot read {p}: {exc.strerror}") from None
+    text = read_text(p, "instance")
     try:
         obj = json.loads(text, parse_constant=lambda c: float("nan"))
     except json.JSONDecodeError as exc:

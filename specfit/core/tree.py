@@ -108,8 +108,9 @@ class DraftTree:
     ------
     SpecFitInputError
         On any broken rule: one root, parents precede children (so acyclic), probabilities
-        finite and in [0, 1], ``path_prob[0] == 1`` and non-increasing along paths, expert ids in
-        range, the same k in every layer (no ragged lists).
+        finite and in [0, 1], ``path_prob[0] == 1`` and non-increasing along paths (a child may
+        exceed its parent by at most :data:`PROB_TOL`; it is then lowered to its parent's value),
+        expert ids in range, the same k >= 1 in every layer (no ragged or empty lists).
 
     Notes
     -----
@@ -139,6 +140,12 @@ class DraftTree:
                 i = int(up[0])
                 raise SpecFitInputError(f"path_prob[{i}]", f"must not exceed its parent's ({pp[par[i]]}), got {pp[i]}: "
                                         "path probabilities are products of q <= 1")
+            # Admitted within PROB_TOL of the parent: clamp to the running minimum so that every
+            # consumer (solvers, stop rule, orders by P) sees P non-increasing along paths and any
+            # {v : P_v >= t} stays ancestor-closed (SPECFIT.md §3).
+            if np.any(pp[1:] > pp[par[1:]]):
+                for i in range(1, n):  # parents precede children: one pass
+                    pp[i] = min(pp[i], pp[par[i]])
             safe = np.where(pp[par[1:]] > 0, pp[par[1:]], 1.0)
             q_arr = np.concatenate([[1.0], np.where(pp[par[1:]] > 0, pp[1:] / safe, 0.0)])
         tok = None
@@ -155,6 +162,9 @@ class DraftTree:
                 raise SpecFitInputError("num_experts", "is required when experts are given")
             if int(num_experts) < 1:
                 raise SpecFitInputError("num_experts", f"must be >= 1, got {num_experts}")
+            if exp.shape[1] and not exp.shape[2]:
+                raise SpecFitInputError("experts", "each node routes to at least one expert per MoE layer; "
+                                        "got empty expert lists")
             bad = np.argwhere((exp < 0) | (exp >= num_experts))
             if bad.size:
                 v, l, j = (int(x) for x in bad[0])

@@ -34,7 +34,7 @@ import torch
 from specfit.solvers import get_solver
 from specfit.solvers.stop import should_stop
 from specfit.core.cost import CostModel, calibrate
-from specfit.core.errors import SpecFitInputError, check_positive_int, lookup
+from specfit.core.errors import SpecFitInputError, check_context, check_positive_int, check_single_sequence, lookup
 from specfit.core.instance import Instance
 from specfit.core.tree import DraftTree
 from specfit.engine.verify import verify_greedy, verify_sampling
@@ -158,6 +158,18 @@ class Generation:
                 "cycles": [asdict(c) for c in self.cycles]}
 
 
+def _prompt_list(prompt_ids) -> list[int]:
+    """Prompt ids of shape (T,) or (1, T) as a list of int (batch size 1 only)."""
+    try:
+        t = torch.as_tensor(prompt_ids)
+    except (TypeError, ValueError, RuntimeError):
+        raise SpecFitInputError("prompt_ids", "must be integer token ids of shape (T,) or (1, T)") from None
+    check_single_sequence("prompt_ids", tuple(t.shape))
+    if t.numel() and (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool):
+        raise SpecFitInputError("prompt_ids", f"must be integer token ids, got dtype {t.dtype}")
+    return [int(x) for x in t.reshape(-1).tolist()]
+
+
 def _cache_mask(target, num_layers: int, num_experts: int) -> np.ndarray:
     mask = np.zeros((num_layers, num_experts), dtype=bool)
     for layer, ids in enumerate(target.cache.cached_experts()):
@@ -232,7 +244,9 @@ class SpecDecoder:
     Raises
     ------
     SpecFitInputError
-        If the method needs a drafter, predictor or reference that is missing.
+        If the method needs a drafter, predictor or reference that is missing, or the drafter's
+        ``aux_layer_ids`` differ from the target's ``aux_layers`` (the head would read the wrong
+        features).
     """
 
     def __init__(self, target, drafter=None, method: Method | str = "specfit", *, tree: TreeSettings = TreeSettings(),
@@ -251,10 +265,16 @@ class SpecDecoder:
             raise SpecFitInputError("reference", "method oracle needs a reference target for the true routing")
         if temperature < 0:
             raise SpecFitInputError("temperature", f"must be >= 0, got {temperature}")
+        head_aux, target_aux = getattr(drafter, "aux_layer_ids", None), getattr(target, "aux_layers", None)
+        if m.draft and head_aux is not None and target_aux is not None and tuple(head_aux) != tuple(target_aux):
+            raise SpecFitInputError("aux_layers", f"the head reads target features after layers {tuple(head_aux)} "
+                                    f"(its aux_layer_ids) but the target returns layers {tuple(target_aux)} (its "
+                                    f"aux_layers); load the target with aux_layers={tuple(head_aux)}")
         self.target, self.drafter, self.tree, self.cost = target, drafter, tree, cost
         self.predictor, self.reference = predictor, reference
         self.temperature, self.top_p, self.rate_mode, self.max_nodes = temperature, top_p, rate_mode, max_nodes
-        self.generator = torch.Generator().manual_seed(seed)
+        self.seed = seed
+        self.generator = torch.Generator().manual_seed(seed)  # moved to the logits' device at first use
         self.solver = None
         if m.selector == "eagle":
             self.solver = get_solver("eagle", total_tokens=tree.total_tokens)
@@ -275,7 +295,8 @@ class SpecDecoder:
 
         Parameters
         ----------
-        prompt_ids : sequence of int, length >= 1
+        prompt_ids : sequence of int or LongTensor
+            (T,) or (1, T), T >= 1. Batch size 1 only: a (B, T) batch with B > 1 is refused.
         max_new_tokens : int, >= 1
         eos_id : int, optional
             Stop after this token is committed.
@@ -287,12 +308,17 @@ class SpecDecoder:
         Raises
         ------
         SpecFitInputError
-            On an empty prompt or a non-positive ``max_new_tokens``.
+            On an empty prompt, a batch of more than one sequence, non-integer ids, a
+            non-positive ``max_new_tokens`` or one that runs past the target's
+            ``spec.max_position_embeddings`` (when the target has one).
         """
-        prompt = [int(t) for t in prompt_ids]
+        prompt = _prompt_list(prompt_ids)
         if not prompt:
             raise SpecFitInputError("prompt_ids", "must contain at least one token")
         check_positive_int("max_new_tokens", max_new_tokens)
+        context = getattr(getattr(self.target, "spec", None), "max_position_embeddings", None)
+        if context is not None:
+            check_context("max_new_tokens", len(prompt), max_new_tokens, context)
         self._lam_tokens = self._lam_ms = 0.0
         t0 = time.perf_counter()
         for t in (self.target, self.reference):
@@ -360,6 +386,8 @@ class SpecDecoder:
         rec.verify_ms = (time.perf_counter() - t0) * 1e3
         t0 = time.perf_counter()
         if self.temperature > 0:
+            if self.generator.device != logits.device:  # torch.multinomial needs both on one device
+                self.generator = torch.Generator(device=logits.device).manual_seed(self.seed)
             acc = verify_sampling(sub_tokens, sub_parents, logits, temperature=self.temperature, top_p=self.top_p,
                                   generator=self.generator)
         else:

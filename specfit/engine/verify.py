@@ -153,7 +153,7 @@ def verify_sampling(tokens: Sequence[int], parents: Sequence[int], logits: torch
     temperature : float, > 0
     top_p : float, in (0, 1]
     generator : torch.Generator, optional
-        Source of randomness (seed it for reproducible runs).
+        Source of randomness (seed it for reproducible runs); on the logits' device type.
 
     Returns
     -------
@@ -164,9 +164,12 @@ def verify_sampling(tokens: Sequence[int], parents: Sequence[int], logits: torch
     Raises
     ------
     SpecFitInputError
-        On bad shapes, temperature or top_p.
+        On bad shapes, temperature or top_p, or a generator on another device type than the logits.
     """
     if logits.ndim != 2 or logits.shape[0] != len(tokens):
         raise SpecFitInputError("logits", f"must have shape (n={len(tokens)}, V), got {tuple(logits.shape)}")
+    if generator is not None and generator.device.type != logits.device.type:
+        raise SpecFitInputError("generator", f"is on {generator.device} but the logits are on {logits.device}; "
+                                "create it with torch.Generator(device=logits.device)")
     probs = target_probs(logits, temperature, top_p)
     return _walk(tokens, parents, lambda u: int(torch.multinomial(probs[u], 1, generator=generator)))
