@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 
-from specfit.core.errors import SpecFitInputError
+from specfit.core.errors import SpecFitInputError, check_positive_int
 
 #: What the top-level ``specfit --help`` says about the program.
 DESCRIPTION = ("SpecFit: throughput-optimal speculative decoding for Mixture-of-Experts models whose experts are "
@@ -72,7 +72,7 @@ def _add_generate(sub) -> None:
     p = sub.add_parser("generate", help="greedy decoding with the offloaded Qwen3-MoE runtime",
                        description="Greedy autoregressive decoding of a Qwen3-MoE checkpoint whose experts "
                                    "stay in host memory behind a device expert cache.")
-    p.add_argument("--model", dest="model_dir", metavar="DIR", required=True,
+    p.add_argument("--model", dest="target_dir", metavar="DIR", required=True,
                    help="Qwen3-MoE checkpoint directory (config.json + safetensors)")
     prompt = p.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", help="prompt text (needs a tokenizer in --model)")
@@ -97,9 +97,17 @@ def _run_generate(args) -> int:
             prompt = [int(t) for t in args.prompt_ids.split(",") if t.strip()]
         except ValueError:
             raise SpecFitInputError("prompt_ids", f"must be comma-separated integers, got {args.prompt_ids!r}") from None
-    model = SpecFit.from_pretrained(args.model_dir, cache_slots=args.cache_slots, gpu_memory_bytes=args.gpu_memory,
+        if not prompt:
+            raise SpecFitInputError("prompt_ids", "must contain at least one token")
+    check_positive_int("max_new_tokens", args.max_new_tokens)  # before the weights are read
+    model = SpecFit.from_pretrained(args.target_dir, cache_slots=args.cache_slots, gpu_memory_bytes=args.gpu_memory,
                                     eviction=args.eviction, device=args.device)
-    rep = model.generate(prompt, method="ar", max_new_tokens=args.max_new_tokens).to_json()
+    try:
+        rep = model.generate(prompt, method="ar", max_new_tokens=args.max_new_tokens).to_json()
+    except SpecFitInputError as exc:  # the API's one ``prompt`` field is --prompt or --prompt-ids here
+        if exc.field == "prompt" and args.prompt_ids is not None:
+            raise SpecFitInputError("prompt_ids", exc.rule) from None
+        raise
     if args.json:
         print(json.dumps(rep))
         return 0

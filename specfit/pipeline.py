@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from specfit.core.cost import DEFAULT_PROFILE, CostModel, get_profile
-from specfit.core.errors import SpecFitInputError, check_positive_int, lookup
+from specfit.core.errors import SpecFitInputError, check_context, check_positive_int, lookup
 from specfit.core.readers import read_json
 from specfit.engine import CycleRecord, Method, SpecDecoder, TreeSettings, get_method
 
@@ -244,6 +244,9 @@ class SpecFit:
         check_positive_int("max_len", max_len)
         cost = profile if isinstance(profile, CostModel) else get_profile(profile)
         target_dir = Path(target_dir)
+        if not target_dir.is_dir():
+            raise SpecFitInputError("target_dir", f"{target_dir} is not a folder" if target_dir.exists()
+                                    else f"no such checkpoint folder: {target_dir}")
         read_spec(target_dir)  # a missing or unsupported checkpoint fails here, before the head is read
         head_cfg = None if draft_dir is None else _head_config(target_dir, Path(draft_dir))
         named = head_cfg is not None and isinstance(predictor, str)
@@ -382,6 +385,11 @@ class SpecFit:
 
         ids = self.encode(prompt)
         check_positive_int("max_new_tokens", max_new_tokens)
+        spec = self.target.spec
+        bad = [t for t in ids if not 0 <= t < spec.vocab_size]
+        if bad:
+            raise SpecFitInputError("prompt", f"token ids must lie in [0, {spec.vocab_size}) (vocab_size), got {bad[0]}")
+        check_context("max_new_tokens", len(ids), max_new_tokens, spec.max_position_embeddings)
         dec = self.decoder(method, tree=tree, temperature=temperature, top_p=top_p, seed=seed, rate_mode=rate_mode)
         need = kv_tokens_needed(len(ids), max_new_tokens, dec.tree if dec.method.draft else None)
         capacity = getattr(self.target, "max_len", need)

@@ -106,12 +106,12 @@ def test_field_names_in_the_api_flag_names_on_the_command_line(capsys):
 
 # --- generate -----------------------------------------------------------------------------------
 def test_generate_missing_model_dir_is_named(tmp_path, capsys):
-    from specfit.models.qwen3_moe import generate_report
+    from specfit import SpecFit
 
     missing = tmp_path / "no" / "such" / "dir"
     with pytest.raises(SpecFitInputError, match="no such checkpoint folder") as info:
-        generate_report(missing, prompt="hi", max_new_tokens=2)
-    assert info.value.field == "model_dir"
+        SpecFit.from_pretrained(missing)
+    assert info.value.field == "target_dir"
     err = one_line_error(capsys, ["generate", "--model", str(missing), "--prompt", "hi", "--max-new-tokens", "2"],
                          "--model: no such checkpoint folder", str(missing))
     assert "tokenizer" not in err
@@ -126,11 +126,11 @@ def test_max_new_tokens_one_rule_in_generate_and_eval(capsys, value):
 
 
 def test_max_new_tokens_past_the_context_is_refused(tmp_path, capsys):
-    from specfit.models.qwen3_moe import generate_report
+    from specfit import SpecFit
 
     proxy = proxy_paths()["target"]  # max_position_embeddings 2048
     with pytest.raises(SpecFitInputError, match="exceed the model's context of 2048 tokens") as info:
-        generate_report(proxy, prompt_ids=[1, 2, 3], max_new_tokens=5000)
+        SpecFit.from_pretrained(proxy).generate([1, 2, 3], method="ar", max_new_tokens=5000)
     assert info.value.field == "max_new_tokens"
     one_line_error(capsys, ["generate", "--model", str(proxy), "--prompt-ids", "1,2,3", "--max-new-tokens", "5000"],
                    "--max-new-tokens: the prompt (3 tokens) plus 5000 new tokens exceed the model's context")
