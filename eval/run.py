@@ -198,7 +198,7 @@ def plan(config: EvalConfig) -> Plan:
     names = [ps[0].dataset for ps in prompts_by_set]
     if len(set(names)) != len(names):
         raise SpecFitInputError("--dataset", "names a dataset twice")
-    target_dir, draft_dir = _resolve_dirs(config, any(m.draft for m in methods))
+    target_dir, draft_dir = _resolve_dirs(config, any(m.drafts for m in methods))
     tokenizer = load_tokenizer(target_dir)
     if tokenizer is None:
         raise SpecFitInputError("--model", f"{target_dir} ships no tokenizer; the evaluation prompts are text")
@@ -207,7 +207,7 @@ def plan(config: EvalConfig) -> Plan:
     if empty:
         raise SpecFitInputError("prompt", f"prompt {empty[0]!r} encodes to no tokens")
     trace = None
-    if config.predictor != "recency" and any(m.selector in ("scan", "exact") and not m.oracle for m in methods):
+    if config.predictor != "recency" and any(m.needs_predictor for m in methods):
         trace = Path(config.predictor_trace) if config.predictor_trace else target_dir / "routing_trace.npz"
         if not trace.is_file():
             raise SpecFitInputError("--predictor-trace", f"predictor {config.predictor!r} needs a routing trace; "
@@ -370,7 +370,7 @@ class _Models:
             slots = c.cache_slots if m.uses_cache else 0
             if slots not in self.targets:
                 self.targets[slots] = load(slots)
-        self.reference = load("all") if any(m.oracle for m in p.methods) else None
+        self.reference = load("all") if any(m.needs_reference for m in p.methods) else None
         if p.draft_dir is not None:
             any_target = next(iter(self.targets.values()))
             embed = any_target.w["model.embed_tokens.weight"]
@@ -399,10 +399,10 @@ class _Models:
         target = self.targets[slots]
         target.cache = None  # free the old slots before allocating the new ones
         target.cache = DeviceExpertCache(target.store, target.device, slots, c.eviction)
-        predictor = self.predictor if method.selector in ("scan", "exact") and not method.oracle else None
-        return SpecDecoder(target, self.drafter if method.draft else None, method,
+        predictor = self.predictor if method.needs_predictor else None
+        return SpecDecoder(target, self.drafter if method.drafts else None, method,
                            tree=TreeSettings(c.total_tokens, c.depth, c.top_k), cost=self.cost, predictor=predictor,
-                           reference=self.reference if method.oracle else None, temperature=c.temperature,
+                           reference=self.reference if method.needs_reference else None, temperature=c.temperature,
                            top_p=c.top_p, seed=seed, rate_mode=c.rate_mode)
 
 

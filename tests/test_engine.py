@@ -102,7 +102,7 @@ PROMPTS = [[5, 17, 33, 2], [60, 61, 62, 63, 1, 9], [7]]
 def decoder(ckpt, method, drafter, **kw):
     m = get_method(method)
     target = load(ckpt, slots=4 if m.uses_cache else 0)
-    ref = load(ckpt, slots="all") if m.oracle else None
+    ref = load(ckpt, slots="all") if m.needs_reference else None
     return SpecDecoder(target, drafter, m, cost=COST, predictor=FixedPredictor(), reference=ref, **kw)
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from specfit.core.cost import CostModel
+from specfit.core.coverage import ItemSets, item_ids
 from specfit.core.errors import SpecFitInputError
 from specfit.core.tree import DraftTree
 
@@ -73,7 +74,7 @@ class Instance:
         if self.max_nodes is not None and self.max_nodes < 1:
             raise SpecFitInputError("max_nodes", "infeasible budget: the root is always verified, so max_nodes must be >= 1")
         if self.max_new_experts_per_layer is not None and L:
-            root_new = self.new_experts_per_layer([0])
+            root_new = self.items.new_per_layer([0])
             if root_new.max() > self.max_new_experts_per_layer:
                 l = int(root_new.argmax())
                 raise SpecFitInputError("max_new_experts_per_layer",
@@ -98,36 +99,22 @@ class Instance:
         return self.max_nodes is not None or self.max_new_experts_per_layer is not None
 
     # --- items: (layer, expert) pairs a node needs and the cache lacks ------------------------
-    @cached_property
-    def need_mask(self) -> np.ndarray:
-        """Bool array of shape (n, L * num_experts): ``need_mask[v, l * num_experts + e]`` is True
-        iff node v is predicted to route to expert e in layer l and the cache lacks it (an *item*)."""
-        n, L, E = self.n, self.num_layers, self.num_experts
-        mask = np.zeros((n, L * E), dtype=bool)
-        if L:
-            ids = self.tree.experts + (np.arange(L, dtype=np.int64) * E)[None, :, None]
-            mask[np.repeat(np.arange(n), ids.shape[1] * ids.shape[2]), ids.reshape(-1)] = True
-            mask &= ~self.cache.reshape(1, -1)
-        return mask
+    @property
+    def items(self) -> ItemSets:
+        """The tree's coverage accounting against this instance's cache (:meth:`DraftTree.items`):
+        per-node bitsets of the *items* ``l * num_experts + e`` a node needs and the cache lacks."""
+        return self.tree.items(self.cache)
 
     @cached_property
     def node_items(self) -> list[np.ndarray]:
         """``node_items[v]``: sorted item ids ``l * num_experts + e`` that node v needs and the
-        cache lacks (int64 arrays); the rows of :attr:`need_mask` as index lists."""
-        return [np.flatnonzero(row) for row in self.need_mask]
+        cache lacks (int64 arrays), unpacked from :attr:`items`."""
+        return [item_ids(bits, self.num_layers * self.num_experts) for bits in self.items.need]
 
     @cached_property
     def item_weight(self) -> np.ndarray:
         """Transfer time of each item id ``l * num_experts + e`` in ms, float64 of shape (L * num_experts,)."""
         return np.repeat(self.cost.per_expert_array(self.num_layers), self.num_experts)
-
-    def new_experts_per_layer(self, nodes) -> np.ndarray:
-        """``|(union_{v in nodes} E[v][l]) \\ C[l]|`` for each layer l; int64 of shape (L,)."""
-        L = self.num_layers
-        if L == 0:
-            return np.zeros(0, dtype=np.int64)
-        union = self.need_mask[np.asarray(list(nodes), dtype=np.int64)].any(axis=0)
-        return union.reshape(L, self.num_experts).sum(axis=1).astype(np.int64)
 
     # --- JSON ---------------------------------------------------------------------------------
     @classmethod
