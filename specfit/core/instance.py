@@ -30,6 +30,39 @@ def _check_budget(name: str, value) -> int | None:
     return int(value)
 
 
+def cache_mask(cached, num_layers: int, num_experts: int) -> np.ndarray:
+    """The expert cache as a bool mask from one list of cached expert ids per MoE layer.
+
+    Parameters
+    ----------
+    cached : list of list of int
+        ``cached[l]``: ids of the experts of layer l resident on the device (the instance JSON's
+        ``cache``, SPECFIT.md §4).
+    num_layers, num_experts : int
+
+    Returns
+    -------
+    numpy.ndarray of bool, shape (num_layers, num_experts)
+
+    Raises
+    ------
+    SpecFitInputError
+        Field ``cache`` (not one list per layer) or ``cache[l]`` (not integers, id out of range).
+    """
+    if not isinstance(cached, (list, tuple)) or len(cached) != num_layers:
+        raise SpecFitInputError("cache", f"must be a list with one list of expert ids per layer ({num_layers})")
+    mask = np.zeros((num_layers, num_experts), dtype=bool)
+    for l, ids in enumerate(cached):
+        if not isinstance(ids, (list, tuple)) or not all(
+                isinstance(e, (int, np.integer)) and not isinstance(e, bool) for e in ids):
+            raise SpecFitInputError(f"cache[{l}]", "must be a list of integer expert ids")
+        bad = [e for e in ids if not 0 <= e < num_experts]
+        if bad:
+            raise SpecFitInputError(f"cache[{l}]", f"expert id {bad[0]} is out of range [0, {num_experts})")
+        mask[l, list(ids)] = True
+    return mask
+
+
 @dataclass(frozen=True, eq=False)
 class Instance:
     """A subtree-selection instance.
@@ -155,19 +188,7 @@ class Instance:
         tree = DraftTree(obj["parents"], path_prob=obj["path_prob"], tokens=obj.get("tokens"), experts=arr,
                          num_experts=ne)
         cost = CostModel.from_json(obj["cost"])
-        cache = None
-        if obj.get("cache") is not None:
-            raw = obj["cache"]
-            if not isinstance(raw, list) or len(raw) != tree.num_layers:
-                raise SpecFitInputError("cache", f"must be a list with one list of expert ids per layer ({tree.num_layers})")
-            cache = np.zeros((tree.num_layers, ne), dtype=bool)
-            for l, ids in enumerate(raw):
-                if not isinstance(ids, list) or not all(isinstance(e, int) and not isinstance(e, bool) for e in ids):
-                    raise SpecFitInputError(f"cache[{l}]", "must be a list of integer expert ids")
-                bad = [e for e in ids if not 0 <= e < ne]
-                if bad:
-                    raise SpecFitInputError(f"cache[{l}]", f"expert id {bad[0]} is out of range [0, {ne})")
-                cache[l, ids] = True
+        cache = None if obj.get("cache") is None else cache_mask(obj["cache"], tree.num_layers, ne)
         return cls(tree, cost, cache, obj.get("max_nodes"), obj.get("max_new_experts_per_layer"))
 
     def to_json(self) -> dict:

@@ -486,17 +486,13 @@ class DraftTree:
         tokens = column("token", False)
         experts = column("experts", False)
         if experts is not None:
-            first = np.asarray(experts[0]) if not isinstance(experts[0], np.ndarray) else experts[0]
-            for v, e in zip(labels, experts):
-                try:
-                    arr = np.asarray(e)
-                except ValueError:
-                    arr = np.zeros(0, dtype=object)
-                if arr.dtype == object or arr.ndim != 2 or arr.shape != first.shape:
+            arrays = [_node_experts(v, e) for v, e in zip(labels, experts)]
+            for v, arr in zip(labels, arrays):
+                if arr.shape != arrays[0].shape:
                     raise SpecFitInputError(f"graph.nodes[{v!r}].experts", "must be a list of L lists of k expert ids "
-                                            f"(experts[l] for MoE layer l), the same L and k on every node "
-                                            f"(shape {getattr(first, 'shape', None)} like the root's)")
-            experts = np.stack([np.asarray(e) for e in experts])
+                                            f"(experts[l] for MoE layer l), the same L and k on every node: the "
+                                            f"root's has shape {arrays[0].shape}, this one {arr.shape}")
+            experts = np.stack(arrays)
         if num_experts is None:
             num_experts = graph.graph.get("num_experts")
         try:
@@ -512,6 +508,20 @@ class DraftTree:
 
     def __repr__(self) -> str:
         return f"DraftTree(n={self.n}, depth={int(self.depth.max())}, layers={self.num_layers})"
+
+
+def _node_experts(label, experts) -> np.ndarray:
+    """One node's ``experts`` attribute as an int array of shape (L, k); ``[]`` means L = 0."""
+    try:
+        arr = np.asarray(experts)
+    except ValueError:  # ragged lists
+        arr = np.zeros(0, dtype=object)
+    if arr.ndim == 1 and arr.size == 0 and arr.dtype != object:
+        arr = arr.reshape(0, 0)
+    if arr.dtype == object or arr.ndim != 2:
+        raise SpecFitInputError(f"graph.nodes[{label!r}].experts", "must be a list of L lists of k expert ids "
+                                "(experts[l] for MoE layer l), the same L and k on every node")
+    return arr
 
 
 #: A per-node field name of a validation error, e.g. ``experts[3][1]``: (array, node, rest).
