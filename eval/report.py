@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import os
 import platform
 from pathlib import Path
 from statistics import median
 
+from specfit.core.io import atomic_write, atomic_write_text
 from specfit.eval import metrics
+from specfit.eval.machine import machine
 from specfit.eval.modeled import cost_scaling_note
 
 #: Columns of ``summary.md``: (header, row key, format).
@@ -28,21 +29,6 @@ COLUMNS = (
 )
 
 
-def atomic_write_bytes(path: str | Path, write) -> None:
-    """Write a file through ``write(tmp_path)``, fsync it and rename it over ``path``."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    write(tmp)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` atomically (temporary file, fsync, rename)."""
-    atomic_write_bytes(path, lambda p: Path(p).write_text(text, encoding="utf-8"))
-
-
 def versions() -> dict:
     """Versions of python, torch, transformers, numpy and specfit."""
     from importlib.metadata import PackageNotFoundError, version
@@ -54,19 +40,6 @@ def versions() -> dict:
         except PackageNotFoundError:
             out[name] = None
     return out
-
-
-def machine() -> dict:
-    """Platform, CPU model and count (:func:`eval.compare.machine_info`), the GPU if torch sees one,
-    and torch's CPU threads."""
-    import torch
-
-    from specfit.eval.compare import machine_info
-
-    info = machine_info(one_core=False)
-    return {"platform": info["platform"], "cpu": info["cpu"], "cpu_count": os.cpu_count(),
-            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-            "torch_threads": torch.get_num_threads()}
 
 
 def _task_metric(recs: list[dict]) -> tuple[dict, str]:
@@ -266,7 +239,7 @@ def _save(fig, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
-    atomic_write_bytes(path, lambda p: fig.savefig(p, format="png", dpi=110))
+    atomic_write(path, lambda p: fig.savefig(p, format="png", dpi=110))
     plt.close(fig)
 
 

@@ -446,7 +446,8 @@ def _run(p: Plan, progress: bool) -> dict:
     import torch
     from tqdm import tqdm
 
-    from specfit.eval.report import atomic_write_text, write_summary
+    from specfit.core.io import atomic_write_text
+    from specfit.eval.report import write_summary
 
     config = p.config
     models = _Models(p)

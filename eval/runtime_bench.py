@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import tempfile
@@ -38,6 +37,7 @@ from safetensors.torch import save_file
 from specfit.models.qwen3_moe import OffloadedQwen3Moe, read_spec
 from specfit.models.qwen3_moe.checkpoint import dense_shapes
 from specfit.core.cost import calibrate
+from specfit.eval.machine import machine
 
 #: Shapes for ``--synthetic``. ``qwen3-30b-a3b`` is the real model's config (SPECFIT.md §5).
 SHAPES = {
@@ -199,16 +199,6 @@ def run_bench(model: OffloadedQwen3Moe, *, prefix_len: int = 32, repeats: int = 
             "pinned": bool(model.store.gate_up[0].is_pinned()), "dtype": str(model.dtype),
             "calibration": {"cost": cal.cost.to_json(), "rmse_ms": cal.rmse_ms, "rel_residual": cal.rel_residual,
                             "records": cal.num_records}}
-
-
-def machine() -> dict:
-    """Where the numbers were taken."""
-    info = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    if torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name()
-    return info
 
 
 def format_table(result: dict) -> str:

@@ -13,6 +13,7 @@ import numpy as np
 from specfit.core.cost import CostModel
 from specfit.core.coverage import ItemSets, item_ids
 from specfit.core.errors import SpecFitInputError
+from specfit.core.io import atomic_write_text
 from specfit.core.tree import DraftTree
 
 _REQUIRED = ("parents", "path_prob", "num_experts", "experts", "cost")
@@ -231,8 +232,5 @@ def load_instance(path: str | Path) -> Instance:
 
 def save_instance(instance: Instance, path: str | Path) -> None:
     """Write an instance JSON file atomically (temporary file, then rename)."""
-    p = Path(path)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps(instance.to_json()))
-    tmp.replace(p)
+    atomic_write_text(path, json.dumps(instance.to_json()))
 
