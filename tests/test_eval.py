@@ -72,7 +72,7 @@ def test_files_and_schema(first_run):
     n_methods = len(METHODS.split(","))
     assert len(recs) == 2 * n_methods
     for r in recs:
-        assert RECORD_KEYS <= set(r)
+        assert RECORD_KEYS <= set(r.to_json())
         assert r["new_tokens"] == len(r["output_ids"]) <= 6
         assert len(r["accept_lengths"]) == r["cycles"] >= 1
         assert r["modeled_ms"] > 0 and r["wall_s"] > 0

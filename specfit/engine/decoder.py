@@ -160,6 +160,15 @@ class CycleRecord:
     compute_ms: float = 0.0
     accept_ms: float = 0.0
 
+    def to_json(self) -> dict:
+        """The record as a JSON object (field name → value)."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "CycleRecord":
+        """Build from :meth:`to_json`'s object; unknown keys are ignored."""
+        return cls(**{k: obj[k] for k in cls.__dataclass_fields__ if k in obj})
+
 
 @dataclass
 class Generation:
@@ -179,7 +188,7 @@ class Generation:
 
     def to_json(self) -> dict:
         return {"output_ids": self.output_ids, "wall_s": self.wall_s, "prefill_s": self.prefill_s,
-                "cycles": [asdict(c) for c in self.cycles]}
+                "cycles": [c.to_json() for c in self.cycles]}
 
 
 def _cache_mask(target, num_layers: int, num_experts: int) -> np.ndarray:
