@@ -107,7 +107,7 @@ def one_core(enabled: bool = True) -> Iterator[bool]:
 
 def _prepare(inst: Instance) -> None:
     """Compute the instance's cached views so that no solver's timing includes them."""
-    inst.node_items, inst.item_weight, inst.tree.children, inst.tree.depth  # noqa: B018
+    inst.items, inst.node_items, inst.item_weight, inst.tree.children, inst.tree.depth  # noqa: B018
 
 
 def run_solvers(instances: Iterable[tuple[str, Instance]], solvers: list[str], *, rate: float | None = None,
