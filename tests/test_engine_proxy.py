@@ -4,7 +4,6 @@
 import json
 
 import pytest
-import torch
 
 from specfit.eval.datasets import encode, load_prompts
 from specfit.models.eagle3 import Eagle3Config, Eagle3Drafter, check_target, load_eagle3
@@ -19,8 +18,7 @@ NEW_TOKENS = 10
 
 
 @pytest.fixture(scope="module")
-def proxy():
-    torch.set_num_threads(1)
+def proxy(one_torch_thread):
     d = paths()
     tok = load_tokenizer(d["target"])
     prompts = load_prompts("gsm8k", limit=10) + load_prompts("cnndm", limit=10)

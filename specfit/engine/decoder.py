@@ -263,10 +263,8 @@ class SpecDecoder:
         self.temperature, self.top_p, self.rate_mode, self.max_nodes = temperature, top_p, rate_mode, max_nodes
         self.generator = torch.Generator().manual_seed(seed)
         self.solver = None
-        if m.selector == "eagle":
-            self.solver = get_solver("eagle", total_tokens=tree.total_tokens)
-        elif m.selector:
-            self.solver = get_solver(m.selector)
+        if m.selector:  # a selector blind to the cost verifies a fixed-size tree: EAGLE's total_tokens
+            self.solver = get_solver(m.selector, **({} if m.cost_aware else {"total_tokens": tree.total_tokens}))
         self.num_experts = int(target.spec.num_experts)
         self._lam_tokens = 0.0
         self._lam_ms = 0.0
