@@ -29,10 +29,10 @@ def path_prob_order(instance: Instance) -> list[int]:
     list of int, length n
     """
     tree = instance.tree
-    eff = tree.path_prob.copy()
-    for v in range(1, tree.n):
-        eff[v] = min(eff[v], eff[tree.parents[v]])
-    return sorted(range(tree.n), key=lambda v: (-eff[v], int(tree.depth[v]), v))
+    eff, par, depth = tree.path_prob.tolist(), tree.parents.tolist(), tree.depth.tolist()
+    for v in range(1, len(eff)):
+        eff[v] = min(eff[v], eff[par[v]])
+    return sorted(range(len(eff)), key=lambda v: (-eff[v], depth[v], v))
 
 
 def _lam(rate: float | None) -> float | None:

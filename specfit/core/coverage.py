@@ -98,6 +98,12 @@ class ItemSets:
         experts : numpy.ndarray of int, shape (m, L, k)
             Predicted experts of each new node.
         """
+        if self.num_layers == 0 or experts.shape[2] == 0:  # no expert term: every item set is empty
+            m = len(parents)
+            self.need += [0] * m
+            self.above += [0] * m
+            self.own += [0] * m
+            return
         packed = np.packbits(self.need_mask(experts), axis=1, bitorder="little")
         for p, row in zip(parents, packed):
             bits = int.from_bytes(row.tobytes(), "little")

@@ -30,7 +30,9 @@ from specfit.core.errors import SpecFitInputError
 PROB_TOL = 1e-9
 
 
-def _as_int_array(values, field: str, ndim: int) -> np.ndarray:
+def _as_int_array(values, field: str, ndim: int, copy: bool = True) -> np.ndarray:
+    if isinstance(values, np.ndarray) and values.dtype == np.int64 and values.ndim == ndim:
+        return values.copy() if copy else values  # already the internal form: no checks to repeat
     try:
         arr = np.asarray(values)
     except ValueError as exc:  # numpy refuses ragged nested lists
@@ -56,6 +58,8 @@ def _as_prob_array(values, field: str, n: int) -> np.ndarray:
         raise SpecFitInputError(field, "must be a list of numbers") from None
     if arr.shape != (n,):
         raise SpecFitInputError(field, f"must have one entry per node ({n}), got shape {arr.shape}")
+    if ((arr >= 0.0) & (arr <= 1.0)).all():  # the common case: one pass (NaN fails both comparisons)
+        return arr
     bad = np.flatnonzero(~np.isfinite(arr))
     if bad.size:
         raise SpecFitInputError(f"{field}[{bad[0]}]", "must be finite (got NaN or infinity)")
@@ -212,24 +216,25 @@ class DraftTree:
             new node id) and the rule broken.
         """
         n = self.n
-        par = _as_int_array(parents, "parents", 1)
+        par = _as_int_array(parents, "parents", 1, copy=False)  # concatenated below: a copy anyway
         m = par.shape[0]
         ids = np.arange(n, n + m, dtype=np.int64)
-        bad = np.flatnonzero((par < 0) | (par >= n))
-        if bad.size:
-            i = int(bad[0])
+        if m and (par.min() < 0 or par.max() >= n):
+            i = int(np.flatnonzero((par < 0) | (par >= n))[0])
             raise SpecFitInputError(f"parents[{n + i}]", f"must be an existing node in [0, {n}), got {par[i]}")
         pp_new = _as_prob_array(path_prob, "path_prob", m)
-        all_par = np.concatenate([self._parents, par])
-        all_pp = np.concatenate([self._path_prob, pp_new])
-        _check_path_prob(all_pp, all_par, n)
+        up = pp_new > self._path_prob[par] + PROB_TOL  # parents are existing nodes
+        if up.any():
+            i = int(np.flatnonzero(up)[0])
+            raise SpecFitInputError(f"path_prob[{n + i}]", f"must not exceed its parent's ({self._path_prob[par[i]]}), "
+                                    f"got {pp_new[i]}: path probabilities are products of q <= 1")
         if (tokens is None) != (self._tokens is None):
             raise SpecFitInputError("tokens", "give tokens for a level iff the tree has tokens")
         if (experts is None) != (self._experts is None):
             raise SpecFitInputError("experts", "give experts for a level iff the tree has experts")
         tok = None
         if tokens is not None:
-            tok = _as_int_array(tokens, "tokens", 1)
+            tok = _as_int_array(tokens, "tokens", 1, copy=False)
             if tok.shape != (m,):
                 raise SpecFitInputError("tokens", f"must have one entry per new node ({m}), got {tok.shape[0]}")
         exp = None
@@ -238,7 +243,8 @@ class DraftTree:
             if exp.shape[1:] != self._experts.shape[1:]:
                 raise SpecFitInputError("experts", f"new nodes must have shape (L, k) = {self._experts.shape[1:]}, "
                                         f"got {exp.shape[1:]}")
-        self._parents, self._path_prob = all_par, all_pp
+        self._parents = np.concatenate([self._parents, par])
+        self._path_prob = np.concatenate([self._path_prob, pp_new])
         if tok is not None:
             self._tokens = np.concatenate([self._tokens, tok])
         if exp is not None:
@@ -364,7 +370,8 @@ class DraftTree:
     def is_ancestor_closed(self, nodes: Iterable[int]) -> bool:
         """True iff ``nodes`` contains the root and, with every node, its parent."""
         s = set(int(v) for v in nodes)
-        return 0 in s and all(0 <= v < self.n for v in s) and all(v == 0 or int(self._parents[v]) in s for v in s)
+        n, par = self.n, self._parents
+        return 0 in s and all(0 <= v < n for v in s) and all(v == 0 or int(par[v]) in s for v in s)
 
     def subtree(self, nodes: Iterable[int]) -> tuple["DraftTree", np.ndarray]:
         """Extract the ancestor-closed subtree on ``nodes``.

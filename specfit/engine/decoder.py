@@ -410,9 +410,9 @@ class SpecDecoder:
         elif experts_known:  # oracle: placeholder until the true routing is known
             root_experts = np.zeros((1, cache.shape[0], int(self.target.spec.top_k)), dtype=np.int64)
         rec.predict_ms += (time.perf_counter() - t0) * 1e3
-        tree = DraftTree([-1], path_prob=[1.0], tokens=[root], experts=root_experts,
-                         num_experts=self.num_experts if experts_known else None)
-        items = tree.items(cache if experts_known else np.zeros((0, self.num_experts), dtype=bool))
+        tree = DraftTree([-1], path_prob=[1.0], tokens=[root], experts=root_experts, num_experts=self.num_experts)
+        if not experts_known:  # no expert term: an empty layer axis
+            cache = np.zeros((0, self.num_experts), dtype=bool)
         selection = None
         levels = self.drafter.draft_levels(root, ts.top_k, ts.depth)
         while True:
@@ -429,21 +429,20 @@ class SpecDecoder:
                 experts = self.predictor.predict(level.tokens.cpu().numpy(), hidden)
             elif experts_known:
                 experts = np.zeros((len(level.parents),) + tree.experts.shape[1:], dtype=np.int64)
-            parents = level.parents.tolist()
+            parents = level.parents.cpu().numpy().astype(np.int64, copy=False)
             # EAGLE's float32 products can differ from the parent's by an ulp; keep P non-increasing
             pp = np.minimum(level.path_prob.double().cpu().numpy(), tree.path_prob[parents])
-            tree.add_level(parents, pp, level.tokens.tolist(), experts)
+            tree.add_level(parents, pp, level.tokens.cpu().numpy().astype(np.int64, copy=False), experts)
             rec.predict_ms += (time.perf_counter() - t0) * 1e3
             if m.oracle:  # outside the timed path
                 tree.set_experts(self._true_routing(tree))
-                items = tree.items(cache)
             selection = None
             if m.level_by_level and rec.levels < ts.depth:
                 # The stop rule stops iff P_f <= per_node_ms * R*. R* <= 1000 (1 + sum P) / T(root alone), as
                 # every subtree holds the root; solve only when even that bound lets the rule fire (rate mode
                 # needs no R*).
                 p_f = float(tree.path_prob[tree.last_level].max())
-                root_ms = self.cost.cycle_ms(1, items.root_new_per_layer)
+                root_ms = self.cost.cycle_ms(1, tree.items(cache).root_new_per_layer)  # built once, then extended
                 bound = 1000.0 * sum(tree.path_prob.tolist()) / root_ms
                 if should_stop(bound, p_f, self.cost, rate):
                     if rate is not None:
@@ -455,12 +454,12 @@ class SpecDecoder:
         rec.nodes_drafted = tree.n - 1
         if selection is None:
             selection = self._select(tree, cache, rate, rec)
-        return tree, selection, items
+        return tree, selection, tree.items(cache)
 
     def _select(self, tree: DraftTree, cache: np.ndarray, rate: float | None, rec: CycleRecord):
         t0 = time.perf_counter()
         cost = self.cost if self.cost is not None else CostModel(1.0, 0.0, 0.0)
-        inst = Instance(tree, cost, cache if tree.experts is not None else None, max_nodes=self.max_nodes)
+        inst = Instance(tree, cost, cache, max_nodes=self.max_nodes)  # the cache the tree's accounting uses
         sel = self.solver.solve(inst, rate=rate)
         rec.solve_ms += (time.perf_counter() - t0) * 1e3
         return sel
