@@ -55,10 +55,6 @@ class _JsonRecord:
             raise KeyError(key)
         return getattr(self, key)
 
-    def keys(self):
-        """The JSON keys, in order."""
-        return self.__dataclass_fields__.keys()
-
 
 @dataclass
 class ResultRecord(_JsonRecord):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from functools import cached_property
 import re
-from typing import Hashable, Iterable, Sequence
+from typing import Iterable, Sequence
 
 import networkx as nx
 import numpy as np
@@ -534,7 +534,3 @@ def _node_experts(label, experts) -> np.ndarray:
 #: A per-node field name of a validation error, e.g. ``experts[3][1]``: (array, node, rest).
 _INDEXED = re.compile(r"^(path_prob|tokens|experts)\[(\d+)\](.*)$")
 
-
-def label_of(tree: DraftTree, v: int) -> Hashable:
-    """The caller's label of node ``v`` (:attr:`DraftTree.labels`), or ``v`` itself."""
-    return v if tree.labels is None else tree.labels[v]

@@ -164,11 +164,6 @@ class CycleRecord:
         """The record as a JSON object (field name → value)."""
         return asdict(self)
 
-    @classmethod
-    def from_json(cls, obj: dict) -> "CycleRecord":
-        """Build from :meth:`to_json`'s object; unknown keys are ignored."""
-        return cls(**{k: obj[k] for k in cls.__dataclass_fields__ if k in obj})
-
 
 @dataclass
 class Generation:
