@@ -15,10 +15,8 @@ each instance's derived views (items per node, children) are computed before any
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import os
-import platform
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
@@ -27,9 +25,11 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from specfit.solvers import get_solver
 from specfit.core.errors import SpecFitInputError, check_nonnegative_int
 from specfit.core.instance import Instance, load_instance
+from specfit.core.io import atomic_write
+from specfit.eval.machine import machine
+from specfit.solvers import get_solver
 
 #: Relative tolerance under which two objective values count as the same.
 AGREE_REL = 1e-9
@@ -98,24 +98,6 @@ def load_folder(folder: str | Path) -> list[tuple[str, Instance]]:
     return out
 
 
-def machine_info(one_core: bool) -> dict:
-    """The machine and library versions a timing was taken on."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import ortools
-
-    return {"cpu": cpu, "logical_cores": os.cpu_count(), "pinned_to_one_core": one_core,
-            "platform": platform.platform(), "python": platform.python_version(), "numpy": np.__version__,
-            "ortools": ortools.__version__,
-            "date_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
-
-
 @contextmanager
 def one_core(enabled: bool = True) -> Iterator[bool]:
     """Pin this process to one CPU core while the block runs (Linux); yields whether it did."""
@@ -132,7 +114,7 @@ def one_core(enabled: bool = True) -> Iterator[bool]:
 
 def _prepare(inst: Instance) -> None:
     """Compute the instance's cached views so that no solver's timing includes them."""
-    inst.node_items, inst.item_weight, inst.tree.children, inst.tree.depth  # noqa: B018
+    inst.items, inst.node_items, inst.item_weight, inst.tree.children, inst.tree.depth  # noqa: B018
 
 
 def run_solvers(instances: Iterable[tuple[str, Instance]], solvers: list[str], *, rate: float | None = None,
@@ -234,7 +216,7 @@ def markdown_table(rows: list[dict], meta: dict) -> str:
     m = meta["machine"]
     lines = [f"# compare-solvers ({meta['mode']} mode, reference `{meta['reference']}`)", "",
              f"- instances: {meta['instances']}", f"- settings: `{json.dumps(meta['settings'])}`",
-             f"- machine: {m['cpu']}, {m['logical_cores']} logical cores, "
+             f"- machine: {m['cpu']}, {m['cpu_count']} logical cores, "
              f"{'pinned to one core' if m['pinned_to_one_core'] else 'not pinned'}; {m['platform']}; "
              f"python {m['python']}, numpy {m['numpy']}, ortools {m['ortools']}; {m['date_utc']}",
              f"- gap: % of the reference's {'throughput' if meta['mode'] == 'ratio' else 'objective A - λT'} "
@@ -251,12 +233,6 @@ def markdown_table(rows: list[dict], meta: dict) -> str:
                      f"{r['median_ms']:.3f} | {r['p99_ms']:.3f} | {r['cpu_median_ms']:.3f} | {r['cpu_p99_ms']:.3f} | "
                      f"{_fmt(r['time_vs_ref'], '.2f')} | {statuses} |")
     return "\n".join(lines) + "\n"
-
-
-def _atomic_write(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    write(tmp)
-    os.replace(tmp, path)
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -288,7 +264,7 @@ def plot(rows: list[dict], path: Path) -> None:
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    _atomic_write(path, lambda p: fig.savefig(p, format="png", dpi=120))
+    atomic_write(path, lambda p: fig.savefig(p, format="png", dpi=120))
     plt.close(fig)
 
 
@@ -304,9 +280,9 @@ def write_report(out: str | Path, rows: list[dict], records: list[Record], meta:
     d.mkdir(parents=True, exist_ok=True)
     paths = {"markdown": d / "compare_solvers.md", "json": d / "compare_solvers.json", "png": d / "compare_solvers.png"}
     text = markdown_table(rows, meta)
-    _atomic_write(paths["markdown"], lambda p: p.write_text(text))
+    atomic_write(paths["markdown"], lambda p: p.write_text(text))
     payload = {"meta": meta, "summary": rows, "records": [asdict(r) for r in records]}
-    _atomic_write(paths["json"], lambda p: p.write_text(json.dumps(payload, indent=1, allow_nan=True)))
+    atomic_write(paths["json"], lambda p: p.write_text(json.dumps(payload, indent=1, allow_nan=True)))
     plot(rows, paths["png"])
     return paths
 
@@ -361,6 +337,6 @@ def compare_solvers(*, solvers: list[str], out: str | Path, instances_dir: str |
         records = run_solvers(source, solvers, rate=rate, options=options, progress=progress, total=total)
     rows = summarize(records, reference)
     meta = {"mode": "ratio" if rate is None else "rate", "reference": reference, "instances": total,
-            "settings": settings, "machine": machine_info(pinned), "wall_s": time.perf_counter() - t0}
+            "settings": settings, "machine": machine(pinned), "wall_s": time.perf_counter() - t0}
     paths = write_report(out, rows, records, meta)
     return markdown_table(rows, meta), paths

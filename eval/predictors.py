@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -41,6 +40,7 @@ from specfit.models.predictors import get_predictor, recall_at_k
 from specfit.models.traces import RoutingTrace, record_prompt
 from specfit.core.errors import SpecFitInputError
 from specfit.core.readers import read_json
+from specfit.core.io import atomic_write_text
 
 #: Predictors reported: label → (registry name, options, online). ``online`` False: never observes.
 VARIANTS = {
@@ -179,13 +179,13 @@ def run(model_dir: Path, *, head_dir: Path | None, n_train: int, n_eval: int, ma
         rows[label] = {"predictor": name, "options": options, "online": online, "recall_per_layer": recall.tolist(),
                        "recall_mean": float(recall.mean()), "predict_us_median": statistics.median(times),
                        "build_s": build_s}
-    from specfit.eval.runtime_bench import machine
+    from specfit.eval.machine import machine
 
     return {"model": str(model_dir), "head": str(head_dir) if head_dir else None,
             "hidden_source": train.hidden_source, "num_layers": train.num_layers, "num_experts": E, "top_k": k,
             "chance_recall": k / E, "train_prompts": train.num_prompts, "eval_prompts": held.num_prompts,
             "train_tokens": len(train), "eval_tokens_scored": len(held) - SKIP * held.num_prompts,
-            "max_tokens": max_tokens, "depth": depth, "record_s": record_s, "predictors": rows, "machine": machine(device),
+            "max_tokens": max_tokens, "depth": depth, "record_s": record_s, "predictors": rows, "machine": machine(device=device),
             "protocol": f"held-out prompts replayed token by token: token j predicted as a depth-{depth} draft node "
                         f"(routing of tokens < j - {depth} observed; probe input = teacher-forced depth-1 hidden state)"}
 
@@ -209,13 +209,7 @@ def markdown(report: dict) -> str:
 
 def write_json(path: Path, obj: dict) -> None:
     """Write ``obj`` as JSON atomically (temporary file in the same folder, then rename)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        tmp.write_text(json.dumps(obj, indent=1) + "\n")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    atomic_write_text(path, json.dumps(obj, indent=1) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:

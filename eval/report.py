@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import os
 import platform
 from pathlib import Path
 from statistics import median
 
+from specfit.core.io import atomic_write, atomic_write_text
 from specfit.eval import metrics
 from specfit.core.readers import read_json
-from specfit.eval.modeled import cost_scaling_note
+from specfit.eval.machine import machine
+from specfit.eval.modeled import MODELED_PARTS, cost_scaling_note
+from specfit.eval.records import ResultRecord, SummaryRow
+from specfit.engine import get_method
 
 #: Columns of ``summary.md``: (header, row key, format).
 COLUMNS = (
@@ -27,21 +30,6 @@ COLUMNS = (
     ("nodes/cycle", "mean_nodes_verified", ".1f"), ("solve share", "solve_share", ".2%"),
     ("= ar", "equal_to_ar", "s"), ("task", "task_metric", "s"),
 )
-
-
-def atomic_write_bytes(path: str | Path, write) -> None:
-    """Write a file through ``write(tmp_path)``, fsync it and rename it over ``path``."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    write(tmp)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` atomically (temporary file, fsync, rename)."""
-    atomic_write_bytes(path, lambda p: Path(p).write_text(text, encoding="utf-8"))
 
 
 def versions() -> dict:
@@ -57,22 +45,9 @@ def versions() -> dict:
     return out
 
 
-def machine(device: str = "cpu") -> dict:
-    """Platform, CPU model and count (:func:`eval.compare.machine_info`), the GPU model of the run's
-    ``device`` (None on the CPU) and torch's CPU threads."""
-    import torch
-
-    from specfit.eval.compare import machine_info
-    from specfit.models.devices import device_name
-
-    info = machine_info(one_core=False)
-    return {"platform": info["platform"], "cpu": info["cpu"], "cpu_count": os.cpu_count(),
-            "gpu": device_name(device), "torch_threads": torch.get_num_threads()}
-
-
 def _task_metric(recs: list[dict]) -> tuple[dict, str]:
     """Mean GSM8K accuracy and ROUGE F1 over the records that have them (Spec-Bench mixes both)."""
-    scores = [r["score"] for r in recs if r.get("score")]
+    scores = [r.score for r in recs if r.score]
     acc = [s["correct"] for s in scores if "correct" in s]
     rouge = [s for s in scores if "rougeL" in s]
     out, text = {}, []
@@ -85,13 +60,17 @@ def _task_metric(recs: list[dict]) -> tuple[dict, str]:
     return out, ", ".join(text) or "-"
 
 
-def summarise(records: list[dict], depth: int, temperature: float) -> list[dict]:
+#: Methods whose modeled tokens/s every row is compared with (columns ``speedup_vs_<method>``).
+SPEEDUP_BASELINES = ("ar", "eagle3")
+
+
+def summarise(records: list[ResultRecord], depth: int, temperature: float) -> list[SummaryRow]:
     """One row per (dataset, method), in first-seen order.
 
     Parameters
     ----------
-    records : list of dict
-        Result lines (:func:`eval.run.make_record`), each prompt × method at most once.
+    records : list of ResultRecord
+        Result lines (:meth:`ResultRecord.from_generation`), each prompt × method at most once.
     depth : int
         Deepest tree position of ``acceptance_by_depth``.
     temperature : float
@@ -99,75 +78,69 @@ def summarise(records: list[dict], depth: int, temperature: float) -> list[dict]
 
     Returns
     -------
-    list of dict
-        Keys: ``dataset, method, prompts, new_tokens, tau, tokens_per_s`` (wall clock, decode only),
-        ``tokens_per_s_median`` (median over prompts), ``modeled_tokens_per_s``,
-        ``speedup_vs_ar`` / ``speedup_vs_eagle3`` (modeled tokens/s ratio, None without that
-        method), ``speedup_vs_ar_wall``, ``experts_per_token``, ``cache_hit_rate``,
-        ``mean_nodes_verified``, ``predicted_vs_transferred`` (predicted uncached experts / transferred,
-        eagle3-scan and specfit), ``solve_share`` (solve ms / modeled ms), ``solve_share_wall``,
-        ``modeled_share`` (compute, transfer, draft, host parts of the modeled time),
-        ``equal_to_ar`` (bool or None), ``first_divergence`` ({prompt id: token index}),
-        ``acceptance_by_depth``, ``task`` (accuracy or ROUGE F1) and ``task_metric`` (text).
+    list of SummaryRow
+        ``equal_to_ar`` compares each drafting method's outputs with those of the method that drafts
+        nothing (``ar``); ``predicted_vs_transferred`` is set for the methods with an expert
+        predictor (``Method.needs_predictor``); ``speedup_vs_<m>`` for :data:`SPEEDUP_BASELINES`.
     """
-    groups: dict[tuple[str, str], list[dict]] = {}
+    groups: dict[tuple[str, str], list[ResultRecord]] = {}
     for r in records:
-        groups.setdefault((r["dataset"], r["method"]), []).append(r)
-    ar_out = {(r["dataset"], r["id"]): r["output_ids"] for r in records if r["method"] == "ar"}
+        groups.setdefault((r.dataset, r.method), []).append(r)
+    ar_out = {(r.dataset, r.id): r.output_ids for r in records if not get_method(r.method).drafts}
     rows = []
     for (dataset, method), recs in groups.items():
-        new = sum(r["new_tokens"] for r in recs)
-        committed = sum(r["committed"] for r in recs)
-        modeled_ms = sum(r["modeled_ms"] for r in recs)
-        accept = [a for r in recs for a in r["accept_lengths"]]
-        nodes = [n for r in recs for n in r["nodes_verified"]]
-        solve = sum(r["measured_ms"]["solve"] for r in recs)
-        wall_ms = 1000.0 * sum(r["wall_s"] for r in recs)
+        new = sum(r.new_tokens for r in recs)
+        committed = sum(r.committed for r in recs)
+        modeled_ms = sum(r.modeled_ms for r in recs)
+        accept = [a for r in recs for a in r.accept_lengths]
+        nodes = [n for r in recs for n in r.nodes_verified]
+        solve = sum(r.measured_ms["solve"] for r in recs)
+        wall_ms = 1000.0 * sum(r.wall_s for r in recs)
         equal, diverge = None, {}
-        if temperature == 0 and method != "ar" and all((dataset, r["id"]) in ar_out for r in recs):
+        if temperature == 0 and get_method(method).drafts and all((dataset, r.id) in ar_out for r in recs):
             for r in recs:
-                pos = metrics.first_divergence(r["output_ids"], ar_out[(dataset, r["id"])])
+                pos = metrics.first_divergence(r.output_ids, ar_out[(dataset, r.id)])
                 if pos is not None:
-                    diverge[r["id"]] = pos
+                    diverge[r.id] = pos
             equal = not diverge
         task, task_text = _task_metric(recs)
-        rows.append({
-            "dataset": dataset, "method": method, "prompts": len(recs), "new_tokens": new,
-            "tau": metrics.tau(accept),
-            "tokens_per_s": metrics.tokens_per_s(new, wall_ms),
-            "tokens_per_s_median": median(metrics.tokens_per_s(r["new_tokens"], 1000 * r["wall_s"]) for r in recs),
-            "modeled_tokens_per_s": metrics.tokens_per_s(new, modeled_ms),
-            "experts_per_token": metrics.experts_per_token(sum(r["experts_transferred"] for r in recs), committed),
-            "cache_hit_rate": metrics.cache_hit_rate(sum(r["experts_transferred"] for r in recs),
-                                                     sum(r["experts_looked_up"] for r in recs)),
-            "mean_nodes_verified": sum(nodes) / len(nodes) if nodes else 0.0,
-            "predicted_vs_transferred": _predicted_vs_transferred(method, recs),
-            "solve_share": solve / modeled_ms if modeled_ms else 0.0,
-            "solve_share_wall": solve / wall_ms if wall_ms else 0.0,
-            "modeled_share": {k: sum(r["modeled"][k] for r in recs) / modeled_ms if modeled_ms else 0.0
-                              for k in ("compute_ms", "transfer_ms", "draft_ms", "host_ms")},
-            "equal_to_ar": equal, "first_divergence": diverge,
-            "acceptance_by_depth": metrics.acceptance_by_depth(accept, depth),
-            "task": task, "task_metric": task_text,
-        })
+        transferred = sum(r.experts_transferred for r in recs)
+        rows.append(SummaryRow(
+            dataset=dataset, method=method, prompts=len(recs), new_tokens=new,
+            tau=metrics.tau(accept),
+            tokens_per_s=metrics.tokens_per_s(new, wall_ms),
+            tokens_per_s_median=median(metrics.tokens_per_s(r.new_tokens, 1000 * r.wall_s) for r in recs),
+            modeled_tokens_per_s=metrics.tokens_per_s(new, modeled_ms),
+            experts_per_token=metrics.experts_per_token(transferred, committed),
+            cache_hit_rate=metrics.cache_hit_rate(transferred, sum(r.experts_looked_up for r in recs)),
+            mean_nodes_verified=sum(nodes) / len(nodes) if nodes else 0.0,
+            predicted_vs_transferred=_predicted_vs_transferred(method, recs),
+            solve_share=solve / modeled_ms if modeled_ms else 0.0,
+            solve_share_wall=solve / wall_ms if wall_ms else 0.0,
+            modeled_share={k: sum(r.modeled[k] for r in recs) / modeled_ms if modeled_ms else 0.0
+                           for k in MODELED_PARTS},
+            equal_to_ar=equal, first_divergence=diverge,
+            acceptance_by_depth=metrics.acceptance_by_depth(accept, depth),
+            task=task, task_metric=task_text,
+        ))
     for row in rows:
-        base = {m: next((r for r in rows if r["dataset"] == row["dataset"] and r["method"] == m), None)
-                for m in ("ar", "eagle3")}
+        base = {m: next((r for r in rows if r.dataset == row.dataset and r.method == m), None)
+                for m in SPEEDUP_BASELINES}
         for m, b in base.items():
-            row[f"speedup_vs_{m}"] = (row["modeled_tokens_per_s"] / b["modeled_tokens_per_s"]
-                                      if b and b["modeled_tokens_per_s"] else None)
+            setattr(row, f"speedup_vs_{m}", row.modeled_tokens_per_s / b.modeled_tokens_per_s
+                    if b and b.modeled_tokens_per_s else None)
         ar = base["ar"]
-        row["speedup_vs_ar_wall"] = row["tokens_per_s"] / ar["tokens_per_s"] if ar and ar["tokens_per_s"] else None
+        row.speedup_vs_ar_wall = row.tokens_per_s / ar.tokens_per_s if ar and ar.tokens_per_s else None
     return rows
 
 
-def _predicted_vs_transferred(method: str, recs: list[dict]) -> float | None:
+def _predicted_vs_transferred(method: str, recs: list[ResultRecord]) -> float | None:
     """Uncached experts the selector predicted over those really transferred (1 = exact), for the
     methods that select with predicted experts; None otherwise or for records without the count."""
-    if method not in ("eagle3-scan", "specfit") or any("experts_predicted_new" not in r for r in recs):
+    if not get_method(method).needs_predictor or any(r.experts_predicted_new is None for r in recs):
         return None
-    moved = sum(r["experts_transferred"] for r in recs)
-    return sum(r["experts_predicted_new"] for r in recs) / moved if moved else None
+    moved = sum(r.experts_transferred for r in recs)
+    return sum(r.experts_predicted_new for r in recs) / moved if moved else None
 
 
 def _fmt(value, spec: str) -> str:
@@ -192,7 +165,7 @@ def markdown(rows: list[dict], meta: dict) -> str:
         "", head, "|" + "---|" * len(COLUMNS),
     ]
     for r in rows:
-        lines.append("| " + " | ".join(_fmt(r[k], f) for _, k, f in COLUMNS) + " |")
+        lines.append("| " + " | ".join(_fmt(getattr(r, k), f) for _, k, f in COLUMNS) + " |")
     lines += [
         "",
         f"tok/s wall: new tokens per second of the decode loop on this machine ({meta['machine']['cpu']}, "
@@ -219,8 +192,8 @@ def plot(rows: list[dict], out: Path) -> dict[str, Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    datasets = list(dict.fromkeys(r["dataset"] for r in rows))
-    methods = list(dict.fromkeys(r["method"] for r in rows))
+    datasets = list(dict.fromkeys(r.dataset for r in rows))
+    methods = list(dict.fromkeys(r.method for r in rows))
     colors = {m: plt.cm.tab10(i % 10) for i, m in enumerate(methods)}
     markers = "osD^vP*X"
     paths = {"throughput_png": out / "throughput_vs_tree_size.png", "experts_png": out / "experts_per_token.png",
@@ -228,8 +201,8 @@ def plot(rows: list[dict], out: Path) -> dict[str, Path]:
 
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     for r in rows:
-        ax.scatter(r["mean_nodes_verified"], r["modeled_tokens_per_s"], color=colors[r["method"]],
-                   marker=markers[datasets.index(r["dataset"]) % len(markers)], s=60,
+        ax.scatter(r.mean_nodes_verified, r.modeled_tokens_per_s, color=colors[r.method],
+                   marker=markers[datasets.index(r.dataset) % len(markers)], s=60,
                    label=f"{r['method']} / {r['dataset']}")
     ax.set(xlabel="mean nodes verified per cycle (root included)", ylabel="tokens/s (modeled)",
            title="Throughput vs tree size")
@@ -240,7 +213,7 @@ def plot(rows: list[dict], out: Path) -> dict[str, Path]:
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     width = 0.8 / max(len(methods), 1)
     for i, m in enumerate(methods):
-        ys = [next((r["experts_per_token"] for r in rows if r["dataset"] == d and r["method"] == m), 0.0)
+        ys = [next((r.experts_per_token for r in rows if r.dataset == d and r.method == m), 0.0)
               for d in datasets]
         ax.bar([j + i * width for j in range(len(datasets))], ys, width, color=colors[m], label=m)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(datasets))], datasets)
@@ -250,14 +223,14 @@ def plot(rows: list[dict], out: Path) -> dict[str, Path]:
     _save(fig, paths["experts_png"])
 
     fig, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 4), squeeze=False)
-    drafted = [m for m in methods if m != "ar"]
+    drafted = [m for m in methods if get_method(m).drafts]
     # methods with identical acceptance (eagle3 and eagle3-vanilla draft the same trees) would hide one
     # another: each method is shifted sideways by a fixed fraction of a depth step and has its own marker
     shift = {m: 0.3 * ((i + 0.5) / len(drafted) - 0.5) for i, m in enumerate(drafted)}
     for ax, d in zip(axes[0], datasets):
         for r in rows:
-            if r["dataset"] == d and r["method"] != "ar":
-                acc, m = r["acceptance_by_depth"], r["method"]
+            if r.dataset == d and get_method(r.method).drafts:
+                acc, m = r.acceptance_by_depth, r.method
                 ax.plot([x + shift[m] for x in range(1, len(acc) + 1)], acc, color=colors[m], label=m,
                         marker=markers[drafted.index(m) % len(markers)], ls=("-", "--", ":", "-.")[drafted.index(m) % 4])
         ax.set(xlabel="tree position d (depth; methods side by side)", ylabel="cycles accepting >= d draft tokens",
@@ -273,7 +246,7 @@ def _save(fig, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
-    atomic_write_bytes(path, lambda p: fig.savefig(p, format="png", dpi=110))
+    atomic_write(path, lambda p: fig.savefig(p, format="png", dpi=110))
     plt.close(fig)
 
 
@@ -299,14 +272,14 @@ def write_summary(out: str | Path, records: list[dict], meta: dict, prompts) -> 
     out = Path(out)
     c = meta["config"]
     rows = summarise(records, c["depth"], c["temperature"])
-    meta = {**meta, "versions": versions(), "machine": machine(c.get("device", "cpu")),
+    meta = {**meta, "versions": versions(), "machine": machine(device=c.get("device", "cpu")),
             "cost_scaling": cost_scaling_note(meta["num_layers"], c["profile"]),
             "cache": "every generation starts with an empty expert cache, warmed by its own prefill",
             "prompts_per_dataset": {d: sum(p.dataset == d for p in prompts) for d in dict.fromkeys(p.dataset for p in prompts)},
             "date_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
     text = markdown(rows, meta)
     paths = {"summary_json": out / "summary.json", "summary_md": out / "summary.md"}
-    atomic_write_text(paths["summary_json"], json.dumps({"rows": rows, **meta}, indent=1) + "\n")
+    atomic_write_text(paths["summary_json"], json.dumps({"rows": [r.to_json() for r in rows], **meta}, indent=1) + "\n")
     atomic_write_text(paths["summary_md"], text)
     paths.update(plot(rows, out))
     return rows, text, paths
@@ -318,10 +291,10 @@ PAPER_RATIOS = {"cnndm": {"eagle3": 1.216, "eagle3-vanilla": 1.97}, "gsm8k": {"e
 
 
 def _ratio(rows: list[dict], dataset: str, base: str) -> float | None:
-    get = {r["method"]: r for r in rows if r["dataset"] == dataset}
-    if "specfit" not in get or base not in get or not get[base]["modeled_tokens_per_s"]:
+    get = {r.method: r for r in rows if r.dataset == dataset}
+    if "specfit" not in get or base not in get or not get[base].modeled_tokens_per_s:
         return None
-    return get["specfit"]["modeled_tokens_per_s"] / get[base]["modeled_tokens_per_s"]
+    return get["specfit"].modeled_tokens_per_s / get[base].modeled_tokens_per_s
 
 
 def benchmark_markdown(run_dirs) -> str:
@@ -341,13 +314,14 @@ def benchmark_markdown(run_dirs) -> str:
     parts = []
     for d in run_dirs:
         s = read_json(Path(d) / "summary.json", "run_dirs")
+        s["rows"] = [SummaryRow.from_json(r, where="summary.json rows") for r in s["rows"]]
         c = s["config"]
         parts.append(f"### Profile {c['profile']} ({', '.join(f'{k}: {v}' for k, v in s['prompts_per_dataset'].items())} "
                      f"prompts, {c['max_new_tokens']} new tokens each)\n")
         parts.append(markdown(s["rows"], s).split("\n", 2)[2])
         lines = ["| dataset | specfit / eagle3 (modeled) | paper | specfit / eagle3-vanilla (modeled) | paper |",
                  "|---|---:|---:|---:|---:|"]
-        for dataset in dict.fromkeys(r["dataset"] for r in s["rows"]):
+        for dataset in dict.fromkeys(r.dataset for r in s["rows"]):
             paper = PAPER_RATIOS.get(dataset, {})
             lines.append(f"| {dataset} | {_fmt(_ratio(s['rows'], dataset, 'eagle3'), '.3f')} | "
                          f"{_fmt(paper.get('eagle3'), '.3f')} | {_fmt(_ratio(s['rows'], dataset, 'eagle3-vanilla'), '.2f')} | "

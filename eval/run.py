@@ -26,14 +26,12 @@ interruption is cut off) and skips the (id, dataset, method) triples it already 
 from __future__ import annotations
 
 import json
-import os
 import zlib
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from specfit.eval.datasets import DATASETS, MAX_ARTICLE_TOKENS, Prompt, encode, load_prompts
-from specfit.eval.metrics import task_score
-from specfit.eval.modeled import DRAFT_LEVEL_MS, modeled_cycle_ms
+from specfit.eval.records import ResultRecord, append_result, read_results
 from specfit.core.cost import DEFAULT_PROFILE, get_profile
 from specfit.engine import METHODS, TreeSettings
 from specfit.core.errors import SpecFitInputError, check_context, check_nonnegative_int, check_positive_int, lookup
@@ -195,8 +193,7 @@ def plan(config: EvalConfig) -> Plan:
     methods = [lookup(METHODS, m, "methods") for m in config.methods]
     if not config.datasets:
         raise SpecFitInputError("datasets", "name at least one dataset")
-    get_profile(config.profile)
-    if config.profile not in DRAFT_LEVEL_MS:
+    if get_profile(config.profile).draft_level_ms is None:
         raise SpecFitInputError("profile", f"no draft-level time is modeled for {config.profile!r}")
     from specfit.models.predictors import PREDICTORS
 
@@ -205,7 +202,7 @@ def plan(config: EvalConfig) -> Plan:
     names = [ps[0].dataset for ps in prompts_by_set]
     if len(set(names)) != len(names):
         raise SpecFitInputError("datasets", "names a dataset twice")
-    target_dir, draft_dir = _resolve_dirs(config, any(m.draft for m in methods))
+    target_dir, draft_dir = _resolve_dirs(config, any(m.drafts for m in methods))
     spec = read_spec(target_dir)
     if not spec.moe_layers:
         raise SpecFitInputError("model", f"{target_dir} has no MoE layer (mlp_only_layers / decoder_sparse_step "
@@ -224,7 +221,7 @@ def plan(config: EvalConfig) -> Plan:
     except SpecFitInputError as exc:
         raise SpecFitInputError(exc.field, f"{exc.rule} (longest prompt: {longest[0].dataset}/{longest[0].id})") from None
     trace = None
-    if config.predictor != "recency" and any(m.selector in ("scan", "exact") and not m.oracle for m in methods):
+    if config.predictor != "recency" and any(m.needs_predictor for m in methods):
         trace = Path(config.predictor_trace) if config.predictor_trace else target_dir / "routing_trace.npz"
         if not trace.is_file():
             raise SpecFitInputError("predictor_trace", f"predictor {config.predictor!r} needs a routing trace; "
@@ -262,100 +259,6 @@ def _check_out(out: Path, identity: dict) -> None:
         if k in old and old[k] != v and not (k.startswith("draft") and (old[k] is None or v is None)):
             raise SpecFitInputError("out", f"{out} holds results with {k}={old[k]!r}, this run has {k}={v!r}; "
                                              "use another out folder")
-
-
-# -- results.jsonl --------------------------------------------------------------------------------
-def read_results(path: str | Path, repair: bool = False) -> list[dict]:
-    """Complete records of a ``results.jsonl``; a torn last line (no newline) is ignored.
-
-    Parameters
-    ----------
-    path : path
-    repair : bool
-        Truncate the file after its last complete line (before appending to it).
-
-    Returns
-    -------
-    list of dict
-
-    Raises
-    ------
-    SpecFitInputError
-        If a complete line is not a JSON object (field ``results.jsonl``).
-    """
-    path = Path(path)
-    if not path.is_file():
-        return []
-    data = path.read_bytes()
-    end = data.rfind(b"\n") + 1
-    if repair and end < len(data):
-        with open(path, "r+b") as f:
-            f.truncate(end)
-            f.flush()
-            os.fsync(f.fileno())
-    out = []
-    for i, line in enumerate(data[:end].splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            rec = None
-        if not isinstance(rec, dict):
-            raise SpecFitInputError("results.jsonl", f"{path} line {i} is not a JSON object; move the file away")
-        out.append(rec)
-    return out
-
-
-def append_result(f, record: dict) -> None:
-    """Append one record as one line to the open file ``f``, flushed and fsync'ed."""
-    f.write(json.dumps(record, separators=(",", ":")) + "\n")
-    f.flush()
-    os.fsync(f.fileno())
-
-
-def make_record(prompt: Prompt, method: str, prompt_ids: list[int], gen, text: str, cost, draft_level_ms: float) -> dict:
-    """The results line of one generation.
-
-    Parameters
-    ----------
-    prompt : Prompt
-    method : str
-    prompt_ids : list of int
-    gen : specfit.engine.Generation
-    text : str
-        ``gen.output_ids`` decoded (for the task metric and for reading).
-    cost : CostModel
-        The profile scaled to the model's layers.
-    draft_level_ms : float
-
-    Returns
-    -------
-    dict
-        ``id, dataset, method, task, prompt_tokens, output_ids, text, new_tokens, committed,
-        cycles, accept_lengths, nodes_verified, levels`` (per cycle), ``wall_s, prefill_s``,
-        ``modeled_ms`` (total) and ``modeled`` (its parts, :func:`eval.modeled.modeled_cycle_ms`),
-        ``experts_transferred``, ``experts_looked_up`` (distinct experts per layer and forward),
-        ``experts_predicted_new`` (uncached experts the selector expected; 0 without a predictor),
-        ``measured_ms`` (draft, predict, solve, verify, transfer, accept totals) and ``score``.
-    """
-    cycles = [asdict(c) for c in gen.cycles]
-    parts = [modeled_cycle_ms(c, cost, draft_level_ms) for c in cycles]
-    modeled = {k: sum(p[k] for p in parts) for k in ("compute_ms", "transfer_ms", "draft_ms", "host_ms")}
-    measured = {k: sum(c[f"{k}_ms"] for c in cycles) for k in ("draft", "predict", "solve", "verify", "transfer", "accept")}
-    return {
-        "id": prompt.id, "dataset": prompt.dataset, "method": method, "task": prompt.task,
-        "prompt_tokens": len(prompt_ids), "output_ids": list(gen.output_ids), "text": text,
-        "new_tokens": len(gen.output_ids), "committed": sum(c["committed"] for c in cycles),
-        "cycles": len(cycles), "accept_lengths": [c["accepted"] for c in cycles],
-        "nodes_verified": [c["nodes_verified"] for c in cycles], "levels": [c["levels"] for c in cycles],
-        "wall_s": gen.wall_s, "prefill_s": gen.prefill_s,
-        "modeled_ms": sum(p["total_ms"] for p in parts), "modeled": modeled,
-        "experts_transferred": int(sum(sum(c["transferred"]) for c in cycles)),
-        "experts_looked_up": int(sum(sum(c["true_experts"]) for c in cycles)),
-        "experts_predicted_new": int(sum(sum(c["predicted_new"]) for c in cycles)),
-        "measured_ms": measured, "score": task_score(prompt.task, text, prompt.reference),
-    }
 
 
 # -- models ---------------------------------------------------------------------------------------
@@ -464,7 +367,8 @@ def _run(p: Plan, progress: bool) -> dict:
     import torch
     from tqdm import tqdm
 
-    from specfit.eval.report import atomic_write_text, write_summary
+    from specfit.core.io import atomic_write_text
+    from specfit.eval.report import write_summary
 
     config = p.config
     models = load_models(p)
@@ -477,11 +381,10 @@ def _run(p: Plan, progress: bool) -> dict:
     identity = {**p.identity, **{k: p.identity[k] or old.get(k) for k in ("draft", "draft_files")}}
     atomic_write_text(cfg_path, json.dumps(identity, indent=1) + "\n")
     results_path = out / "results.jsonl"
-    done = {(r["id"], r["dataset"], r["method"]) for r in read_results(results_path, repair=True)}
+    done = {r.key for r in read_results(results_path, repair=True)}
     todo = [(pr, ids, m) for pr, ids in p.prompts for m in p.methods if (pr.id, pr.dataset, m.name) not in done]
     skipped = len(p.prompts) * len(p.methods) - len(todo)
     eos = models.eos_token_id
-    draft_ms = DRAFT_LEVEL_MS[config.profile]
     with open(results_path, "a", encoding="utf-8") as f, torch.no_grad():
         for m in dict.fromkeys(m for _, _, m in todo):  # untimed warm-up: first-call costs stay out of wall_s
             models.decoder(m, tree=_tree(config), **_sampling(config, 0)).generate(todo[0][1][-WARMUP_TOKENS:], 2)
@@ -491,20 +394,20 @@ def _run(p: Plan, progress: bool) -> dict:
             dec = models.decoder(m, tree=_tree(config), **_sampling(config, _prompt_seed(config.seed, pr)))
             gen = dec.generate(ids, config.max_new_tokens, eos_id=eos)
             text = p.tokenizer.decode(gen.output_ids, skip_special_tokens=True)
-            append_result(f, make_record(pr, m.name, ids, gen, text, models.cost, draft_ms))
+            append_result(f, ResultRecord.from_generation(pr, m.name, ids, gen, text, models.cost))
     records = read_results(results_path)
     keys = {(pr.id, pr.dataset) for pr, _ in p.prompts}
     order = {m: i for i, m in enumerate(config.methods)}
     sets = {d: i for i, d in enumerate(dict.fromkeys(pr.dataset for pr, _ in p.prompts))}
-    records = sorted((r for r in records if (r["id"], r["dataset"]) in keys and r["method"] in order),
-                     key=lambda r: (sets[r["dataset"]], order[r["method"]]))  # rows: datasets, then --methods
+    records = sorted((r for r in records if (r.id, r.dataset) in keys and r.method in order),
+                     key=lambda r: (sets[r.dataset], order[r.method]))  # rows: datasets, then --methods
     meta = {"config": config.to_json(), "resolved": p.identity, "num_layers": num_layers,
             "num_experts": int(spec.num_experts), "top_k": int(spec.top_k),
-            "cost": models.cost.to_json(), "draft_level_ms": draft_ms, "max_len": models.target.max_len}
+            "cost": models.cost.to_json(), "draft_level_ms": models.cost.draft_level_ms, "max_len": models.target.max_len}
     rows, text, paths = write_summary(out, records, meta, [pr for pr, _ in p.prompts])
     return {"rows": rows, "markdown": text, "paths": {"results": results_path, "config": cfg_path, **paths},
             "ran": len(todo), "skipped": skipped}
 
 
 __all__ = ["EvalConfig", "DATASETS", "DEFAULT_METHODS", "DEFAULT_DATASETS", "plan", "run_eval", "evaluate",
-           "load_models", "read_results", "append_result", "make_record"]
+           "load_models", "read_results", "append_result", "ResultRecord"]

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import tempfile
@@ -35,10 +34,11 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from specfit.models.devices import device_name, resolve_device
+from specfit.models.devices import resolve_device
 from specfit.models.qwen3_moe import OffloadedQwen3Moe, read_spec
 from specfit.models.qwen3_moe.checkpoint import dense_shapes
 from specfit.core.cost import calibrate
+from specfit.eval.machine import machine
 
 #: Shapes for ``--synthetic``. ``qwen3-30b-a3b`` is the real model's config (SPECFIT.md §5).
 SHAPES = {
@@ -202,17 +202,6 @@ def run_bench(model: OffloadedQwen3Moe, *, prefix_len: int = 32, repeats: int = 
                             "records": cal.num_records}}
 
 
-def machine(device: str = "cpu") -> dict:
-    """Where the numbers were taken: platform, torch, threads and the GPU model of ``device``."""
-    info = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    gpu = device_name(device)
-    if gpu is not None:
-        info["gpu"] = gpu
-    return info
-
-
 def format_table(result: dict) -> str:
     """A Markdown table of the medians, with each mode's total as a multiple of AR decode (same process)."""
     ar = result["modes"]["ar_decode"]["total_ms"]
@@ -253,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
                                                   pin_memory=False if args.pageable else None,
                                                   max_len=args.prefix_len + args.repeats + 80)
     result = run_bench(model, prefix_len=args.prefix_len, repeats=args.repeats)
-    result.update(machine=machine(device), command=" ".join(["python -m specfit.eval.runtime_bench", *(argv or sys.argv[1:])]),
+    result.update(machine=machine(device=device), command=" ".join(["python -m specfit.eval.runtime_bench", *(argv or sys.argv[1:])]),
                   source=args.model or f"synthetic:{args.synthetic}", layers=model.spec.num_layers)
     print(json.dumps(result["machine"]))
     print(format_table(result))

@@ -15,13 +15,13 @@ a prompt have none; their rows are NaN (``has_hidden`` says which rows are usabl
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 
 from specfit.core.errors import SpecFitInputError, check_positive_int, check_single_sequence
+from specfit.core.io import atomic_write
 
 #: Format tag written into every saved trace.
 FORMAT = "specfit-routing-trace-v1"
@@ -98,14 +98,11 @@ def check_hidden(hidden, n: int, width: int | None = None, field: str = "draft_h
 
 def save_npz(path, arrays: dict[str, np.ndarray]) -> None:
     """Write ``arrays`` to ``path`` as a compressed ``.npz``, atomically (temporary file, then rename)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
+    def write(tmp: Path) -> None:
         with open(tmp, "wb") as f:
             np.savez_compressed(f, **arrays)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+
+    atomic_write(path, write)
 
 
 class RoutingTrace:

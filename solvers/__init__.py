@@ -3,6 +3,7 @@
 Imports neither torch nor transformers (ARCHITECTURE.md).
 """
 
-from specfit.solvers.base import STATUSES, Selection, Solver, available_solvers, get_solver
+from specfit.solvers.api import select
+from specfit.solvers.base import STATUSES, Selection, Solver, available_solvers, get_solver, solver_class
 
-__all__ = ["STATUSES", "Selection", "Solver", "available_solvers", "get_solver"]
+__all__ = ["STATUSES", "Selection", "Solver", "available_solvers", "get_solver", "select", "solver_class"]

@@ -105,6 +105,8 @@ class Solver:
     name = "base"
     #: True iff the solver proves optimality (then it is checked against CP-SAT and brute force).
     exact = False
+    #: True iff the selection depends on the cost model and the nodes' experts (not only on P).
+    cost_aware = True
 
     def select(self, instance: Instance, rate: float | None) -> tuple[Sequence[int], str]:
         raise NotImplementedError
@@ -153,6 +155,18 @@ def available_solvers() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def solver_class(name: str) -> type[Solver]:
+    """The class registered as ``name`` (imports its module, instantiates nothing).
+
+    Raises
+    ------
+    SpecFitInputError
+        If ``name`` is unknown.
+    """
+    module, cls = lookup(_REGISTRY, name, "solver").split(":")
+    return getattr(importlib.import_module(module), cls)
+
+
 def get_solver(name: str, **options) -> Solver:
     """Instantiate the solver registered as ``name`` with keyword ``options``.
 
@@ -162,8 +176,7 @@ def get_solver(name: str, **options) -> Solver:
         If ``name`` is unknown, or an option is not accepted by that solver (the error's field is
         the option, its rule lists the options the solver does accept).
     """
-    module, cls = lookup(_REGISTRY, name, "solver").split(":")
-    klass = getattr(importlib.import_module(module), cls)
+    klass = solver_class(name)
     accepted = [p for p in inspect.signature(klass).parameters if p not in ("self", "args", "kwargs")]
     for option in options:
         if option not in accepted:

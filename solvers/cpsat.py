@@ -97,7 +97,7 @@ def _owned_groups(instance: Instance):
     for own, its in shared.items():
         counts = np.bincount(np.asarray(its) // E, minlength=L).astype(np.int64)
         groups.append((own, float(weight[its].sum()), counts))
-    root_layers = instance.new_experts_per_layer([0])
+    root_layers = instance.items.new_per_layer([0])
     return node_ms, node_layers, groups, root_layers
 
 
@@ -203,7 +203,7 @@ class CPSATSolver(Solver):
 
         def terms(nodes) -> tuple[float, float]:
             return instance.tree.path_prob[nodes[1:]].sum() + 1.0, instance.cost.cycle_ms(
-                len(nodes), instance.new_experts_per_layer(nodes))
+                len(nodes), instance.items.new_per_layer(nodes))
 
         if rate is not None:
             nodes, proven = best_for(rate / 1000.0, [0])

@@ -8,7 +8,7 @@ F_λ(S) = A(S) - λ T(S) over the feasible sets. If max F_λ = 0, S_k is optimal
 S, as T > 0); otherwise A(S_{k+1})/T(S_{k+1}) > λ. The ratios strictly increase over a finite set,
 so the loop ends at the optimum. Rate mode is one such step with λ given.
 
-*Unbudgeted F_λ is a maximum-weight closure.* With coverage accounting (solvers/coverage.py), node
+*Unbudgeted F_λ is a maximum-weight closure.* With coverage accounting (specfit/core/coverage.py), node
 v ≠ root has weight P_v - λ(per_node_ms + cost of the items only v owns) and implies its parent; an
 item owned by two or more nodes costs λ·w once if any owner is chosen. Closures of this
 node/item graph are exactly the feasible pairs (S, covered items), so max F_λ is a max-weight closure,
@@ -46,9 +46,10 @@ from typing import Sequence
 
 import numpy as np
 
-from specfit.solvers.base import Solver
-from specfit.solvers.coverage import Coverage, at_least_twice, coverage
+from specfit.core.coverage import Coverage, at_least_twice, coverage
 from specfit.core.instance import Instance
+from specfit.solvers.base import Solver
+from specfit.solvers.greedy import best_prefix
 
 _INF = float("inf")
 
@@ -284,29 +285,6 @@ class _BranchAndBound:
         self._dfs(j + 1, bits, value, count, rest)
 
 
-def _scan_start(cov: Coverage, max_nodes: int | None, max_new: int | None) -> list[int]:
-    """Best prefix of the path-probability order (ties shallow-first) within the budgets: a
-    cheap feasible starting point for Dinkelbach (the ``scan`` baseline's choice)."""
-    n = cov.n
-    depth = [0] * n
-    for v in range(1, n):
-        depth[v] = depth[cov.parents[v]] + 1
-    order = sorted(range(1, n), key=lambda v: (-cov.path_prob[v], depth[v], v))
-    root = cov.root_new_per_layer
-    a, bits, best, best_ratio = 1.0, 0, 0, 1.0 / cov.base_ms
-    for k, v in enumerate(order, start=1):
-        if max_nodes is not None and k + 1 > max_nodes:
-            break
-        bits |= cov.own_bits[v]
-        if max_new is not None and any(int(r) + c > max_new for r, c in zip(root, cov.bits_per_layer(bits))):
-            break
-        a += cov.path_prob[v]
-        t = cov.base_ms + cov.per_node_ms * k + cov.bits_ms(bits)
-        if a / t > best_ratio:
-            best, best_ratio = k, a / t
-    return sorted([0] + order[:best])
-
-
 class ExactSolver(Solver):
     """Exact maximiser of A(S)/T(S) (or A - λT) with coverage accounting and budgets.
 
@@ -344,7 +322,7 @@ class ExactSolver(Solver):
                 status = "feasible"
             return nodes
 
-        start = _scan_start(cov, instance.max_nodes, instance.max_new_experts_per_layer)
+        start = best_prefix(instance)  # a cheap feasible starting point for Dinkelbach (the scan's choice)
         if rate is not None:
             return best_for(rate / 1000.0, start), status
         nodes = start

@@ -11,9 +11,10 @@ from typing import Sequence
 
 import numpy as np
 
-from specfit.solvers.base import Solver
+from specfit.core.coverage import GrowingSelection
 from specfit.core.errors import SpecFitInputError
 from specfit.core.instance import Instance
+from specfit.solvers.base import Solver
 
 
 def path_prob_order(instance: Instance) -> list[int]:
@@ -28,80 +29,42 @@ def path_prob_order(instance: Instance) -> list[int]:
     list of int, length n
     """
     tree = instance.tree
-    eff = tree.path_prob.copy()
-    for v in range(1, tree.n):
-        eff[v] = min(eff[v], eff[tree.parents[v]])
-    return sorted(range(tree.n), key=lambda v: (-eff[v], int(tree.depth[v]), v))
-
-
-class _Coverage:
-    """Incremental coverage of a growing ancestor-closed selection.
-
-    ``covered`` marks the uncached items (layer, expert) the selection already transfers; a node
-    adds one node's time plus the items it needs that are not covered. With ``track_all`` it also
-    keeps ``delta_ms[v]``, that added transfer time for every node v, updated with one matrix
-    product over the items each added node newly covers (O(n · U) for a whole run, U distinct
-    uncached items), for the greedy's per-step scan of the frontier.
-    """
-
-    def __init__(self, instance: Instance, track_all: bool = False):
-        self.inst = instance
-        self.items = instance.node_items
-        self.w = instance.item_weight
-        self.L, self.E = instance.num_layers, max(instance.num_experts, 1)
-        self.cap = instance.max_new_experts_per_layer if self.L else None
-        self.covered = np.zeros(self.L * self.E, dtype=bool)
-        self.layer_new = np.zeros(self.L, dtype=np.int64)
-        self.in_set = np.zeros(instance.n, dtype=bool)
-        self.size, self.a, self.t = 0, 0.0, instance.cost.fixed_ms
-        self.universe = None
-        if track_all:
-            self.universe = np.unique(np.concatenate(self.items))
-            self.need = np.zeros((instance.n, self.universe.shape[0]))
-            for v in range(instance.n):
-                self.need[v, np.searchsorted(self.universe, self.items[v])] = 1.0
-            self.delta_ms = self.need @ self.w[self.universe]
-        self.add(0)
-
-    def new_items(self, v: int) -> np.ndarray:
-        """Item ids node v needs that the selection does not cover yet."""
-        it = self.items[v]
-        return it[~self.covered[it]]
-
-    def fits(self, v: int) -> bool:
-        """True iff adding v keeps the selection within ``max_nodes`` and the expert budget."""
-        if self.inst.max_nodes is not None and self.size + 1 > self.inst.max_nodes:
-            return False
-        if self.cap is None:
-            return True
-        counts = np.bincount(self.new_items(v) // self.E, minlength=self.L)
-        return bool((self.layer_new + counts).max() <= self.cap)
-
-    def step_ms(self, v: int) -> float:
-        """Time (ms) adding v would add: one node plus the experts it newly needs."""
-        extra = max(float(self.delta_ms[v]), 0.0) if self.universe is not None else float(self.w[self.new_items(v)].sum())
-        return self.inst.cost.per_node_ms + extra
-
-    def add(self, v: int) -> None:
-        """Add node v (its parent must already be in the selection)."""
-        new = self.new_items(v)
-        self.a += 1.0 if v == 0 else float(self.inst.tree.path_prob[v])
-        self.t += self.inst.cost.per_node_ms + float(self.w[new].sum())
-        if new.size:
-            self.layer_new += np.bincount(new // self.E, minlength=self.L)
-            self.covered[new] = True
-            if self.universe is not None:
-                self.delta_ms -= self.need[:, np.searchsorted(self.universe, new)] @ self.w[new]
-        self.in_set[v] = True
-        self.size += 1
-
-    def value(self, lam: float | None) -> float:
-        """The objective of the current selection: ``A / T`` or ``A - lam * T`` (lam in tokens/ms)."""
-        return self.a / self.t if lam is None else self.a - lam * self.t
+    eff, par, depth = tree.path_prob.tolist(), tree.parents.tolist(), tree.depth.tolist()
+    for v in range(1, len(eff)):
+        eff[v] = min(eff[v], eff[par[v]])
+    return sorted(range(len(eff)), key=lambda v: (-eff[v], depth[v], v))
 
 
 def _lam(rate: float | None) -> float | None:
     return None if rate is None else rate / 1000.0
+
+
+def best_prefix(instance: Instance, lam: float | None = None) -> list[int]:
+    """The best prefix of :func:`path_prob_order` under the cost model and budgets: a 1-D scan.
+
+    Parameters
+    ----------
+    instance : Instance
+    lam : float, optional
+        λ in tokens per ms: maximise ``A - λT``; default: maximise ``A / T`` (SPECFIT.md §3).
+
+    Returns
+    -------
+    list of int
+        Sorted node ids of the best prefix, root included (ancestor-closed). The scan stops at the
+        first prefix that breaks a budget (a longer prefix breaks it too).
+    """
+    cov = GrowingSelection(instance)
+    order = path_prob_order(instance)
+    best, best_len = cov.value(lam), 1
+    for k, v in enumerate(order[1:], start=2):
+        if not cov.fits(v):
+            break
+        cov.add(v)
+        val = cov.value(lam)
+        if val > best:
+            best, best_len = val, k
+    return sorted(order[:best_len])
 
 
 class EagleSolver(Solver):
@@ -126,6 +89,7 @@ class EagleSolver(Solver):
     """
 
     name = "eagle"
+    cost_aware = False
 
     def __init__(self, total_tokens: int = 32):
         if isinstance(total_tokens, bool) or not isinstance(total_tokens, int) or total_tokens < 0:
@@ -133,14 +97,14 @@ class EagleSolver(Solver):
         self.total_tokens = total_tokens
 
     def select(self, instance: Instance, rate: float | None) -> tuple[Sequence[int], str]:
-        cov = _Coverage(instance)
+        cov = GrowingSelection(instance)
         par = instance.tree.parents
         for v in path_prob_order(instance)[1:]:
             if cov.size >= self.total_tokens + 1:
                 break
             if cov.in_set[par[v]] and cov.fits(v):
                 cov.add(v)
-        return np.flatnonzero(cov.in_set).tolist(), "heuristic"
+        return cov.nodes(), "heuristic"
 
 
 class ScanSolver(Solver):
@@ -154,18 +118,7 @@ class ScanSolver(Solver):
     name = "scan"
 
     def select(self, instance: Instance, rate: float | None) -> tuple[Sequence[int], str]:
-        lam = _lam(rate)
-        cov = _Coverage(instance)
-        order = path_prob_order(instance)
-        best, best_len = cov.value(lam), 1
-        for k, v in enumerate(order[1:], start=2):
-            if not cov.fits(v):
-                break
-            cov.add(v)
-            val = cov.value(lam)
-            if val > best:
-                best, best_len = val, k
-        return sorted(order[:best_len]), "heuristic"
+        return best_prefix(instance, _lam(rate)), "heuristic"
 
 
 class GreedySolver(Solver):
@@ -181,7 +134,7 @@ class GreedySolver(Solver):
 
     def select(self, instance: Instance, rate: float | None) -> tuple[Sequence[int], str]:
         lam = _lam(rate)
-        cov = _Coverage(instance, track_all=True)
+        cov = GrowingSelection(instance)
         prob = instance.tree.path_prob
         children = instance.tree.children
         frontier = set(children[0])
@@ -189,7 +142,7 @@ class GreedySolver(Solver):
             cand = np.array(sorted(v for v in frontier if cov.fits(v)), dtype=np.int64)
             if not cand.size:
                 break
-            d = instance.cost.per_node_ms + np.maximum(cov.delta_ms[cand], 0.0)
+            d = np.array([cov.step_ms(v) for v in cand.tolist()])
             p = prob[cand]
             with np.errstate(over="ignore"):  # a denormal d gives an infinite ratio, which is right
                 r = np.where(d > 0, p / np.where(d > 0, d, 1.0), np.where(p > 0, np.inf, 0.0))
@@ -201,4 +154,4 @@ class GreedySolver(Solver):
             cov.add(v)
             frontier.remove(v)
             frontier.update(children[v])
-        return np.flatnonzero(cov.in_set).tolist(), "heuristic"
+        return cov.nodes(), "heuristic"

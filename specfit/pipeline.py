@@ -319,13 +319,13 @@ class SpecFit:
             lacks.
         """
         m = get_method(method) if isinstance(method, str) else method
-        if m.oracle and self._reference is None and self._reference_loader is not None:
+        if m.needs_reference and self._reference is None and self._reference_loader is not None:
             self._reference = self._reference_loader()
-        needs_predictor = m.selector in ("scan", "exact") and not m.oracle
+        needs_predictor = m.needs_predictor
         self.target.reset_cache(self.cache_slots if m.uses_cache else 0, self.eviction)
-        return SpecDecoder(self.target, self.drafter if m.draft else None, m, tree=tree or TreeSettings(),
+        return SpecDecoder(self.target, self.drafter if m.drafts else None, m, tree=tree or TreeSettings(),
                            cost=self.cost, predictor=self.predictor if needs_predictor else None,
-                           reference=self._reference if m.oracle else None, temperature=temperature, top_p=top_p,
+                           reference=self._reference if m.needs_reference else None, temperature=temperature, top_p=top_p,
                            seed=seed, rate_mode=rate_mode)
 
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
@@ -391,7 +391,7 @@ class SpecFit:
             raise SpecFitInputError("prompt", f"token ids must lie in [0, {spec.vocab_size}) (vocab_size), got {bad[0]}")
         check_context("max_new_tokens", len(ids), max_new_tokens, spec.max_position_embeddings)
         dec = self.decoder(method, tree=tree, temperature=temperature, top_p=top_p, seed=seed, rate_mode=rate_mode)
-        need = kv_tokens_needed(len(ids), max_new_tokens, dec.tree if dec.method.draft else None)
+        need = kv_tokens_needed(len(ids), max_new_tokens, dec.tree if dec.method.drafts else None)
         capacity = getattr(self.target, "max_len", need)
         if need > capacity:
             raise SpecFitInputError("max_new_tokens", f"prompt ({len(ids)} tokens) + {max_new_tokens} new tokens + "

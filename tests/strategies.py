@@ -56,7 +56,7 @@ def _with_budgets(draw, tree: DraftTree, cost: CostModel, cache, budget: str) ->
     max_nodes = draw(st.integers(1, tree.n)) if budget in ("nodes", "both") else None
     max_new = None
     if budget in ("experts", "both"):
-        root = int(inst.new_experts_per_layer([0]).max(initial=0))
+        root = int(inst.items.new_per_layer([0]).max(initial=0))
         max_new = draw(st.integers(root, root + 4))
     return Instance(tree, cost, cache, max_nodes, max_new)
 

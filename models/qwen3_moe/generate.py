@@ -8,8 +8,7 @@ from typing import Sequence
 import torch
 
 from specfit.models.qwen3_moe.model import OffloadedQwen3Moe
-from specfit.core.errors import SpecFitInputError, check_context, check_positive_int
-from specfit.models.qwen3_moe.config import read_spec
+from specfit.core.errors import SpecFitInputError, check_positive_int
 
 #: Files whose presence means a checkpoint directory ships a tokenizer.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")

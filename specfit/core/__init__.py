@@ -1,4 +1,5 @@
-"""The core data model: draft trees, instances, cost models, the objective and input errors.
+"""The core data model: the draft tree and its coverage accounting against the expert cache, instances,
+cost models and hardware profiles, the objective, input errors and atomic writes.
 
 Imports neither torch nor transformers (docs/ARCHITECTURE.md): everything above builds on it.
 """

@@ -20,6 +20,10 @@ from specfit.core.errors import SpecFitInputError, check_positive_int, lookup
 
 #: Bytes of one Qwen3-30B-A3B expert in bf16: (gate, up, down) = 3 * 2048 * 768 params * 2 bytes.
 QWEN3_30B_A3B_EXPERT_BYTES = 9_437_184
+#: MoE layers of Qwen3-30B-A3B, the deployed target the profiles describe.
+REFERENCE_LAYERS = 48
+#: Experts per MoE layer of Qwen3-30B-A3B.
+QWEN3_30B_A3B_EXPERTS = 128
 
 
 def _check_ms(name: str, value) -> float:
@@ -48,6 +52,16 @@ class CostModel:
         H2D transfer time of one uncached expert; one number, or one per MoE layer.
     name : str
         A label, e.g. the profile name; informational.
+    reference_layers : int, optional
+        Hardware profiles: MoE layers of the deployed target the constants describe (Qwen3-30B-A3B:
+        48); :meth:`for_layers` scales a smaller model's expert term to it.
+    num_experts : int, optional
+        Hardware profiles: experts per MoE layer of that target (Qwen3-30B-A3B: 128).
+    draft_level_ms : float, optional
+        Hardware profiles: modeled time of one EAGLE-3 draft level (one head forward) in ms.
+
+    The last three describe the deployment and take no part in T(S); they are not compared and not
+    written to the instance JSON.
 
     Raises
     ------
@@ -59,6 +73,9 @@ class CostModel:
     per_node_ms: float
     per_expert_ms: float | tuple[float, ...]
     name: str = field(default="custom", compare=False)
+    reference_layers: int | None = field(default=None, compare=False)
+    num_experts: int | None = field(default=None, compare=False)
+    draft_level_ms: float | None = field(default=None, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "fixed_ms", _check_ms("cost.fixed_ms", self.fixed_ms))
@@ -95,9 +112,10 @@ class CostModel:
         m = np.asarray(new_experts_per_layer, dtype=np.float64)
         return self.fixed_ms + self.per_node_ms * num_nodes + float(self.per_expert_array(m.shape[0]) @ m)
 
-    def for_layers(self, num_layers: int, reference_layers: int = 48) -> "CostModel":
+    def for_layers(self, num_layers: int, reference_layers: int | None = None) -> "CostModel":
         """This model for a target with ``num_layers`` MoE layers standing in for one with
-        ``reference_layers`` (Qwen3-30B-A3B: 48): ``per_expert_ms`` is scaled by
+        ``reference_layers`` (default: the profile's, else :data:`REFERENCE_LAYERS` = 48 of
+        Qwen3-30B-A3B): ``per_expert_ms`` is scaled by
         ``reference_layers / num_layers``, i.e. each layer's miss count is taken as representative
         of ``reference_layers / num_layers`` real layers, so that the expert term keeps its weight
         against ``fixed_ms`` and ratios between methods stay honest. A per-layer list is first
@@ -108,12 +126,15 @@ class CostModel:
         SpecFitInputError
             If ``num_layers`` or ``reference_layers`` is not a positive integer.
         """
+        if reference_layers is None:
+            reference_layers = self.reference_layers or REFERENCE_LAYERS
         check_positive_int("num_layers", num_layers)
         check_positive_int("reference_layers", reference_layers)
         pe = self.per_expert_ms
         mean = sum(pe) / len(pe) if isinstance(pe, tuple) else pe
         return CostModel(self.fixed_ms, self.per_node_ms, mean * reference_layers / num_layers,
-                         name=f"{self.name}@{num_layers}/{reference_layers}layers")
+                         name=f"{self.name}@{num_layers}/{reference_layers}layers", reference_layers=reference_layers,
+                         num_experts=self.num_experts, draft_level_ms=self.draft_level_ms)
 
     def to_json(self) -> dict:
         """The ``cost`` object of the instance JSON (SPECFIT.md §4)."""
@@ -155,14 +176,23 @@ def _h2d_ms(expert_bytes: int, gb_per_s: float) -> float:
 #: per_node_ms: attention + expert FLOPs per extra verified token (3.3 B active params, 6.6 GFLOP
 #: per token at ~80 dense TFLOP/s effective ≈ 0.08 ms) ≈ 0.1 ms.
 #:
+#: draft_level_ms, one EAGLE-3 draft level: the Qwen3-30B-A3B EAGLE-3 head (SPECFIT.md §5: fc
+#: 3·2048→2048, one Llama decoder layer with a 2H attention input and a 6,144-wide MLP, lm_head over a
+#: 32k draft vocabulary) has ~0.15 B parameters ≈ 0.3 GB in bf16; a level is memory-bound at these
+#: batch sizes (<= 16 rows). pcie4 (RTX 4090 class, ~1 TB/s): 0.3 ms of weight reads + ~15 kernel
+#: launches and the top-k host sync (~0.2 ms) ≈ 0.5 ms; h200 (~4.8 TB/s): 0.06 ms + ~0.2 ms ≈ 0.25 ms.
+#: Estimates from datasheet bandwidths, not measurements.
+#:
 #: ``qwen3-30b-a3b-h200`` — an H200 on PCIe Gen5 x16: pinned copies achieve 45-55 GB/s
 #: (SPECFIT.md §5); at 50 GB/s one expert takes 0.189 ms. fixed_ms: 3.1 GB at ~4.3 TB/s (~0.7 ms)
 #: plus launches (~2.3 ms) ≈ 3 ms; per_node_ms ≈ 0.03 ms (~790 bf16 TFLOP/s peak, ~25% achieved).
 PROFILES: dict[str, CostModel] = {
     "qwen3-30b-a3b-pcie4": CostModel(6.0, 0.1, round(_h2d_ms(QWEN3_30B_A3B_EXPERT_BYTES, 24.0), 4),
-                                     name="qwen3-30b-a3b-pcie4"),
+                                     name="qwen3-30b-a3b-pcie4", reference_layers=REFERENCE_LAYERS,
+                                     num_experts=QWEN3_30B_A3B_EXPERTS, draft_level_ms=0.5),
     "qwen3-30b-a3b-h200": CostModel(3.0, 0.03, round(_h2d_ms(QWEN3_30B_A3B_EXPERT_BYTES, 50.0), 4),
-                                    name="qwen3-30b-a3b-h200"),
+                                    name="qwen3-30b-a3b-h200", reference_layers=REFERENCE_LAYERS,
+                                    num_experts=QWEN3_30B_A3B_EXPERTS, draft_level_ms=0.25),
 }
 
 #: The profile the evaluation uses unless told otherwise (the consumer-GPU deployment).

@@ -11,8 +11,10 @@ from pathlib import Path
 import numpy as np
 
 from specfit.core.cost import CostModel
+from specfit.core.coverage import ItemSets, item_ids
 from specfit.core.errors import SpecFitInputError
 from specfit.core.readers import read_text
+from specfit.core.io import atomic_write_text
 from specfit.core.tree import DraftTree
 
 _REQUIRED = ("parents", "path_prob", "num_experts", "experts", "cost")
@@ -27,6 +29,39 @@ def _check_budget(name: str, value, low: int, why: str) -> int | None:
             isinstance(value, float) and value.is_integer()) or value < low:
         raise SpecFitInputError(name, f"must be an integer >= {low} ({why}), got {value!r}")
     return int(value)
+
+
+def cache_mask(cached, num_layers: int, num_experts: int) -> np.ndarray:
+    """The expert cache as a bool mask from one list of cached expert ids per MoE layer.
+
+    Parameters
+    ----------
+    cached : list of list of int
+        ``cached[l]``: ids of the experts of layer l resident on the device (the instance JSON's
+        ``cache``, SPECFIT.md §4).
+    num_layers, num_experts : int
+
+    Returns
+    -------
+    numpy.ndarray of bool, shape (num_layers, num_experts)
+
+    Raises
+    ------
+    SpecFitInputError
+        Field ``cache`` (not one list per layer) or ``cache[l]`` (not integers, id out of range).
+    """
+    if not isinstance(cached, (list, tuple)) or len(cached) != num_layers:
+        raise SpecFitInputError("cache", f"must be a list with one list of expert ids per layer ({num_layers})")
+    mask = np.zeros((num_layers, num_experts), dtype=bool)
+    for l, ids in enumerate(cached):
+        if not isinstance(ids, (list, tuple)) or not all(
+                isinstance(e, (int, np.integer)) and not isinstance(e, bool) for e in ids):
+            raise SpecFitInputError(f"cache[{l}]", "must be a list of integer expert ids")
+        bad = [e for e in ids if not 0 <= e < num_experts]
+        if bad:
+            raise SpecFitInputError(f"cache[{l}]", f"expert id {bad[0]} is out of range [0, {num_experts})")
+        mask[l, list(ids)] = True
+    return mask
 
 
 @dataclass(frozen=True, eq=False)
@@ -73,7 +108,7 @@ class Instance:
                                          "uncached experts per layer"))
         self.cost.per_expert_array(L)  # validates a per-layer list against L
         if self.max_new_experts_per_layer is not None and L:
-            root_new = self.new_experts_per_layer([0])
+            root_new = self.items.new_per_layer([0])
             if root_new.max() > self.max_new_experts_per_layer:
                 l = int(root_new.argmax())
                 raise SpecFitInputError("max_new_experts_per_layer",
@@ -98,36 +133,22 @@ class Instance:
         return self.max_nodes is not None or self.max_new_experts_per_layer is not None
 
     # --- items: (layer, expert) pairs a node needs and the cache lacks ------------------------
-    @cached_property
-    def need_mask(self) -> np.ndarray:
-        """Bool array of shape (n, L * num_experts): ``need_mask[v, l * num_experts + e]`` is True
-        iff node v is predicted to route to expert e in layer l and the cache lacks it (an *item*)."""
-        n, L, E = self.n, self.num_layers, self.num_experts
-        mask = np.zeros((n, L * E), dtype=bool)
-        if L:
-            ids = self.tree.experts + (np.arange(L, dtype=np.int64) * E)[None, :, None]
-            mask[np.repeat(np.arange(n), ids.shape[1] * ids.shape[2]), ids.reshape(-1)] = True
-            mask &= ~self.cache.reshape(1, -1)
-        return mask
+    @property
+    def items(self) -> ItemSets:
+        """The tree's coverage accounting against this instance's cache (:meth:`DraftTree.items`):
+        per-node bitsets of the *items* ``l * num_experts + e`` a node needs and the cache lacks."""
+        return self.tree.items(self.cache)
 
     @cached_property
     def node_items(self) -> list[np.ndarray]:
         """``node_items[v]``: sorted item ids ``l * num_experts + e`` that node v needs and the
-        cache lacks (int64 arrays); the rows of :attr:`need_mask` as index lists."""
-        return [np.flatnonzero(row) for row in self.need_mask]
+        cache lacks (int64 arrays), unpacked from :attr:`items`."""
+        return [item_ids(bits, self.num_layers * self.num_experts) for bits in self.items.need]
 
     @cached_property
     def item_weight(self) -> np.ndarray:
         """Transfer time of each item id ``l * num_experts + e`` in ms, float64 of shape (L * num_experts,)."""
         return np.repeat(self.cost.per_expert_array(self.num_layers), self.num_experts)
-
-    def new_experts_per_layer(self, nodes) -> np.ndarray:
-        """``|(union_{v in nodes} E[v][l]) \\ C[l]|`` for each layer l; int64 of shape (L,)."""
-        L = self.num_layers
-        if L == 0:
-            return np.zeros(0, dtype=np.int64)
-        union = self.need_mask[np.asarray(list(nodes), dtype=np.int64)].any(axis=0)
-        return union.reshape(L, self.num_experts).sum(axis=1).astype(np.int64)
 
     # --- JSON ---------------------------------------------------------------------------------
     @classmethod
@@ -168,19 +189,7 @@ class Instance:
         tree = DraftTree(obj["parents"], path_prob=obj["path_prob"], tokens=obj.get("tokens"), experts=arr,
                          num_experts=ne)
         cost = CostModel.from_json(obj["cost"])
-        cache = None
-        if obj.get("cache") is not None:
-            raw = obj["cache"]
-            if not isinstance(raw, list) or len(raw) != tree.num_layers:
-                raise SpecFitInputError("cache", f"must be a list with one list of expert ids per layer ({tree.num_layers})")
-            cache = np.zeros((tree.num_layers, ne), dtype=bool)
-            for l, ids in enumerate(raw):
-                if not isinstance(ids, list) or not all(isinstance(e, int) and not isinstance(e, bool) for e in ids):
-                    raise SpecFitInputError(f"cache[{l}]", "must be a list of integer expert ids")
-                bad = [e for e in ids if not 0 <= e < ne]
-                if bad:
-                    raise SpecFitInputError(f"cache[{l}]", f"expert id {bad[0]} is out of range [0, {ne})")
-                cache[l, ids] = True
+        cache = None if obj.get("cache") is None else cache_mask(obj["cache"], tree.num_layers, ne)
         return cls(tree, cost, cache, obj.get("max_nodes"), obj.get("max_new_experts_per_layer"))
 
     def to_json(self) -> dict:
@@ -220,8 +229,5 @@ def load_instance(path: str | Path) -> Instance:
 
 def save_instance(instance: Instance, path: str | Path) -> None:
     """Write an instance JSON file atomically (temporary file, then rename)."""
-    p = Path(path)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps(instance.to_json()))
-    tmp.replace(p)
+    atomic_write_text(path, json.dumps(instance.to_json()))
 

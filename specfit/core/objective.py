@@ -56,7 +56,7 @@ def expected_tokens(instance: Instance, nodes: Iterable[int]) -> float:
 def predicted_ms(instance: Instance, nodes: Iterable[int]) -> float:
     """T(S): predicted cycle time in ms, counting each uncached expert once per layer."""
     s = _check_nodes(instance, nodes)
-    return instance.cost.cycle_ms(len(s), instance.new_experts_per_layer(s))
+    return instance.cost.cycle_ms(len(s), instance.items.new_per_layer(s))
 
 
 def evaluate(instance: Instance, nodes: Iterable[int]) -> Evaluation:
@@ -69,7 +69,7 @@ def evaluate(instance: Instance, nodes: Iterable[int]) -> Evaluation:
     """
     s = _check_nodes(instance, nodes)
     a = 1.0 + float(instance.tree.path_prob[list(s[1:])].sum()) if len(s) > 1 else 1.0
-    new = instance.new_experts_per_layer(s)
+    new = instance.items.new_per_layer(s)
     t = instance.cost.cycle_ms(len(s), new)
     return Evaluation(s, a, t, 1000.0 * a / t if t > 0 else float("inf"), new)
 
@@ -80,5 +80,5 @@ def within_budget(instance: Instance, nodes: Iterable[int]) -> bool:
     if instance.max_nodes is not None and len(s) > instance.max_nodes:
         return False
     if instance.max_new_experts_per_layer is not None and instance.num_layers:
-        return bool(instance.new_experts_per_layer(s).max() <= instance.max_new_experts_per_layer)
+        return bool(instance.items.new_per_layer(s).max() <= instance.max_new_experts_per_layer)
     return True

@@ -1,8 +1,12 @@
 """Draft trees: the rooted trees of candidate tokens that speculative decoding verifies.
 
-A :class:`DraftTree` stores the tree as a networkx ``DiGraph`` (edges parent → child) with the
-node data the rest of SpecFit needs, and exposes derived array views (parents, depth, ancestor
-mask, position ids) computed once.
+A :class:`DraftTree` stores the tree as numpy arrays indexed by node id (parents, path
+probabilities, tokens, predicted experts), grows level by level as the drafter drafts
+(:meth:`DraftTree.add_level`), owns the coverage accounting of its nodes against the expert cache
+(:meth:`DraftTree.items`, :mod:`specfit.core.coverage`) and exposes derived views (depth, children,
+ancestor mask) computed once per size. networkx is the interchange format, not the storage:
+:meth:`DraftTree.from_networkx` / :meth:`DraftTree.to_networkx` convert from and to a ``DiGraph``
+(edges parent → child, node attributes ``token``, ``path_prob``, ``experts``).
 
 Conventions (SPECFIT.md §2): node 0 is the root, the last committed token, always verified;
 nodes are numbered in topological order, ``parents[i] < i`` and ``parents[0] = -1``.
@@ -13,18 +17,22 @@ path, ``P_root = 1`` (EAGLE-2, Li et al. 2024, §4 keeps ``log P`` as the node "
 from __future__ import annotations
 
 from functools import cached_property
+import re
 from typing import Iterable, Sequence
 
 import networkx as nx
 import numpy as np
 
+from specfit.core.coverage import ItemSets
 from specfit.core.errors import SpecFitInputError
 
 #: Slack allowed when checking that path probabilities do not increase along a path.
 PROB_TOL = 1e-9
 
 
-def _as_int_array(values, field: str, ndim: int) -> np.ndarray:
+def _as_int_array(values, field: str, ndim: int, copy: bool = True) -> np.ndarray:
+    if isinstance(values, np.ndarray) and values.dtype == np.int64 and values.ndim == ndim:
+        return values.copy() if copy else values  # already the internal form: no checks to repeat
     try:
         arr = np.asarray(values)
     except ValueError as exc:  # numpy refuses ragged nested lists
@@ -50,6 +58,8 @@ def _as_prob_array(values, field: str, n: int) -> np.ndarray:
         raise SpecFitInputError(field, "must be a list of numbers") from None
     if arr.shape != (n,):
         raise SpecFitInputError(field, f"must have one entry per node ({n}), got shape {arr.shape}")
+    if ((arr >= 0.0) & (arr <= 1.0)).all():  # the common case: one pass (NaN fails both comparisons)
+        return arr
     bad = np.flatnonzero(~np.isfinite(arr))
     if bad.size:
         raise SpecFitInputError(f"{field}[{bad[0]}]", "must be finite (got NaN or infinity)")
@@ -84,8 +94,36 @@ def validate_parents(parents) -> np.ndarray:
     return arr
 
 
+def _check_path_prob(pp: np.ndarray, par: np.ndarray, start: int) -> None:
+    """Path probabilities of nodes ``start..`` must not exceed their parents' (up to :data:`PROB_TOL`)."""
+    idx = np.arange(max(start, 1), pp.shape[0])
+    up = idx[pp[idx] > pp[par[idx]] + PROB_TOL]
+    if up.size:
+        i = int(up[0])
+        raise SpecFitInputError(f"path_prob[{i}]", f"must not exceed its parent's ({pp[par[i]]}), got {pp[i]}: "
+                                "path probabilities are products of q <= 1")
+
+
+def _check_experts(experts, n: int, num_experts, start: int = 0) -> np.ndarray:
+    exp = _as_int_array(experts, "experts", 3)
+    if exp.shape[0] != n:
+        raise SpecFitInputError("experts", f"must have one entry per node ({n}), got {exp.shape[0]}")
+    if num_experts is None:
+        raise SpecFitInputError("num_experts", "is required when experts are given")
+    if int(num_experts) < 1:
+        raise SpecFitInputError("num_experts", f"must be >= 1, got {num_experts}")
+    if exp.shape[1] and not exp.shape[2]:
+        raise SpecFitInputError("experts", "each node routes to at least one expert per MoE layer; "
+                                "got empty expert lists")
+    bad = np.argwhere((exp < 0) | (exp >= num_experts))
+    if bad.size:
+        v, l, j = (int(x) for x in bad[0])
+        raise SpecFitInputError(f"experts[{v + start}][{l}]", f"expert id {exp[v, l, j]} is out of range [0, {num_experts})")
+    return exp
+
+
 class DraftTree:
-    """A draft tree of candidate tokens over a networkx ``DiGraph``.
+    """A draft tree of candidate tokens, stored as numpy arrays indexed by node id.
 
     Parameters
     ----------
@@ -114,8 +152,10 @@ class DraftTree:
 
     Notes
     -----
-    Node attributes in :attr:`graph`: ``token``, ``q``, ``path_prob``, ``depth`` and, when given,
-    ``experts`` (int array of shape (L, k)).
+    The tree is mutable in one way only: :meth:`add_level` appends nodes (the engine grows the tree
+    one draft level at a time). Derived views and the coverage accounting follow the growth; an
+    :class:`~specfit.core.instance.Instance` built on the tree sees the tree as it is when read, so
+    do not grow a tree under an instance that is still in use.
     """
 
     def __init__(self, parents: Sequence[int], *, path_prob=None, q=None, tokens=None,
@@ -135,46 +175,136 @@ class DraftTree:
             pp = _as_prob_array(path_prob, "path_prob", n)
             if pp[0] != 1.0:
                 raise SpecFitInputError("path_prob[0]", f"must be 1.0 (the root is always committed), got {pp[0]}")
-            up = np.flatnonzero(pp[1:] > pp[par[1:]] + PROB_TOL) + 1
-            if up.size:
-                i = int(up[0])
-                raise SpecFitInputError(f"path_prob[{i}]", f"must not exceed its parent's ({pp[par[i]]}), got {pp[i]}: "
-                                        "path probabilities are products of q <= 1")
+            _check_path_prob(pp, par, 1)
             # Admitted within PROB_TOL of the parent: clamp to the running minimum so that every
             # consumer (solvers, stop rule, orders by P) sees P non-increasing along paths and any
             # {v : P_v >= t} stays ancestor-closed (SPECFIT.md §3).
             if np.any(pp[1:] > pp[par[1:]]):
                 for i in range(1, n):  # parents precede children: one pass
                     pp[i] = min(pp[i], pp[par[i]])
-            safe = np.where(pp[par[1:]] > 0, pp[par[1:]], 1.0)
-            q_arr = np.concatenate([[1.0], np.where(pp[par[1:]] > 0, pp[1:] / safe, 0.0)])
         tok = None
         if tokens is not None:
             tok = _as_int_array(tokens, "tokens", 1)
             if tok.shape != (n,):
                 raise SpecFitInputError("tokens", f"must have one entry per node ({n}), got {tok.shape[0]}")
-        exp = None
-        if experts is not None:
-            exp = _as_int_array(experts, "experts", 3)
-            if exp.shape[0] != n:
-                raise SpecFitInputError("experts", f"must have one entry per node ({n}), got {exp.shape[0]}")
-            if num_experts is None:
-                raise SpecFitInputError("num_experts", "is required when experts are given")
-            if int(num_experts) < 1:
-                raise SpecFitInputError("num_experts", f"must be >= 1, got {num_experts}")
-            if exp.shape[1] and not exp.shape[2]:
-                raise SpecFitInputError("experts", "each node routes to at least one expert per MoE layer; "
-                                        "got empty expert lists")
-            bad = np.argwhere((exp < 0) | (exp >= num_experts))
-            if bad.size:
-                v, l, j = (int(x) for x in bad[0])
-                raise SpecFitInputError(f"experts[{v}][{l}]", f"expert id {exp[v, l, j]} is out of range [0, {num_experts})")
+        exp = None if experts is None else _check_experts(experts, n, num_experts)
         self._parents = par
         self._path_prob = pp
-        self._q = q_arr
         self._tokens = tok
         self._experts = exp
         self.num_experts = None if num_experts is None else int(num_experts)
+        self._items: ItemSets | None = None
+        #: Node ids added by the last :meth:`add_level` (empty for a tree built in one go).
+        self.last_level: np.ndarray = np.zeros(0, dtype=np.int64)
+        #: The caller's node labels, ``labels[v]`` for node v, when built by :meth:`from_networkx`.
+        self.labels: list | None = None
+
+    # --- growth -----------------------------------------------------------------------------
+    def add_level(self, parents, path_prob, tokens=None, experts=None) -> np.ndarray:
+        """Append one draft level: m new nodes whose parents are already in the tree.
+
+        Parameters
+        ----------
+        parents : sequence of int, shape (m,)
+            Parent ids, each in ``[0, n)`` (n: nodes before the call).
+        path_prob : sequence of float, shape (m,)
+            ``P_v`` of the new nodes, in [0, 1] and at most the parent's.
+        tokens : sequence of int, shape (m,), optional
+            Required iff the tree has tokens.
+        experts : array-like of int, shape (m, L, k), optional
+            Required iff the tree has experts; same L and k, ids in ``[0, num_experts)``.
+
+        Returns
+        -------
+        numpy.ndarray of int64, shape (m,)
+            The new node ids (``n .. n + m - 1``), also :attr:`last_level`.
+
+        Raises
+        ------
+        SpecFitInputError
+            Naming the field (``parents[i]``, ``path_prob[i]``, ``tokens``, ``experts[i][l]`` with i a
+            new node id) and the rule broken.
+        """
+        n = self.n
+        par = _as_int_array(parents, "parents", 1, copy=False)  # concatenated below: a copy anyway
+        m = par.shape[0]
+        ids = np.arange(n, n + m, dtype=np.int64)
+        if m and (par.min() < 0 or par.max() >= n):
+            i = int(np.flatnonzero((par < 0) | (par >= n))[0])
+            raise SpecFitInputError(f"parents[{n + i}]", f"must be an existing node in [0, {n}), got {par[i]}")
+        pp_new = _as_prob_array(path_prob, "path_prob", m)
+        up = pp_new > self._path_prob[par] + PROB_TOL  # parents are existing nodes
+        if up.any():
+            i = int(np.flatnonzero(up)[0])
+            raise SpecFitInputError(f"path_prob[{n + i}]", f"must not exceed its parent's ({self._path_prob[par[i]]}), "
+                                    f"got {pp_new[i]}: path probabilities are products of q <= 1")
+        pp_new = np.minimum(pp_new, self._path_prob[par])  # admitted near-ties: as in __init__
+        if (tokens is None) != (self._tokens is None):
+            raise SpecFitInputError("tokens", "give tokens for a level iff the tree has tokens")
+        if (experts is None) != (self._experts is None):
+            raise SpecFitInputError("experts", "give experts for a level iff the tree has experts")
+        tok = None
+        if tokens is not None:
+            tok = _as_int_array(tokens, "tokens", 1, copy=False)
+            if tok.shape != (m,):
+                raise SpecFitInputError("tokens", f"must have one entry per new node ({m}), got {tok.shape[0]}")
+        exp = None
+        if experts is not None:
+            exp = _check_experts(experts, m, self.num_experts, start=n) if m else self._experts[:0]
+            if exp.shape[1:] != self._experts.shape[1:]:
+                raise SpecFitInputError("experts", f"new nodes must have shape (L, k) = {self._experts.shape[1:]}, "
+                                        f"got {exp.shape[1:]}")
+        self._parents = np.concatenate([self._parents, par])
+        self._path_prob = np.concatenate([self._path_prob, pp_new])
+        if tok is not None:
+            self._tokens = np.concatenate([self._tokens, tok])
+        if exp is not None:
+            self._experts = np.concatenate([self._experts, exp])
+        self._forget_views()
+        if self._items is not None:
+            self._items.extend(par.tolist(), self._item_experts(n))
+        self.last_level = ids
+        self.labels = None
+        return ids
+
+    def set_experts(self, experts) -> None:
+        """Replace the experts of every node (shape (n, L, k), e.g. the true routing for the oracle);
+        the coverage accounting is rebuilt on the next :meth:`items` call.
+
+        Raises
+        ------
+        SpecFitInputError
+            If the shape does not match the tree or an id is out of range.
+        """
+        self._experts = _check_experts(experts, self.n, self.num_experts)
+        self._items = None
+
+    def _forget_views(self) -> None:
+        for name in ("depth", "children", "ancestor_mask"):
+            self.__dict__.pop(name, None)
+
+    def _item_experts(self, start: int = 0) -> np.ndarray:
+        if self._experts is None:
+            return np.zeros((self.n - start, 0, 0), dtype=np.int64)
+        return self._experts[start:]
+
+    # --- coverage accounting ------------------------------------------------------------------
+    def items(self, cache: np.ndarray) -> ItemSets:
+        """The per-node uncached-item bitsets of this tree against ``cache`` (:class:`ItemSets`).
+
+        Computed once for a given cache array (compared by identity) and extended by
+        :meth:`add_level`, so a tree grown level by level is accounted for once.
+
+        Parameters
+        ----------
+        cache : numpy.ndarray of bool, shape (L, num_experts)
+            Do not modify it in place while the tree uses it.
+        """
+        if self._items is None or self._items.cache is not cache:
+            items = ItemSets(cache)
+            items.extend(self._parents.tolist(), self._item_experts())
+            self._items = items
+        return self._items
 
     # --- basic data -------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -197,8 +327,11 @@ class DraftTree:
 
     @property
     def q(self) -> np.ndarray:
-        """Draft probabilities ``q_v = P_v / P_parent(v)``, float64 of shape (n,), ``q_0 = 1``."""
-        return self._q
+        """Draft probabilities ``q_v = P_v / P_parent(v)``, float64 of shape (n,), ``q_0 = 1`` (0 under a
+        parent of probability 0)."""
+        par, pp = self._parents, self._path_prob
+        safe = np.where(pp[par[1:]] > 0, pp[par[1:]], 1.0)
+        return np.concatenate([[1.0], np.where(pp[par[1:]] > 0, pp[1:] / safe, 0.0)])
 
     @property
     def tokens(self) -> np.ndarray | None:
@@ -215,20 +348,7 @@ class DraftTree:
         """L, the number of MoE layers with predicted experts (0 without experts)."""
         return 0 if self._experts is None else int(self._experts.shape[1])
 
-    # --- derived views, computed once ------------------------------------------------------
-    @cached_property
-    def graph(self) -> nx.DiGraph:
-        """The tree as a ``DiGraph`` with edges parent → child and the node attributes above."""
-        g = nx.DiGraph()
-        for v in range(self.n):
-            attrs = {"q": float(self._q[v]), "path_prob": float(self._path_prob[v]), "depth": int(self.depth[v]),
-                     "token": None if self._tokens is None else int(self._tokens[v])}
-            if self._experts is not None:
-                attrs["experts"] = self._experts[v]
-            g.add_node(v, **attrs)
-        g.add_edges_from((int(p), v) for v, p in enumerate(self._parents) if p >= 0)
-        return g
-
+    # --- derived views, computed once per size -------------------------------------------------
     @cached_property
     def depth(self) -> np.ndarray:
         """Depth of each node (root 0), int64 of shape (n,)."""
@@ -258,44 +378,11 @@ class DraftTree:
             m[i, i] = True
         return m
 
-    def position_ids(self, prefix_len: int) -> np.ndarray:
-        """Position ids of the nodes when ``prefix_len`` tokens precede the root in the KV cache.
-
-        The root (the last committed token, not yet in the target's KV cache) sits at
-        ``prefix_len`` and node v at ``prefix_len + depth[v]``; int64, shape (n,). The
-        flattened index is wrong for branching trees (PITFALLS.md, tree attention).
-
-        Raises
-        ------
-        SpecFitInputError
-            If ``prefix_len < 0``.
-        """
-        if prefix_len < 0:
-            raise SpecFitInputError("prefix_len", f"must be >= 0, got {prefix_len}")
-        return prefix_len + self.depth
-
-    def paths(self) -> list[list[int]]:
-        """All root-to-leaf paths, each a list of node ids starting with 0."""
-        out = []
-        for leaf in range(self.n):
-            if not self.children[leaf]:
-                path = [leaf]
-                while path[-1] != 0:
-                    path.append(int(self._parents[path[-1]]))
-                out.append(path[::-1])
-        return out
-
-    def root_path(self, v: int) -> list[int]:
-        """Node ids on the path root → v, inclusive."""
-        path = [int(v)]
-        while path[-1] != 0:
-            path.append(int(self._parents[path[-1]]))
-        return path[::-1]
-
     def is_ancestor_closed(self, nodes: Iterable[int]) -> bool:
         """True iff ``nodes`` contains the root and, with every node, its parent."""
         s = set(int(v) for v in nodes)
-        return 0 in s and all(0 <= v < self.n for v in s) and all(v == 0 or int(self._parents[v]) in s for v in s)
+        n, par = self.n, self._parents
+        return 0 in s and all(0 <= v < n for v in s) and all(v == 0 or int(par[v]) in s for v in s)
 
     def subtree(self, nodes: Iterable[int]) -> tuple["DraftTree", np.ndarray]:
         """Extract the ancestor-closed subtree on ``nodes``.
@@ -315,13 +402,146 @@ class DraftTree:
         keep = np.array(sorted(set(int(v) for v in nodes)), dtype=np.int64)
         if not self.is_ancestor_closed(keep):
             raise SpecFitInputError("nodes", "must be ancestor-closed: contain the root and every node's parent")
-        new_of = {int(o): i for i, o in enumerate(keep)}
-        par = [-1] + [new_of[int(self._parents[o])] for o in keep[1:]]
+        new_of = np.full(self.n, -1, dtype=np.int64)
+        new_of[keep] = np.arange(keep.shape[0])
+        par = np.concatenate([[-1], new_of[self._parents[keep[1:]]]])
         sub = DraftTree(par, path_prob=self._path_prob[keep],
                         tokens=None if self._tokens is None else self._tokens[keep],
                         experts=None if self._experts is None else self._experts[keep],
                         num_experts=self.num_experts)
+        if self.labels is not None:
+            sub.labels = [self.labels[int(o)] for o in keep]
         return sub, keep
+
+    # --- networkx interchange -----------------------------------------------------------------
+    def to_networkx(self) -> nx.DiGraph:
+        """The tree as a ``DiGraph`` with edges parent → child.
+
+        Nodes are :attr:`labels` when the tree came from :meth:`from_networkx`, else the ids 0..n-1.
+        Node attributes: ``path_prob`` (float), ``token`` (int, when the tree has tokens) and
+        ``experts`` (when it has experts: ``experts[l]`` is the list of expert ids of MoE layer l).
+        Graph attribute ``num_experts`` when known. ``DraftTree.from_networkx(t.to_networkx())``
+        gives back the same arrays.
+        """
+        label = self.labels if self.labels is not None else list(range(self.n))
+        g = nx.DiGraph()
+        if self.num_experts is not None:
+            g.graph["num_experts"] = self.num_experts
+        for v in range(self.n):
+            attrs = {"path_prob": float(self._path_prob[v])}
+            if self._tokens is not None:
+                attrs["token"] = int(self._tokens[v])
+            if self._experts is not None:
+                attrs["experts"] = self._experts[v].tolist()
+            g.add_node(label[v], **attrs)
+        g.add_edges_from((label[int(p)], label[v]) for v, p in enumerate(self._parents) if p >= 0)
+        return g
+
+    @classmethod
+    def from_networkx(cls, graph: nx.DiGraph, num_experts: int | None = None) -> "DraftTree":
+        """Build a draft tree from a networkx ``DiGraph`` (edges parent → child).
+
+        Parameters
+        ----------
+        graph : networkx.DiGraph
+            A rooted tree; node labels may be any hashable. Node attributes: ``path_prob`` (float in
+            [0, 1], 1 at the root, required), ``token`` (int; on every node or on none), ``experts``
+            (on every node or on none: ``experts[l]`` is the list of the k expert ids the node routes
+            to in MoE layer l, the same L and k on every node).
+        num_experts : int, optional
+            Experts per MoE layer; default ``graph.graph["num_experts"]``; required with experts.
+
+        Returns
+        -------
+        DraftTree
+            Nodes numbered breadth-first from the root (children in the graph's order), so parents
+            precede children; :attr:`labels` maps each node id back to the graph's label.
+
+        Raises
+        ------
+        SpecFitInputError
+            Field ``graph`` if it is not a directed graph, is empty, has a cycle, has no root or
+            several roots, or a node has two parents; ``graph.nodes[<label>].<attribute>`` for a
+            missing or bad node attribute.
+        """
+        if not isinstance(graph, nx.DiGraph) or isinstance(graph, nx.MultiDiGraph):
+            raise SpecFitInputError("graph", f"must be a networkx.DiGraph (edges parent -> child), got "
+                                    f"{type(graph).__name__}")
+        if graph.number_of_nodes() == 0:
+            raise SpecFitInputError("graph", "must contain at least the root")
+        if not nx.is_directed_acyclic_graph(graph):
+            cycle = nx.find_cycle(graph)
+            raise SpecFitInputError("graph", f"must be a tree, found a cycle through node {cycle[0][0]!r}")
+        two = [v for v, d in graph.in_degree() if d > 1]
+        if two:
+            raise SpecFitInputError(f"graph.nodes[{two[0]!r}]", f"has {graph.in_degree(two[0])} parents; "
+                                    "in a draft tree every node but the root has one")
+        roots = [v for v, d in graph.in_degree() if d == 0]
+        if len(roots) != 1:
+            raise SpecFitInputError("graph", f"must have exactly one root (a node without parent), got {len(roots)}: "
+                                    f"{roots[:5]!r}")
+        labels = [roots[0]]
+        parents = [-1]
+        for i in range(graph.number_of_nodes()):
+            for child in graph.successors(labels[i]):
+                labels.append(child)
+                parents.append(i)
+
+        def column(key: str, required: bool) -> list | None:
+            have = [key in graph.nodes[v] for v in labels]
+            if not any(have) and not required:
+                return None
+            if not all(have):
+                v = labels[have.index(False)]
+                rule = "is required" if required else f"is missing: give {key} on every node or on none"
+                raise SpecFitInputError(f"graph.nodes[{v!r}].{key}", rule)
+            return [graph.nodes[v][key] for v in labels]
+
+        pp = column("path_prob", True)
+        for v, p in zip(labels, pp):
+            if isinstance(p, bool) or not isinstance(p, (int, float, np.floating, np.integer)):
+                raise SpecFitInputError(f"graph.nodes[{v!r}].path_prob", f"must be a number in [0, 1], got {p!r}")
+        tokens = column("token", False)
+        experts = column("experts", False)
+        if experts is not None:
+            arrays = [_node_experts(v, e) for v, e in zip(labels, experts)]
+            for v, arr in zip(labels, arrays):
+                if arr.shape != arrays[0].shape:
+                    raise SpecFitInputError(f"graph.nodes[{v!r}].experts", "must be a list of L lists of k expert ids "
+                                            f"(experts[l] for MoE layer l), the same L and k on every node: the "
+                                            f"root's has shape {arrays[0].shape}, this one {arr.shape}")
+            experts = np.stack(arrays)
+        if num_experts is None:
+            num_experts = graph.graph.get("num_experts")
+        try:
+            tree = cls(parents, path_prob=pp, tokens=tokens, experts=experts, num_experts=num_experts)
+        except SpecFitInputError as exc:
+            m = _INDEXED.match(exc.field)
+            if m is None:
+                raise
+            key = {"tokens": "token"}.get(m.group(1), m.group(1))
+            raise SpecFitInputError(f"graph.nodes[{labels[int(m.group(2))]!r}].{key}{m.group(3)}", exc.rule) from None
+        tree.labels = labels
+        return tree
 
     def __repr__(self) -> str:
         return f"DraftTree(n={self.n}, depth={int(self.depth.max())}, layers={self.num_layers})"
+
+
+def _node_experts(label, experts) -> np.ndarray:
+    """One node's ``experts`` attribute as an int array of shape (L, k); ``[]`` means L = 0."""
+    try:
+        arr = np.asarray(experts)
+    except ValueError:  # ragged lists
+        arr = np.zeros(0, dtype=object)
+    if arr.ndim == 1 and arr.size == 0 and arr.dtype != object:
+        arr = arr.reshape(0, 0)
+    if arr.dtype == object or arr.ndim != 2:
+        raise SpecFitInputError(f"graph.nodes[{label!r}].experts", "must be a list of L lists of k expert ids "
+                                "(experts[l] for MoE layer l), the same L and k on every node")
+    return arr
+
+
+#: A per-node field name of a validation error, e.g. ``experts[3][1]``: (array, node, rest).
+_INDEXED = re.compile(r"^(path_prob|tokens|experts)\[(\d+)\](.*)$")
+

@@ -31,13 +31,14 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from specfit.solvers import get_solver
-from specfit.solvers.stop import should_stop
 from specfit.core.cost import CostModel, calibrate
 from specfit.core.errors import SpecFitInputError, check_context, check_positive_int, check_single_sequence, lookup
 from specfit.core.instance import Instance
 from specfit.core.tree import DraftTree
 from specfit.engine.verify import verify_greedy, verify_sampling
+from specfit.solvers import get_solver
+from specfit.solvers.base import solver_class
+from specfit.solvers.stop import should_stop
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ class Method:
     Attributes
     ----------
     name : str
-    draft : bool
+    drafts : bool
         Whether a draft tree is grown (False: plain AR decoding).
     selector : str or None
         Registered solver that picks the verified subtree (``eagle``, ``scan``, ``exact``).
@@ -57,23 +58,46 @@ class Method:
         Feed the selector the target's true routing instead of predicted experts.
     uses_cache : bool
         False for ``eagle3-vanilla``: the target must run with ``cache_slots=0``.
+
+    The properties below say what a method needs; callers test them, never method names.
     """
 
     name: str
-    draft: bool
+    drafts: bool
     selector: str | None
     level_by_level: bool = False
     oracle: bool = False
     uses_cache: bool = True
 
+    @property
+    def cost_aware(self) -> bool:
+        """True iff the selector prices the experts a subtree needs (``Solver.cost_aware``), so the
+        engine needs a cost model and the draft nodes' experts."""
+        return self.selector is not None and solver_class(self.selector).cost_aware
+
+    @property
+    def needs_experts(self) -> bool:
+        """True iff the draft tree carries experts per node (predicted, or the true routing for the oracle)."""
+        return self.drafts and self.cost_aware
+
+    @property
+    def needs_predictor(self) -> bool:
+        """True iff the method predicts the draft nodes' experts with an expert predictor."""
+        return self.needs_experts and not self.oracle
+
+    @property
+    def needs_reference(self) -> bool:
+        """True iff the method needs a reference target for the true routing (the oracle)."""
+        return self.oracle
+
 
 METHODS: dict[str, Method] = {
-    "ar": Method("ar", draft=False, selector=None),
-    "eagle3-vanilla": Method("eagle3-vanilla", draft=True, selector="eagle", uses_cache=False),
-    "eagle3": Method("eagle3", draft=True, selector="eagle"),
-    "eagle3-scan": Method("eagle3-scan", draft=True, selector="scan"),
-    "specfit": Method("specfit", draft=True, selector="exact", level_by_level=True),
-    "oracle": Method("oracle", draft=True, selector="exact", level_by_level=True, oracle=True),
+    "ar": Method("ar", drafts=False, selector=None),
+    "eagle3-vanilla": Method("eagle3-vanilla", drafts=True, selector="eagle", uses_cache=False),
+    "eagle3": Method("eagle3", drafts=True, selector="eagle"),
+    "eagle3-scan": Method("eagle3-scan", drafts=True, selector="scan"),
+    "specfit": Method("specfit", drafts=True, selector="exact", level_by_level=True),
+    "oracle": Method("oracle", drafts=True, selector="exact", level_by_level=True, oracle=True),
 }
 
 
@@ -136,6 +160,10 @@ class CycleRecord:
     compute_ms: float = 0.0
     accept_ms: float = 0.0
 
+    def to_json(self) -> dict:
+        """The record as a JSON object (field name → value)."""
+        return asdict(self)
+
 
 @dataclass
 class Generation:
@@ -155,7 +183,7 @@ class Generation:
 
     def to_json(self) -> dict:
         return {"output_ids": self.output_ids, "wall_s": self.wall_s, "prefill_s": self.prefill_s,
-                "cycles": [asdict(c) for c in self.cycles]}
+                "cycles": [c.to_json() for c in self.cycles]}
 
 
 def _prompt_list(prompt_ids) -> list[int]:
@@ -179,32 +207,6 @@ def _cache_mask(target, num_layers: int, num_experts: int) -> np.ndarray:
 
 def _layer_counts(stats: dict, key: str) -> np.ndarray:
     return np.array([layer[key] for layer in stats["layers"]])
-
-
-class _Tree:
-    """The draft tree grown so far in one cycle: parallel lists indexed by node id (root 0)."""
-
-    def __init__(self, root_token: int, root_experts: np.ndarray | None):
-        self.parents, self.tokens, self.path_prob = [-1], [int(root_token)], [1.0]
-        self.experts = [] if root_experts is None else [root_experts]
-        self.last_level: list[int] = []
-
-    def add_level(self, level, experts: np.ndarray | None) -> None:
-        start = len(self.parents)
-        self.parents += level.parents.tolist()
-        self.tokens += level.tokens.tolist()
-        # EAGLE's float32 products can differ from the parent's by an ulp; keep P non-increasing
-        pp = level.path_prob.double().tolist()
-        self.path_prob += [min(p, self.path_prob[par]) for p, par in zip(pp, level.parents.tolist())]
-        if experts is not None:
-            self.experts += list(experts)
-        self.last_level = list(range(start, len(self.parents)))
-
-    def instance(self, cost: CostModel, cache: np.ndarray, num_experts: int, max_nodes: int | None) -> Instance:
-        experts = np.stack(self.experts) if self.experts else None
-        tree = DraftTree(self.parents, path_prob=self.path_prob, tokens=self.tokens, experts=experts,
-                         num_experts=num_experts if experts is not None else None)
-        return Instance(tree, cost, cache if experts is not None else None, max_nodes=max_nodes)
 
 
 class SpecDecoder:
@@ -255,18 +257,18 @@ class SpecDecoder:
                  calibrate_every: int | None = None):
         self.method = get_method(method) if isinstance(method, str) else method
         m = self.method
-        if m.draft and drafter is None:
+        if m.drafts and drafter is None:
             raise SpecFitInputError("drafter", f"method {m.name} drafts a tree and needs a drafter")
-        if m.selector in ("scan", "exact") and cost is None:
+        if m.cost_aware and cost is None:
             raise SpecFitInputError("cost", f"method {m.name} selects under the cost model and needs one")
-        if m.selector in ("scan", "exact") and not m.oracle and predictor is None:
+        if m.needs_predictor and predictor is None:
             raise SpecFitInputError("predictor", f"method {m.name} needs an expert predictor")
-        if m.oracle and reference is None:
+        if m.needs_reference and reference is None:
             raise SpecFitInputError("reference", "method oracle needs a reference target for the true routing")
         if temperature < 0:
             raise SpecFitInputError("temperature", f"must be >= 0, got {temperature}")
         head_aux, target_aux = getattr(drafter, "aux_layer_ids", None), getattr(target, "aux_layers", None)
-        if m.draft and head_aux is not None and target_aux is not None and tuple(head_aux) != tuple(target_aux):
+        if m.drafts and head_aux is not None and target_aux is not None and tuple(head_aux) != tuple(target_aux):
             raise SpecFitInputError("aux_layers", f"the head reads target features after layers {tuple(head_aux)} "
                                     f"(its aux_layer_ids) but the target returns layers {tuple(target_aux)} (its "
                                     f"aux_layers); load the target with aux_layers={tuple(head_aux)}")
@@ -276,10 +278,8 @@ class SpecDecoder:
         self.seed = seed
         self.generator = torch.Generator().manual_seed(seed)  # moved to the logits' device at first use
         self.solver = None
-        if m.selector == "eagle":
-            self.solver = get_solver("eagle", total_tokens=tree.total_tokens)
-        elif m.selector:
-            self.solver = get_solver(m.selector)
+        if m.selector:  # a selector blind to the cost verifies a fixed-size tree: EAGLE's total_tokens
+            self.solver = get_solver(m.selector, **({} if m.cost_aware else {"total_tokens": tree.total_tokens}))
         self.num_experts = int(target.spec.num_experts)
         self._lam_tokens = 0.0
         self._lam_ms = 0.0
@@ -366,20 +366,20 @@ class SpecDecoder:
 
     def _cycle(self, root: int, drafter_ready: bool):
         m, rec = self.method, CycleRecord()
-        self._ref_full_tree = False
         stats0 = self.target.cache.stats()
-        tree, selection, inst = _Tree(root, None), None, None
-        if m.draft and drafter_ready:
+        tree, selection, items = DraftTree([-1], path_prob=[1.0], tokens=[root]), None, None
+        reference_verified = False  # oracle: did the reference already verify this cycle's tree?
+        if m.drafts and drafter_ready:
             cache = _cache_mask(self.target, len(stats0["layers"]), self.num_experts)
-            tree, selection, inst = self._draft_and_select(root, cache, rec)
+            tree, selection, items = self._draft_and_select(root, cache, rec)
+            reference_verified = m.needs_reference and rec.levels > 0
         # verify the selected subtree in one target forward
         keep = list(selection.nodes) if selection is not None else [0]
-        sub_of = {v: i for i, v in enumerate(keep)}
-        sub_parents = [-1] + [sub_of[tree.parents[v]] for v in keep[1:]]
-        sub_tokens = [tree.tokens[v] for v in keep]
+        sub, _ = tree.subtree(keep)
+        sub_tokens, sub_parents = sub.tokens.tolist(), sub.parents.tolist()
         if selection is not None:
             rec.expected_tokens, rec.predicted_ms = selection.expected_tokens, selection.predicted_ms
-            rec.predicted_new = inst.new_experts_per_layer(keep).tolist()
+            rec.predicted_new = items.new_per_layer(keep).tolist()
         t0 = time.perf_counter()
         out = self.target.verify(torch.tensor(sub_tokens), sub_parents)
         logits = out.logits
@@ -394,7 +394,7 @@ class SpecDecoder:
             acc = verify_greedy(sub_tokens, sub_parents, logits)
         self.target.commit(acc.path)
         if self.reference is not None:
-            if not self._ref_full_tree:  # nothing drafted this cycle: mirror the root-only verify
+            if not reference_verified:  # nothing drafted this cycle: mirror the root-only verify
                 self.reference.verify(torch.tensor(sub_tokens), sub_parents)
             self.reference.commit([keep[v] for v in acc.path])
         rec.accept_ms = (time.perf_counter() - t0) * 1e3
@@ -415,17 +415,27 @@ class SpecDecoder:
         return rec, acc.new_tokens, out.aux_hidden[acc.path], path_tokens
 
     def _draft_and_select(self, root: int, cache: np.ndarray, rec: CycleRecord):
+        """Grow the draft tree level by level and select its verified subtree.
+
+        Returns ``(tree, selection, items)``: the :class:`DraftTree` drafted, the
+        :class:`~specfit.solvers.Selection` and the tree's coverage accounting against ``cache``.
+        """
         m, ts = self.method, self.tree
         rate = None
         if self.rate_mode and self._lam_ms > 0:
             rate = 1000.0 * self._lam_tokens / self._lam_ms
-        need_experts = m.selector in ("scan", "exact")
+        predicted = m.needs_predictor
+        experts_known = m.needs_experts  # predicted, or (oracle) the true routing
         t0 = time.perf_counter()
         root_experts = None
-        if need_experts and not m.oracle:
-            root_experts = self.predictor.predict(np.asarray([root]), None)[0]
+        if predicted:
+            root_experts = self.predictor.predict(np.asarray([root]), None)[:1]
+        elif experts_known:  # oracle: placeholder until the true routing is known
+            root_experts = np.zeros((1, cache.shape[0], int(self.target.spec.top_k)), dtype=np.int64)
         rec.predict_ms += (time.perf_counter() - t0) * 1e3
-        tree = _Tree(root, root_experts)
+        tree = DraftTree([-1], path_prob=[1.0], tokens=[root], experts=root_experts, num_experts=self.num_experts)
+        if not experts_known:  # no expert term: an empty layer axis
+            cache = np.zeros((0, self.num_experts), dtype=bool)
         selection = None
         levels = self.drafter.draft_levels(root, ts.top_k, ts.depth)
         while True:
@@ -437,51 +447,46 @@ class SpecDecoder:
             rec.levels += 1
             t0 = time.perf_counter()
             experts = None
-            if need_experts and not m.oracle:
+            if predicted:
                 hidden = level.hidden.float().cpu().numpy() if level.hidden is not None else None
                 experts = self.predictor.predict(level.tokens.cpu().numpy(), hidden)
-            tree.add_level(level, experts)
+            elif experts_known:
+                experts = np.zeros((len(level.parents),) + tree.experts.shape[1:], dtype=np.int64)
+            parents = level.parents.cpu().numpy().astype(np.int64, copy=False)
+            # EAGLE's float32 products can differ from the parent's by an ulp; keep P non-increasing
+            pp = np.minimum(level.path_prob.double().cpu().numpy(), tree.path_prob[parents])
+            tree.add_level(parents, pp, level.tokens.cpu().numpy().astype(np.int64, copy=False), experts)
             rec.predict_ms += (time.perf_counter() - t0) * 1e3
             if m.oracle:  # outside the timed path
-                tree.experts = list(self._true_routing(tree))
+                tree.set_experts(self._true_routing(tree))
             selection = None
             if m.level_by_level and rec.levels < ts.depth:
                 # The stop rule stops iff P_f <= per_node_ms * R*. R* <= 1000 (1 + sum P) / T(root alone), as
                 # every subtree holds the root; solve only when even that bound lets the rule fire (rate mode
                 # needs no R*).
-                p_f = max(tree.path_prob[v] for v in tree.last_level)
-                bound = 1000.0 * sum(tree.path_prob) / self._root_ms(tree, cache)
+                p_f = float(tree.path_prob[tree.last_level].max())
+                root_ms = self.cost.cycle_ms(1, tree.items(cache).root_new_per_layer)  # built once, then extended
+                bound = 1000.0 * sum(tree.path_prob.tolist()) / root_ms
                 if should_stop(bound, p_f, self.cost, rate):
                     if rate is not None:
                         break
-                    selection, inst = self._select(tree, cache, rate, rec)
+                    selection = self._select(tree, cache, rate, rec)
                     if should_stop(selection.throughput, p_f, self.cost, rate):
                         break
         levels.close()
-        rec.nodes_drafted = len(tree.parents) - 1
+        rec.nodes_drafted = tree.n - 1
         if selection is None:
-            selection, inst = self._select(tree, cache, rate, rec)
-        return tree, selection, inst
+            selection = self._select(tree, cache, rate, rec)
+        return tree, selection, tree.items(cache)
 
-    def _root_ms(self, tree: _Tree, cache: np.ndarray) -> float:
-        """T({root}) in ms: fixed + one node + the root's uncached (predicted or true) experts."""
-        t = self.cost.fixed_ms + self.cost.per_node_ms
-        if tree.experts:
-            per_expert = self.cost.per_expert_array(cache.shape[0])
-            for layer, ids in enumerate(tree.experts[0]):
-                t += per_expert[layer] * int((~cache[layer, np.unique(ids)]).sum())
-        return t
-
-    def _select(self, tree: _Tree, cache: np.ndarray, rate: float | None, rec: CycleRecord):
+    def _select(self, tree: DraftTree, cache: np.ndarray, rate: float | None, rec: CycleRecord):
         t0 = time.perf_counter()
         cost = self.cost if self.cost is not None else CostModel(1.0, 0.0, 0.0)
-        inst = tree.instance(cost, cache, self.num_experts, self.max_nodes)
+        inst = Instance(tree, cost, cache, max_nodes=self.max_nodes)  # the cache the tree's accounting uses
         sel = self.solver.solve(inst, rate=rate)
         rec.solve_ms += (time.perf_counter() - t0) * 1e3
-        return sel, inst
+        return sel
 
-    def _true_routing(self, tree: _Tree) -> np.ndarray:
+    def _true_routing(self, tree: DraftTree) -> np.ndarray:
         """True routing of every drafted node (n, L, k) from the reference target (oracle only)."""
-        out = self.reference.verify(torch.tensor(tree.tokens), tree.parents)
-        self._ref_full_tree = True
-        return out.routing.numpy()
+        return self.reference.verify(torch.tensor(tree.tokens), tree.parents.tolist()).routing.numpy()

@@ -9,11 +9,12 @@ from hypothesis import strategies as st
 
 from specfit.eval import metrics
 from specfit.eval.datasets import load_prompts
-from specfit.eval.modeled import DRAFT_LEVEL_MS, cost_scaling_note, modeled_cycle_ms
-from specfit.eval.report import summarise
-from specfit.eval.run import append_result, read_results
-from specfit.core.cost import CostModel, PROFILES, get_profile
+from specfit.core.cost import PROFILES, CostModel, get_profile
 from specfit.core.errors import SpecFitInputError
+from specfit.engine import CycleRecord
+from specfit.eval.modeled import cost_scaling_note, modeled_cycle_ms
+from specfit.eval.records import ResultRecord, SummaryRow, append_result, read_results
+from specfit.eval.report import summarise
 
 
 def test_tau_counts_the_bonus_token():
@@ -77,29 +78,34 @@ def test_rouge_and_ptb_detokenisation():
 
 
 def test_modeled_cycle_ms_by_hand():
-    cost = CostModel(6.0, 0.1, 0.4).for_layers(4)  # per_expert_ms 0.4 * 48/4 = 4.8
-    cycle = {"nodes_verified": 5, "transferred": [1, 0, 2, 0], "levels": 3, "predict_ms": 0.2, "solve_ms": 0.3}
-    got = modeled_cycle_ms(cycle, cost, 0.5)
+    cost = CostModel(6.0, 0.1, 0.4, draft_level_ms=0.5).for_layers(4)  # per_expert_ms 0.4 * 48/4 = 4.8
+    cycle = CycleRecord(nodes_verified=5, transferred=[1, 0, 2, 0], levels=3, predict_ms=0.2, solve_ms=0.3)
+    got = modeled_cycle_ms(cycle, cost)
     assert got["compute_ms"] == pytest.approx(6.0 + 0.5)
     assert got["transfer_ms"] == pytest.approx(3 * 4.8)
     assert got["draft_ms"] == pytest.approx(1.5) and got["host_ms"] == pytest.approx(0.5)
     assert got["total_ms"] == pytest.approx(6.5 + 14.4 + 1.5 + 0.5)
+    with pytest.raises(SpecFitInputError, match="draft_level_ms"):
+        modeled_cycle_ms(cycle, CostModel(6.0, 0.1, 0.4))
 
 
 def test_every_profile_has_a_draft_level_time_and_the_note_states_the_scaling():
-    assert set(DRAFT_LEVEL_MS) == set(PROFILES)
+    assert all(p.draft_level_ms > 0 and p.reference_layers == 48 for p in PROFILES.values())
+    assert all(p.for_layers(6).draft_level_ms == p.draft_level_ms for p in PROFILES.values())
     assert "48/6 = 8.00" in cost_scaling_note(6, "qwen3-30b-a3b-pcie4")
     assert "as they are" in cost_scaling_note(48, "qwen3-30b-a3b-h200")
     get_profile("qwen3-30b-a3b-h200")
 
 
 def _rec(method, pid, out, accepts, wall_s, modeled_ms, transferred, looked_up, nodes):
-    return {"id": pid, "dataset": "d", "method": method, "output_ids": out, "new_tokens": len(out),
-            "committed": sum(a + 1 for a in accepts), "accept_lengths": accepts, "nodes_verified": nodes,
-            "wall_s": wall_s, "modeled_ms": modeled_ms, "experts_transferred": transferred,
-            "experts_looked_up": looked_up, "measured_ms": {"solve": 1.0 if method == "specfit" else 0.0},
-            "modeled": {"compute_ms": modeled_ms / 2, "transfer_ms": modeled_ms / 2, "draft_ms": 0.0, "host_ms": 0.0},
-            "score": {}}
+    return ResultRecord(
+        id=pid, dataset="d", method=method, task="none", prompt_tokens=3, output_ids=out, text="",
+        new_tokens=len(out), committed=sum(a + 1 for a in accepts), cycles=len(accepts), accept_lengths=accepts,
+        nodes_verified=nodes, levels=[0] * len(accepts), wall_s=wall_s, prefill_s=0.0, modeled_ms=modeled_ms,
+        modeled={"compute_ms": modeled_ms / 2, "transfer_ms": modeled_ms / 2, "draft_ms": 0.0, "host_ms": 0.0},
+        experts_transferred=transferred, experts_looked_up=looked_up,
+        experts_predicted_new=transferred // 2 if method == "specfit" else 0,
+        measured_ms={"solve": 1.0 if method == "specfit" else 0.0}, score={})
 
 
 def test_summary_rows_on_a_hand_made_trace():
@@ -124,18 +130,36 @@ def test_summary_rows_on_a_hand_made_trace():
     assert eagle["acceptance_by_depth"] == [1.0, 0.0, 0.0] and spec["acceptance_by_depth"] == [1.0, 1.0, 1.0]
     sampled = {r["method"]: r for r in summarise(recs, depth=3, temperature=0.7)}
     assert sampled["specfit"]["equal_to_ar"] is None  # outputs are compared under greedy decoding only
+    # the predictor's count is reported for methods with an expert predictor only (Method.needs_predictor)
+    assert spec.predicted_vs_transferred == 0.5 and eagle.predicted_vs_transferred is None
+    # one schema: a row survives its JSON form
+    assert SummaryRow.from_json(json.loads(json.dumps(spec.to_json()))) == spec
+
+
+def test_result_record_json_round_trip_and_missing_field(tmp_path):
+    rec = _rec("eagle3", "p", [1, 2], [1], 1.0, 10.0, 4, 8, [3])
+    path = tmp_path / "results.jsonl"
+    with open(path, "a") as f:
+        append_result(f, rec)
+    assert read_results(path) == [rec]
+    obj = rec.to_json()
+    del obj["wall_s"]
+    path.write_text(json.dumps(obj) + "\n")
+    with pytest.raises(SpecFitInputError) as err:
+        read_results(path)
+    assert err.value.field == "results.jsonl line 1.wall_s"
 
 
 def test_read_results_ignores_and_repairs_a_torn_last_line(tmp_path):
     path = tmp_path / "results.jsonl"
     with open(path, "a") as f:
-        append_result(f, {"id": "a"})
-        append_result(f, {"id": "b"})
+        append_result(f, _rec("ar", "a", [1], [0], 1.0, 1.0, 0, 0, [1]))
+        append_result(f, _rec("ar", "b", [1], [0], 1.0, 1.0, 0, 0, [1]))
     whole = path.read_bytes()
     path.write_bytes(whole + b'{"id": "c", "outp')
-    assert [r["id"] for r in read_results(path)] == ["a", "b"]
+    assert [r.id for r in read_results(path)] == ["a", "b"]
     assert path.read_bytes() != whole  # not repaired unless asked
-    assert [r["id"] for r in read_results(path, repair=True)] == ["a", "b"]
+    assert [r.id for r in read_results(path, repair=True)] == ["a", "b"]
     assert path.read_bytes() == whole
     path.write_bytes(whole + b"not json\n")
     with pytest.raises(SpecFitInputError, match="results.jsonl"):
@@ -185,9 +209,9 @@ def test_unknown_dataset_and_bad_limit():
 
 def test_task_metric_of_a_mixed_dataset():
     recs = [_rec("ar", str(i), [1], [0], 1.0, 10.0, 1, 1, [1]) for i in range(3)]
-    recs[0]["score"] = {"correct": True}
-    recs[1]["score"] = {"correct": False}
-    recs[2]["score"] = {"rouge1": 0.5, "rouge2": 0.25, "rougeL": 0.4}
+    recs[0].score = {"correct": True}
+    recs[1].score = {"correct": False}
+    recs[2].score = {"rouge1": 0.5, "rouge2": 0.25, "rougeL": 0.4}
     row = summarise(recs, depth=2, temperature=0.0)[0]
     assert row["task"] == {"accuracy": 0.5, "rouge1": 0.5, "rouge2": 0.25, "rougeL": 0.4}
     assert row["task_metric"] == "acc 0.500, R-L 0.400"

@@ -12,7 +12,7 @@ from specfit.models.proxy.data import gsm8k, gsm8k_prompt
 from specfit.models.proxy.evaluate import greedy_tau, select_tree
 from specfit.models.proxy.train_head import draft_vocabulary
 
-torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ import shutil
 
 import pytest
 import torch
-from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from specfit.eval.run import EvalConfig, read_results
 from specfit.models.eagle3 import Eagle3Config, Eagle3Head, save_eagle3
@@ -23,19 +22,12 @@ ROW_KEYS = {"dataset", "method", "tau", "tokens_per_s", "modeled_tokens_per_s", 
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+def tiny(tmp_path_factory, tiny_checkpoint):
     """A 3-layer random Qwen3-MoE target with the proxy's tokenizer and a random EAGLE-3 head."""
-    torch.manual_seed(0)
     root = tmp_path_factory.mktemp("eval_models")
     vocab = 4096  # the proxy tokenizer's vocabulary
-    cfg = Qwen3MoeConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
-                         num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=16,
-                         num_experts_per_tok=4, norm_topk_prob=True, max_position_embeddings=2048,
-                         tie_word_embeddings=False, eos_token_id=0)
-    model = Qwen3MoeForCausalLM(cfg).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(8.0)
-    model.save_pretrained(root / "target")
+    tiny_checkpoint(root / "target", vocab_size=vocab, layers=3, experts=16, top_k=4, intermediate_size=64,
+                    max_position_embeddings=2048, tie_word_embeddings=False, eos_token_id=0, sharpen=8.0)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(proxy_paths()["target"] / name, root / "target" / name)
     head = Eagle3Head(Eagle3Config(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
@@ -72,7 +64,7 @@ def test_files_and_schema(first_run):
     n_methods = len(METHODS.split(","))
     assert len(recs) == 2 * n_methods
     for r in recs:
-        assert RECORD_KEYS <= set(r)
+        assert RECORD_KEYS <= set(r.to_json())
         assert r["new_tokens"] == len(r["output_ids"]) <= 6
         assert len(r["accept_lengths"]) == r["cycles"] >= 1
         assert r["modeled_ms"] > 0 and r["wall_s"] > 0

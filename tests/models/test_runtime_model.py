@@ -21,7 +21,7 @@ from specfit.models.qwen3_moe import CheckpointError, OffloadedQwen3Moe, default
 from specfit.cli import main as cli_main
 from specfit.core.errors import SpecFitInputError
 
-torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 ATOL = 1e-4
 VOCAB = 96
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specfit.solvers import exact as exact_mod
-from specfit.solvers.coverage import coverage
+from specfit.core.coverage import coverage
 from specfit.core.cost import CostModel
 from specfit.core.instance import Instance
 from specfit.core.objective import evaluate

@@ -5,18 +5,16 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from specfit.eval.predictors import VARIANTS, main
 from specfit.models.traces import RoutingTrace
 from specfit.core.errors import SpecFitInputError
-from test_predictors import tiny_checkpoint
 
-torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def tiny_ckpt(tmp_path_factory):
+def tiny_ckpt(tmp_path_factory, tiny_checkpoint):
     path = tmp_path_factory.mktemp("tiny_ckpt")
     tiny_checkpoint(path, vocab_size=256)
     return path

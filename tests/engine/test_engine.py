@@ -6,7 +6,6 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from specfit.models.qwen3_moe import OffloadedQwen3Moe
 from specfit.core.cost import CostModel
@@ -17,17 +16,10 @@ VOCAB, LAYERS, EXPERTS, TOP_K = 96, 3, 16, 4
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    torch.manual_seed(0)
-    cfg = Qwen3MoeConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
-                         num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                         num_experts=EXPERTS, num_experts_per_tok=TOP_K, norm_topk_prob=True,
-                         max_position_embeddings=512, tie_word_embeddings=False)
-    model = Qwen3MoeForCausalLM(cfg).eval()
-    with torch.no_grad():  # sharpen the output so greedy text is not a constant token
-        model.lm_head.weight.mul_(8.0)
+def ckpt(tmp_path_factory, tiny_checkpoint):
     path = tmp_path_factory.mktemp("engine") / "target"
-    model.save_pretrained(path)
+    tiny_checkpoint(path, vocab_size=VOCAB, layers=LAYERS, experts=EXPERTS, top_k=TOP_K, intermediate_size=64,
+                    max_position_embeddings=512, tie_word_embeddings=False, sharpen=8.0)
     return path
 
 
@@ -102,7 +94,7 @@ PROMPTS = [[5, 17, 33, 2], [60, 61, 62, 63, 1, 9], [7]]
 def decoder(ckpt, method, drafter, **kw):
     m = get_method(method)
     target = load(ckpt, slots=4 if m.uses_cache else 0)
-    ref = load(ckpt, slots="all") if m.oracle else None
+    ref = load(ckpt, slots="all") if m.needs_reference else None
     return SpecDecoder(target, drafter, m, cost=COST, predictor=FixedPredictor(), reference=ref, **kw)
 
 

@@ -31,8 +31,6 @@ def test_depth_children_paths():
     t = DraftTree(PARENTS, q=Q)
     assert t.depth.tolist() == [0, 1, 1, 2, 2, 2]
     assert t.children == [[1, 2], [3, 4], [5], [], [], []]
-    assert t.paths() == [[0, 1, 3], [0, 1, 4], [0, 2, 5]]
-    assert t.root_path(5) == [0, 2, 5]
 
 
 def test_ancestor_mask_matches_networkx_ancestors():
@@ -40,25 +38,8 @@ def test_ancestor_mask_matches_networkx_ancestors():
     parents = [-1] + [int(rng.integers(0, i)) for i in range(1, 30)]
     t = DraftTree(parents, q=rng.uniform(size=30))
     for i in range(30):
-        expected = nx.ancestors(t.graph, i) | {i}
+        expected = nx.ancestors(t.to_networkx(), i) | {i}
         assert set(np.flatnonzero(t.ancestor_mask[i]).tolist()) == expected
-
-
-def test_position_ids_are_prefix_plus_depth_not_flat_index():
-    t = DraftTree(PARENTS, q=Q)
-    assert t.position_ids(10).tolist() == [10, 11, 11, 12, 12, 12]
-    with pytest.raises(SpecFitInputError, match="prefix_len"):
-        t.position_ids(-1)
-
-
-def test_graph_carries_node_data():
-    exp = np.arange(6 * 2 * 2).reshape(6, 2, 2) % 7
-    t = DraftTree(PARENTS, q=Q, tokens=[5, 6, 7, 8, 9, 10], experts=exp, num_experts=7)
-    g = t.graph
-    assert sorted(g.edges) == [(0, 1), (0, 2), (1, 3), (1, 4), (2, 5)]
-    assert g.nodes[4]["token"] == 9 and g.nodes[4]["depth"] == 2
-    assert g.nodes[4]["path_prob"] == pytest.approx(0.15)
-    assert g.nodes[4]["experts"].tolist() == exp[4].tolist()
 
 
 def test_subtree_renumbers_and_keeps_data():
@@ -94,4 +75,4 @@ def test_instance_without_layers_has_no_expert_term():
     inst = Instance.from_json({"parents": [-1, 0], "path_prob": [1.0, 0.5], "num_experts": 4,
                                "experts": [[], []], "cost": {"fixed_ms": 1, "per_node_ms": 0, "per_expert_ms": 1}})
     assert inst.num_layers == 0
-    assert inst.new_experts_per_layer([0, 1]).tolist() == []
+    assert inst.items.new_per_layer([0, 1]).tolist() == []

@@ -19,7 +19,7 @@ from specfit.models.predictors import (FrequencyPredictor, ProbePredictor, Recen
 from specfit.models.traces import RoutingTrace
 from specfit.core.errors import SpecFitInputError
 
-torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 L, E, K, V, HD = 3, 16, 2, 24, 6
 
 
@@ -277,20 +277,8 @@ def test_predictor_bad_input(call, field):
 
 
 # -- recording on the offloaded runtime ---------------------------------------------------------------
-def tiny_checkpoint(path, vocab_size: int = 64):
-    """Save a tiny random Qwen3-MoE (4 layers, 8 experts, top-2) with transformers; returns its config."""
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-
-    torch.manual_seed(0)
-    cfg = Qwen3MoeConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=40, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, moe_intermediate_size=16,
-                         num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, max_position_embeddings=128)
-    Qwen3MoeForCausalLM(cfg).save_pretrained(path)
-    return cfg
-
-
 @pytest.fixture(scope="module")
-def tiny_target(tmp_path_factory):
+def tiny_target(tmp_path_factory, tiny_checkpoint):
     from specfit.models.qwen3_moe import OffloadedQwen3Moe
 
     path = tmp_path_factory.mktemp("tiny_target")

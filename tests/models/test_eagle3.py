@@ -19,7 +19,7 @@ from specfit.models.eagle3 import (
 )
 from specfit.core.errors import SpecFitInputError
 
-torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 CFG = Eagle3Config(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
                    head_dim=8, vocab_size=50, draft_vocab_size=40, target_hidden_size=24, aux_layer_ids=(1, 2, 4))

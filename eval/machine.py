@@ -1,0 +1,60 @@
+"""Where a number was measured: the one reader of machine and library information for every report."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+from pathlib import Path
+
+
+def cpu_model() -> str:
+    """The CPU model name (``/proc/cpuinfo`` on Linux, else :func:`platform.processor`)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine(one_core: bool | None = None, device: str | None = None) -> dict:
+    """The machine, the libraries and the time a measurement was taken.
+
+    Parameters
+    ----------
+    one_core : bool, optional
+        Whether the timed process was pinned to one core (recorded as ``pinned_to_one_core``).
+    device : str, optional
+        The run's compute device; ``gpu`` names *that* device's model (None on the CPU).
+
+    Returns
+    -------
+    dict
+        ``cpu`` (model), ``cpu_count`` (logical cores), ``platform``, ``python``, ``numpy``,
+        ``torch`` and ``torch_threads`` (when torch is imported), ``gpu`` (the model of
+        ``device`` when it is a CUDA device, else None), ``ortools`` (when installed), ``date_utc``, and ``pinned_to_one_core`` if given.
+    """
+    import sys
+
+    import numpy as np
+
+    info = {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "platform": platform.platform(),
+            "python": platform.python_version(), "numpy": np.__version__}
+    torch = sys.modules.get("torch")  # torch-free reports (compare-solvers) do not import it for this
+    if torch is not None:
+        from specfit.models.devices import device_name
+
+        info.update(torch=torch.__version__, torch_threads=torch.get_num_threads(),
+                    gpu=device_name(device) if device is not None else None)
+    try:
+        import ortools
+
+        info["ortools"] = ortools.__version__
+    except ImportError:
+        pass
+    if one_core is not None:
+        info["pinned_to_one_core"] = one_core
+    info["date_utc"] = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return info

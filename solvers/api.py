@@ -1,0 +1,97 @@
+"""The public entry point: select the verified subtree of a draft tree given as a networkx DAG.
+
+``select`` is what a user of the library calls (re-exported as ``specfit.select``): it takes the
+draft tree in the interchange form of the design card — a networkx ``DiGraph`` whose nodes carry
+``path_prob`` and ``experts`` (docs/SPECFIT.md §2) — or a :class:`~specfit.core.tree.DraftTree`, a
+cost model or a named hardware profile, and the expert cache as lists of ids; it builds the
+:class:`~specfit.core.instance.Instance` (numpy arrays inside) and runs a registered solver.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import networkx as nx
+
+from specfit.core.cost import CostModel, get_profile
+from specfit.core.errors import SpecFitInputError
+from specfit.core.instance import Instance, cache_mask
+from specfit.core.tree import DraftTree
+from specfit.solvers.base import Selection, get_solver
+
+
+def select(tree, cost, cache=None, *, solver: str = "exact", num_experts: int | None = None,
+           max_nodes: int | None = None, max_new_experts_per_layer: int | None = None,
+           rate: float | None = None) -> Selection:
+    """Select the subtree of a draft tree to verify: maximise ``A(S) / T(S)`` (or ``A - λT``).
+
+    Parameters
+    ----------
+    tree : networkx.DiGraph or DraftTree
+        The draft tree. A ``DiGraph`` has edges parent → child and node attributes ``path_prob``
+        (float in [0, 1], 1 at the root, non-increasing along paths), ``experts`` (``experts[l]``:
+        the k expert ids the node is predicted to route to in MoE layer l; optional — without it
+        there is no expert term) and optionally ``token``; node labels may be any hashable
+        (:meth:`DraftTree.from_networkx`).
+    cost : CostModel or str
+        The cycle-time model in ms (SPECFIT.md §3), or the name of a hardware profile of
+        :data:`specfit.core.cost.PROFILES` (e.g. ``"qwen3-30b-a3b-pcie4"``), used as is.
+    cache : list of list of int, optional
+        ``cache[l]``: the experts of MoE layer l resident on the device (empty cache if None).
+    solver : str
+        A registered solver (:func:`specfit.solvers.available_solvers`); default ``exact``.
+    num_experts : int, optional
+        Experts per MoE layer; default ``tree.graph["num_experts"]``, else the profile's.
+    max_nodes : int, optional
+        Budget on |S|, root included.
+    max_new_experts_per_layer : int, optional
+        Budget on the uncached experts per layer.
+    rate : float, optional
+        Long-run rate λ in tokens/s: maximise ``A - (λ/1000) T`` instead of ``A / T``.
+
+    Returns
+    -------
+    Selection
+        ``nodes`` are the caller's node labels when ``tree`` is a graph (in the tree's breadth-first
+        order, root first), else the sorted node ids; ``expected_tokens`` A(S) in tokens,
+        ``predicted_ms`` T(S) in ms, ``throughput`` in tokens/s, ``solve_ms``, ``status``.
+
+    Raises
+    ------
+    SpecFitInputError
+        Naming the field and the rule: a graph that is not a rooted tree or lacks an attribute
+        (``graph.nodes[<label>].<attribute>``), an unknown profile or solver, a bad cache,
+        cost, budget or rate.
+
+    Examples
+    --------
+    >>> import networkx as nx
+    >>> g = nx.DiGraph(num_experts=4)
+    >>> g.add_node("root", path_prob=1.0, experts=[[0, 1]])
+    >>> g.add_node("a", path_prob=0.9, experts=[[0, 1]])
+    >>> g.add_node("b", path_prob=0.1, experts=[[2, 3]])
+    >>> g.add_edges_from([("root", "a"), ("root", "b")])
+    >>> select(g, "qwen3-30b-a3b-pcie4", cache=[[0, 1]]).nodes
+    ('root', 'a')
+    """
+    profile = None
+    if isinstance(cost, str):
+        profile = cost = get_profile(cost)
+    elif not isinstance(cost, CostModel):
+        raise SpecFitInputError("cost", f"must be a CostModel or a hardware profile name, got {type(cost).__name__}")
+    if isinstance(tree, nx.DiGraph):
+        if num_experts is None:
+            num_experts = tree.graph.get("num_experts", profile.num_experts if profile is not None else None)
+        draft = DraftTree.from_networkx(tree, num_experts=num_experts)
+    elif isinstance(tree, DraftTree):
+        draft = tree
+    else:
+        raise SpecFitInputError("tree", f"must be a networkx.DiGraph or a DraftTree, got {type(tree).__name__}")
+    mask = None
+    if cache is not None:
+        mask = cache_mask(cache, draft.num_layers, draft.num_experts or 0)
+    instance = Instance(draft, cost, mask, max_nodes, max_new_experts_per_layer)
+    sel = get_solver(solver).solve(instance, rate=rate)
+    if draft.labels is None:
+        return sel
+    return replace(sel, nodes=tuple(draft.labels[v] for v in sel.nodes))

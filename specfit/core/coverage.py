@@ -1,0 +1,333 @@
+"""Coverage accounting: which uncached experts the nodes of a draft tree need, against the expert cache.
+
+An *item* is a pair (layer, expert) that some node needs and the expert cache lacks (SPECFIT.md §2);
+item id ``l * num_experts + e``. Sets of items are Python ints used as bitsets (bit i = item i):
+union, difference and popcount are single C-level operations on a few hundred machine words.
+
+Three views, one source:
+
+* :class:`ItemSets` — per-node item bitsets of a draft tree against one cache, grown level by level
+  with the tree (:meth:`specfit.core.tree.DraftTree.items`). Because selections are ancestor-closed,
+  when node v joins a selection all of its ancestors are already in it, so v adds only the items it
+  *owns*: those no proper ancestor of v needs (``own[v]``). The root is always verified, so its items
+  are paid once, up front, and owned by nobody else.
+* :class:`Coverage` — the same accounting priced by a cost model (ms per item, the root's cost, the
+  items that couple nodes), read by the exact solver.
+* :class:`GrowingSelection` — the items an ancestor-closed selection covers as it grows node by
+  node, read by the greedy baselines, the best-prefix scan and the engine's stop-rule bound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterable, Sequence
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    from specfit.core.instance import Instance
+
+
+def at_least_twice(rows) -> tuple[int, int]:
+    """``(once, twice)``: the bits set in at least one / at least two of the bitsets ``rows``."""
+    once = twice = 0
+    for r in rows:
+        twice |= once & r
+        once |= r
+    return once, twice
+
+
+def item_ids(bits: int, num_items: int) -> np.ndarray:
+    """The item ids in bitset ``bits`` (of ``num_items`` bits), sorted, int64."""
+    raw = np.frombuffer(bits.to_bytes((num_items + 7) // 8, "little"), dtype=np.uint8)
+    return np.flatnonzero(np.unpackbits(raw, count=num_items, bitorder="little")).astype(np.int64)
+
+
+class ItemSets:
+    """Per-node bitsets of the uncached items of a draft tree, grown level by level.
+
+    Parameters
+    ----------
+    cache : numpy.ndarray of bool, shape (L, num_experts)
+        ``cache[l, e]`` is True iff expert e of MoE layer l is resident on the device.
+
+    Attributes
+    ----------
+    need : list of int
+        ``need[v]``: the items node v needs (bitset over ``L * num_experts`` bits).
+    above : list of int
+        ``above[v]``: the items a proper ancestor of v needs (the root's included); ``above[0] = 0``.
+    own : list of int
+        ``own[v] = need[v] & ~above[v]``; ``own[0] = 0`` (the root's items are paid up front).
+
+    Notes
+    -----
+    :meth:`extend` costs one ``packbits`` of the new nodes' (m, L * num_experts) need mask and O(m)
+    bitset operations, so a tree grown level by level is accounted for once, not once per level.
+    """
+
+    def __init__(self, cache: np.ndarray):
+        self.cache = cache
+        self.num_layers, self.num_experts = (int(x) for x in cache.shape)
+        self.need: list[int] = []
+        self.above: list[int] = []
+        self.own: list[int] = []
+        self._mask = (1 << self.num_experts) - 1
+
+    def __len__(self) -> int:
+        return len(self.need)
+
+    def need_mask(self, experts: np.ndarray) -> np.ndarray:
+        """Bool array of shape (m, L * num_experts): True where a node of ``experts`` (shape (m, L, k))
+        routes to an uncached expert."""
+        m, L, E = experts.shape[0], self.num_layers, self.num_experts
+        mask = np.zeros((m, L * E), dtype=bool)
+        if L and m:
+            ids = experts + (np.arange(L, dtype=np.int64) * E)[None, :, None]
+            mask[np.repeat(np.arange(m), ids.shape[1] * ids.shape[2]), ids.reshape(-1)] = True
+            mask &= ~self.cache.reshape(1, -1)
+        return mask
+
+    def extend(self, parents: Sequence[int], experts: np.ndarray) -> None:
+        """Account for new nodes, appended after the existing ones.
+
+        Parameters
+        ----------
+        parents : sequence of int, shape (m,)
+            Parent of each new node (an existing node, or an earlier new one; -1 for the root).
+        experts : numpy.ndarray of int, shape (m, L, k)
+            Predicted experts of each new node.
+        """
+        if self.num_layers == 0 or experts.shape[2] == 0:  # no expert term: every item set is empty
+            m = len(parents)
+            self.need += [0] * m
+            self.above += [0] * m
+            self.own += [0] * m
+            return
+        packed = np.packbits(self.need_mask(experts), axis=1, bitorder="little")
+        for p, row in zip(parents, packed):
+            bits = int.from_bytes(row.tobytes(), "little")
+            if p < 0:
+                above = 0
+            else:
+                above = self.above[p] | self.need[p]
+            self.need.append(bits)
+            self.above.append(above)
+            self.own.append(bits & ~above if p >= 0 else 0)
+
+    def per_layer(self, bits: int) -> list[int]:
+        """Number of items of bitset ``bits`` in each layer."""
+        E, mask = self.num_experts, self._mask
+        return [((bits >> (l * E)) & mask).bit_count() for l in range(self.num_layers)]
+
+    def union(self, nodes: Iterable[int]) -> int:
+        """Bitset of the items any node of ``nodes`` needs."""
+        out = 0
+        for v in nodes:
+            out |= self.need[v]
+        return out
+
+    def new_per_layer(self, nodes: Iterable[int]) -> np.ndarray:
+        """``|(union_{v in nodes} E[v][l]) \\ C[l]|`` for each layer l; int64 of shape (L,)."""
+        return np.asarray(self.per_layer(self.union(nodes)), dtype=np.int64).reshape(self.num_layers)
+
+    @property
+    def root_new_per_layer(self) -> list[int]:
+        """Uncached experts the root alone needs, per layer."""
+        return self.per_layer(self.need[0]) if self.need else [0] * self.num_layers
+
+
+@dataclass(frozen=True, eq=False)
+class Coverage:
+    """Coverage accounting of one instance priced by its cost model (computed by :func:`coverage`).
+
+    Attributes
+    ----------
+    n : int
+        Nodes, root included.
+    parents : list of int
+    children : list of list of int
+    path_prob : list of float
+        ``P_v``.
+    base_ms : float
+        T of the root alone: ``fixed_ms + per_node_ms + cost of the root's items`` (ms).
+    per_node_ms : float
+    own_bits : list of int
+        ``own_bits[v]``: bitset of the items v owns (:attr:`ItemSets.own`); ``own_bits[0] == 0``.
+    shared_bits : int
+        Items owned by two or more nodes (the only ones that couple nodes).
+    exclusive_ms : list of float
+        Cost (ms) of the items owned by v and by no other node.
+    root_new_per_layer : list of int
+        Uncached experts the root alone needs, per layer.
+    num_experts : int
+    layer_ms : list of float
+        Transfer time (ms) of one item of each layer (``per_expert_ms[l]``).
+    uniform_ms : float or None
+        The per-item time when every layer's is the same, else None.
+    """
+
+    n: int
+    parents: list
+    children: list
+    path_prob: list
+    base_ms: float
+    per_node_ms: float
+    own_bits: list
+    shared_bits: int
+    exclusive_ms: list
+    root_new_per_layer: list
+    num_experts: int
+    layer_ms: list
+    uniform_ms: float | None
+
+    @property
+    def num_items(self) -> int:
+        """Bits in an item set: ``L * num_experts``."""
+        return len(self.layer_ms) * self.num_experts
+
+    def bits_per_layer(self, bits: int) -> list[int]:
+        """Number of items of bitset ``bits`` in each layer."""
+        E, mask = self.num_experts, (1 << self.num_experts) - 1
+        return [((bits >> (l * E)) & mask).bit_count() for l in range(len(self.layer_ms))]
+
+    def bits_ms(self, bits: int) -> float:
+        """Transfer time (ms) of the items in bitset ``bits``."""
+        if not bits:
+            return 0.0
+        if self.uniform_ms is not None:
+            return self.uniform_ms * bits.bit_count()
+        return sum(w * c for w, c in zip(self.layer_ms, self.bits_per_layer(bits)))
+
+    def item_ms(self, item_ids: np.ndarray) -> np.ndarray:
+        """Transfer time (ms) of each item id, float64 array shaped like ``item_ids``."""
+        return np.asarray(self.layer_ms, dtype=np.float64)[item_ids // self.num_experts]
+
+    def unpack(self, bit_rows: list[int]) -> np.ndarray:
+        """Bitsets as a bool matrix of shape (len(bit_rows), num_items)."""
+        nbytes = (self.num_items + 7) // 8
+        buf = b"".join(r.to_bytes(nbytes, "little") for r in bit_rows)
+        packed = np.frombuffer(buf, dtype=np.uint8).reshape(len(bit_rows), nbytes)
+        return np.unpackbits(packed, axis=1, count=self.num_items, bitorder="little").astype(bool)
+
+    def value(self, nodes) -> tuple[float, float]:
+        """``(A(S), T(S))`` of an ancestor-closed node set: tokens and ms (SPECFIT.md §3)."""
+        a, bits, count = 1.0, 0, 0
+        for v in nodes:
+            if v:
+                a += self.path_prob[v]
+                bits |= self.own_bits[v]
+                count += 1
+        return a, self.base_ms + self.per_node_ms * count + self.bits_ms(bits)
+
+
+def _layer_ms(instance: "Instance") -> tuple[list[float], float | None]:
+    L = instance.num_layers
+    layer_ms = instance.cost.per_expert_array(L).tolist()
+    uniform = 0.0 if L == 0 else (layer_ms[0] if all(w == layer_ms[0] for w in layer_ms) else None)
+    return layer_ms, uniform
+
+
+def coverage(instance: "Instance") -> Coverage:
+    """Price the item accounting of ``instance`` (:attr:`Instance.items`) with its cost model.
+
+    Parameters
+    ----------
+    instance : Instance
+
+    Returns
+    -------
+    Coverage
+
+    Notes
+    -----
+    O(n) bitset operations on ``L * num_experts``-bit integers; the per-node bitsets come from the
+    tree's accounting, computed once as the tree grew.
+    """
+    tree, cost, items = instance.tree, instance.cost, instance.items
+    layer_ms, uniform = _layer_ms(instance)
+    root_new = items.root_new_per_layer
+    base_ms = cost.fixed_ms + cost.per_node_ms + sum(w * c for w, c in zip(layer_ms, root_new))
+    own = list(items.own)
+    _, shared = at_least_twice(own)
+    cov = Coverage(tree.n, tree.parents.tolist(), [list(c) for c in tree.children], tree.path_prob.tolist(), base_ms,
+                   cost.per_node_ms, own, shared, [], root_new, instance.num_experts, layer_ms, uniform)
+    cov.exclusive_ms.extend(cov.bits_ms(o & ~shared) for o in own)
+    return cov
+
+
+class GrowingSelection:
+    """The coverage of an ancestor-closed selection that grows one node at a time.
+
+    The selection starts as the root; :meth:`add` adds a node whose parent is in it. ``covered``
+    is the bitset of the uncached items the selection transfers; a node adds one node's time plus
+    the items it needs that are not covered yet (SPECFIT.md §3, T(S)).
+
+    Parameters
+    ----------
+    instance : Instance
+
+    Attributes
+    ----------
+    size : int
+        |S|, root included.
+    a : float
+        A(S), tokens.
+    t : float
+        T(S), ms.
+    in_set : numpy.ndarray of bool, shape (n,)
+    """
+
+    def __init__(self, instance: "Instance"):
+        self.inst = instance
+        self.items = instance.items
+        self.layer_ms, self.uniform_ms = _layer_ms(instance)
+        self.cap = instance.max_new_experts_per_layer if instance.num_layers else None
+        self.max_nodes = instance.max_nodes
+        self.per_node_ms = instance.cost.per_node_ms
+        self.prob = instance.tree.path_prob
+        self.covered = 0
+        self.in_set = np.zeros(instance.n, dtype=bool)
+        self.size, self.a, self.t = 0, 0.0, instance.cost.fixed_ms
+        self.add(0)
+
+    def bits_ms(self, bits: int) -> float:
+        """Transfer time (ms) of the items in bitset ``bits``."""
+        if not bits:
+            return 0.0
+        if self.uniform_ms is not None:
+            return self.uniform_ms * bits.bit_count()
+        return sum(w * c for w, c in zip(self.layer_ms, self.items.per_layer(bits)))
+
+    def new_bits(self, v: int) -> int:
+        """Items node v needs that the selection does not cover yet."""
+        return self.items.need[v] & ~self.covered
+
+    def fits(self, v: int) -> bool:
+        """True iff adding v keeps the selection within ``max_nodes`` and the expert budget."""
+        if self.max_nodes is not None and self.size + 1 > self.max_nodes:
+            return False
+        if self.cap is None:
+            return True
+        return max(self.items.per_layer(self.covered | self.items.need[v]), default=0) <= self.cap
+
+    def step_ms(self, v: int) -> float:
+        """Time (ms) adding v would add: one node plus the experts it newly needs."""
+        return self.per_node_ms + self.bits_ms(self.new_bits(v))
+
+    def add(self, v: int) -> None:
+        """Add node v (its parent must already be in the selection)."""
+        new = self.new_bits(v)
+        self.a += 1.0 if v == 0 else float(self.prob[v])
+        self.t += self.per_node_ms + self.bits_ms(new)
+        self.covered |= new
+        self.in_set[v] = True
+        self.size += 1
+
+    def value(self, lam: float | None) -> float:
+        """The objective of the current selection: ``A / T`` or ``A - lam * T`` (lam in tokens/ms)."""
+        return self.a / self.t if lam is None else self.a - lam * self.t
+
+    def nodes(self) -> list[int]:
+        """The selected node ids, sorted."""
+        return np.flatnonzero(self.in_set).tolist()

@@ -1,0 +1,125 @@
+"""The draft tree grows level by level and keeps its coverage accounting in step; networkx interchange."""
+
+import networkx as nx
+import numpy as np
+import pytest
+
+from specfit.core.coverage import ItemSets
+from specfit.core.errors import SpecFitInputError
+from specfit.core.tree import DraftTree
+
+PARENTS = [-1, 0, 0, 1, 1, 2]
+PP = [1.0, 0.6, 0.3, 0.3, 0.15, 0.27]
+
+
+def _experts(n, L=3, k=2, E=8, seed=0):
+    return np.random.default_rng(seed).integers(0, E, size=(n, L, k))
+
+
+def test_grown_tree_equals_tree_built_at_once_and_items_are_incremental():
+    exp = _experts(6)
+    cache = np.zeros((3, 8), dtype=bool)
+    cache[0, :4] = True
+    whole = DraftTree(PARENTS, path_prob=PP, tokens=range(6), experts=exp, num_experts=8)
+    grown = DraftTree([-1], path_prob=[1.0], tokens=[0], experts=exp[:1], num_experts=8)
+    items = grown.items(cache)
+    assert grown.add_level([0, 0], PP[1:3], [1, 2], exp[1:3]).tolist() == [1, 2]
+    assert grown.depth.tolist() == [0, 1, 1]
+    grown.add_level([1, 1, 2], PP[3:], [3, 4, 5], exp[3:])
+    assert grown.items(cache) is items  # extended in place, not rebuilt
+    assert grown.last_level.tolist() == [3, 4, 5]
+    for name in ("parents", "path_prob", "tokens", "experts", "depth", "ancestor_mask"):
+        assert np.array_equal(getattr(grown, name), getattr(whole, name)), name
+    assert grown.children == whole.children
+    fresh = ItemSets(cache)
+    fresh.extend(PARENTS, exp)
+    assert items.need == fresh.need and items.own == fresh.own and items.above == fresh.above
+    # own = needed and cached by no proper ancestor; the per-layer union matches a direct set count
+    for nodes in ([0], [0, 1, 3], list(range(6))):
+        direct = [len({int(e) for v in nodes for e in exp[v, l]} - set(np.flatnonzero(cache[l]).tolist()))
+                  for l in range(3)]
+        assert items.new_per_layer(nodes).tolist() == direct
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(parents=[7], path_prob=[0.1]), "parents[3]"),
+    (dict(parents=[1], path_prob=[0.9]), "path_prob[3]"),
+    (dict(parents=[1], path_prob=[float("nan")]), "path_prob[0]"),
+    (dict(parents=[1], path_prob=[0.1], experts=np.full((1, 3, 2), 9)), "experts[3][0]"),
+    (dict(parents=[1], path_prob=[0.1]), "experts"),
+])
+def test_add_level_rejects_bad_levels(kwargs, field):
+    t = DraftTree(PARENTS[:3], path_prob=PP[:3], experts=_experts(3), num_experts=8)
+    kwargs.setdefault("experts", _experts(len(kwargs["parents"])) if "experts" not in kwargs and field != "experts"
+                      else kwargs.get("experts"))
+    with pytest.raises(SpecFitInputError) as err:
+        t.add_level(**kwargs)
+    assert err.value.field == field
+    assert t.n == 3  # nothing appended
+
+
+def test_networkx_round_trip_keeps_labels_and_data():
+    exp = _experts(6)
+    t = DraftTree(PARENTS, path_prob=PP, tokens=[5, 6, 7, 8, 9, 10], experts=exp, num_experts=8)
+    g = t.to_networkx()
+    assert sorted(g.edges) == [(0, 1), (0, 2), (1, 3), (1, 4), (2, 5)]
+    assert g.graph["num_experts"] == 8
+    assert g.nodes[4] == {"path_prob": pytest.approx(0.15), "token": 9, "experts": exp[4].tolist()}
+    back = DraftTree.from_networkx(g)
+    for name in ("parents", "path_prob", "tokens", "experts"):
+        assert np.array_equal(getattr(back, name), getattr(t, name)), name
+    relabelled = nx.relabel_nodes(g, {v: f"n{v}" for v in g})
+    tree = DraftTree.from_networkx(relabelled)
+    assert tree.labels[0] == "n0" and sorted(tree.labels) == sorted(relabelled)
+    assert nx.utils.graphs_equal(tree.to_networkx(), relabelled)
+
+
+def test_from_networkx_numbers_breadth_first_so_parents_precede_children():
+    g = nx.DiGraph()
+    g.add_node("leaf", path_prob=0.2)
+    g.add_node("root", path_prob=1.0)
+    g.add_node("mid", path_prob=0.5)
+    g.add_edges_from([("mid", "leaf"), ("root", "mid")])
+    t = DraftTree.from_networkx(g)
+    assert t.labels == ["root", "mid", "leaf"]
+    assert t.parents.tolist() == [-1, 0, 1] and t.experts is None and t.tokens is None
+
+
+def _graph(overrides=()):
+    g = nx.DiGraph(num_experts=4)
+    g.add_node("r", path_prob=1.0, experts=[[0, 1]])
+    g.add_node("a", path_prob=0.5, experts=[[1, 2]])
+    g.add_node("b", path_prob=0.4, experts=[[3, 0]])
+    g.add_edges_from([("r", "a"), ("a", "b")])
+    for (node, key), value in dict(overrides).items():
+        if value is None:
+            del g.nodes[node][key]
+        else:
+            g.nodes[node][key] = value
+    return g
+
+
+def test_from_networkx_reads_the_graph_attribute_num_experts():
+    t = DraftTree.from_networkx(_graph())
+    assert t.num_experts == 4 and t.experts.shape == (3, 1, 2)
+
+
+@pytest.mark.parametrize("make, field, rule", [
+    (lambda: nx.DiGraph(), "graph", "at least the root"),
+    (lambda: nx.Graph([(0, 1)]), "graph", "DiGraph"),
+    (lambda: nx.DiGraph([(0, 1), (1, 2), (2, 1)]), "graph", "cycle"),
+    (lambda: nx.DiGraph([(0, 2), (1, 3)]), "graph", "exactly one root"),
+    (lambda: nx.DiGraph([(0, 1), (0, 2), (1, 3), (2, 3)]), "graph.nodes[3]", "2 parents"),
+    (lambda: _graph({("a", "path_prob"): None}), "graph.nodes['a'].path_prob", "is required"),
+    (lambda: _graph({("b", "experts"): None}), "graph.nodes['b'].experts", "on every node or on none"),
+    (lambda: _graph({("a", "experts"): [[1, 2, 3]]}), "graph.nodes['a'].experts", "the same L and k"),
+    (lambda: _graph({("a", "experts"): [[1, 9]]}), "graph.nodes['a'].experts[0]", "out of range"),
+    (lambda: _graph({("b", "path_prob"): 0.9}), "graph.nodes['b'].path_prob", "must not exceed"),
+    (lambda: _graph({("b", "path_prob"): "high"}), "graph.nodes['b'].path_prob", "number"),
+    (lambda: _graph({("r", "path_prob"): 0.5}), "graph.nodes['r'].path_prob", "must be 1.0"),
+])
+def test_from_networkx_rejects_bad_graphs_naming_node_and_attribute(make, field, rule):
+    with pytest.raises(SpecFitInputError) as err:
+        DraftTree.from_networkx(make())
+    assert err.value.field == field
+    assert rule in err.value.rule

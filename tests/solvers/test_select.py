@@ -1,0 +1,83 @@
+"""The public entry point ``specfit.solvers.select``: a networkx DAG in, the same selection as the
+instance-based path out, with the caller's node labels."""
+
+import networkx as nx
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specfit.core.cost import get_profile
+from specfit.core.errors import SpecFitInputError
+from specfit.core.instance import Instance
+from specfit.core.tree import DraftTree
+from specfit.solvers import get_solver, select
+
+from strategies import instances
+
+
+def _as_graph(inst: Instance) -> tuple[nx.DiGraph, list]:
+    """The instance's tree as a graph with string labels; the cache as lists of ids."""
+    g = nx.relabel_nodes(inst.tree.to_networkx(), {v: f"node-{v}" for v in range(inst.n)})
+    return g, [np.flatnonzero(row).tolist() for row in inst.cache]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(["none", "nodes", "experts", "both"]).flatmap(lambda b: instances(budget=b)),
+       st.sampled_from(["exact", "scan", "greedy", "eagle"]), st.one_of(st.none(), st.floats(0.0, 500.0)))
+def test_select_on_a_graph_equals_the_instance_path(inst, solver, rate):
+    g, cache = _as_graph(inst)
+    got = select(g, inst.cost, cache, solver=solver, max_nodes=inst.max_nodes,
+                 max_new_experts_per_layer=inst.max_new_experts_per_layer, rate=rate)
+    # the same tree in the graph's breadth-first numbering, through the instance path
+    bfs = DraftTree.from_networkx(g)
+    same = Instance(bfs, inst.cost, inst.cache, inst.max_nodes, inst.max_new_experts_per_layer)
+    want = get_solver(solver).solve(same, rate=rate)
+    assert got.nodes == tuple(bfs.labels[v] for v in want.nodes)
+    assert got.nodes[0] == "node-0"
+    assert (got.expected_tokens, got.predicted_ms, got.status) == (want.expected_tokens, want.predicted_ms, want.status)
+    # and the same value as on the original numbering (the optimum, for exact)
+    if solver == "exact":
+        orig = get_solver(solver).solve(inst, rate=rate)
+        assert got.objective == pytest.approx(orig.objective, rel=1e-9)
+
+
+def test_select_takes_a_profile_name_and_num_experts_from_graph_or_profile():
+    g = nx.DiGraph()
+    g.add_node("r", path_prob=1.0, experts=[[0, 1]])
+    g.add_node("a", path_prob=0.9, experts=[[0, 1]])   # cached experts only: cheap
+    g.add_node("b", path_prob=0.1, experts=[[2, 3]])   # two transfers for 0.1 tokens
+    g.add_edges_from([("r", "a"), ("r", "b")])
+    sel = select(g, "qwen3-30b-a3b-pcie4", cache=[[0, 1]])  # num_experts from the profile (128)
+    assert sel.nodes == ("r", "a")
+    assert sel.predicted_ms == pytest.approx(get_profile("qwen3-30b-a3b-pcie4").cycle_ms(2, [0]))
+    g.graph["num_experts"] = 3
+    with pytest.raises(SpecFitInputError) as err:  # the graph's num_experts wins: id 3 is out of range
+        select(g, "qwen3-30b-a3b-pcie4")
+    assert err.value.field == "graph.nodes['b'].experts[0]"
+
+
+def test_select_accepts_a_draft_tree_and_returns_ids():
+    t = DraftTree([-1, 0, 0], path_prob=[1.0, 0.5, 0.4], experts=[[[0]], [[0]], [[1]]], num_experts=2)
+    assert select(t, "qwen3-30b-a3b-h200", [[0]], solver="scan").nodes == (0, 1, 2)
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(cost="no-such-profile"), "profile"),
+    (dict(cost=3.0), "cost"),
+    (dict(solver="nope"), "solver"),
+    (dict(cache=[[0], [1]]), "cache"),
+    (dict(cache=[[7]]), "cache[0]"),
+    (dict(rate=-1.0), "rate"),
+    (dict(max_nodes=0), "max_nodes"),
+    (dict(tree=[[0, 1]]), "tree"),
+])
+def test_select_rejects_bad_input_naming_the_field(kwargs, field):
+    g = nx.DiGraph(num_experts=2)
+    g.add_node(0, path_prob=1.0, experts=[[0]])
+    g.add_node(1, path_prob=0.5, experts=[[1]])
+    g.add_edge(0, 1)
+    args = {"tree": g, "cost": "qwen3-30b-a3b-pcie4", **kwargs}
+    with pytest.raises(SpecFitInputError) as err:
+        select(args.pop("tree"), args.pop("cost"), **args)
+    assert err.value.field == field

@@ -1,0 +1,160 @@
+"""The layers point one way (docs/ARCHITECTURE.md, CONTRIBUTING.md), read from the imports with ast.
+
+    top       specfit (the __init__ facade), specfit.cli, specfit.__main__
+    eval      specfit.eval.*
+    pipeline  specfit.pipeline
+    engine    specfit.engine.*
+    solvers   specfit.solvers.*     models   specfit.models.*   (neither imports the other)
+    core      specfit.core.*        (no torch, no transformers)
+
+Every import — at module level or inside a function — may only name a layer below its own (or its
+own package); there is no package cycle; core and solvers never import torch or transformers.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import specfit
+
+ROOT = Path(__file__).resolve().parents[1]
+#: Installed package → repository folder (pyproject.toml's package-dir).
+FOLDERS = {"specfit": ROOT / "specfit", "specfit.solvers": ROOT / "solvers", "specfit.models": ROOT / "models",
+           "specfit.eval": ROOT / "eval"}
+#: Layer of each package, bottom (0) to top; the longest matching prefix wins.
+LAYERS = {"specfit.core": 0, "specfit.solvers": 1, "specfit.models": 1, "specfit.engine": 2,
+          "specfit.pipeline": 3, "specfit.eval": 4, "specfit": 5}
+HEAVY = ("torch", "transformers", "safetensors")
+
+
+def _package(module: str) -> str:
+    return max((p for p in LAYERS if module == p or module.startswith(p + ".")), key=len)
+
+
+def _modules():
+    """(module name, path) of every Python file of the installed packages."""
+    seen = {}
+    for pkg, folder in FOLDERS.items():
+        for path in sorted(folder.rglob("*.py")):
+            rel = path.relative_to(folder).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            name = ".".join([pkg, *parts])
+            if pkg == "specfit" and parts and parts[0] in ("solvers", "models", "eval"):
+                continue  # not part of specfit/ (the mapped folders)
+            seen[name] = path
+    return seen
+
+
+def _imports(path: Path, module: str) -> list[tuple[str, int, bool]]:
+    """(imported module, line, at module level?) of every import in ``path``."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    top = {id(n) for n in tree.body}
+    is_pkg = path.name == "__init__.py"
+    out = []
+
+    def walk(node, level):
+        for child in ast.iter_child_nodes(node):
+            at_top = level and id(child) in top
+            if isinstance(child, ast.Import):
+                out.extend((a.name, child.lineno, at_top) for a in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:  # relative: resolve against this module's package
+                    pkg = module.split(".") if is_pkg else module.split(".")[:-1]
+                    pkg = pkg[: len(pkg) - (child.level - 1)]
+                    base = ".".join(pkg + ([base] if base else []))
+                out.append((base, child.lineno, at_top))
+                out.extend((f"{base}.{a.name}", child.lineno, at_top) for a in child.names
+                           if f"{base}.{a.name}" in MODULES)
+            if not isinstance(child, (ast.If,)) or not _is_type_checking(child):
+                walk(child, level and isinstance(child, (ast.Try, ast.If)))
+    walk(tree, True)
+    return out
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    return isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+
+
+MODULES = _modules()
+
+
+def _edges():
+    for module, path in MODULES.items():
+        for target, line, at_top in _imports(path, module):
+            if target == "specfit" or target.startswith("specfit."):
+                yield module, _package(target), target, f"{path.relative_to(ROOT)}:{line}", at_top
+
+
+def test_the_layout_is_what_the_test_reads():
+    assert "specfit.core.tree" in MODULES and "specfit.solvers.exact" in MODULES
+    assert "specfit.engine.decoder" in MODULES and "specfit.eval.run" in MODULES and "specfit.cli" in MODULES
+    assert Path(specfit.__file__).resolve().parent == FOLDERS["specfit"]
+
+
+def test_every_import_points_down():
+    bad = []
+    for module, target_pkg, target, where, _ in _edges():
+        own = _package(module)
+        if own == target_pkg:
+            continue
+        if not LAYERS[target_pkg] < LAYERS[own]:
+            bad.append(f"{where}: {module} ({own}) imports {target} ({target_pkg})")
+    assert not bad, "imports against the layers:\n" + "\n".join(bad)
+
+
+def test_solvers_and_models_do_not_import_each_other():
+    bad = [f"{where}: {module} imports {target}" for module, pkg, target, where, _ in _edges()
+           if {_package(module), pkg} == {"specfit.solvers", "specfit.models"}]
+    assert not bad, "\n".join(bad)
+
+
+def test_no_package_cycle():
+    graph: dict[str, set] = {}
+    for module, pkg, *_ in _edges():
+        graph.setdefault(_package(module), set()).add(pkg)
+    for start in graph:
+        stack, seen = [n for n in graph[start] if n != start], set()
+        while stack:
+            node = stack.pop()
+            assert node != start, f"package cycle through {start}"
+            if node not in seen:
+                seen.add(node)
+                stack.extend(n for n in graph.get(node, ()) if n != node)
+
+
+@pytest.mark.parametrize("package", ["specfit.core", "specfit.solvers"])
+def test_core_and_solvers_import_no_torch_or_transformers(package):
+    bad = []
+    for module, path in MODULES.items():
+        if _package(module) != package:
+            continue
+        for target, line, _ in _imports(path, module):
+            if target.split(".")[0] in HEAVY:
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
+    assert not bad, "\n".join(bad)
+
+
+def test_importing_core_and_solvers_loads_no_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, specfit.core.tree, specfit.core.instance, specfit.core.cost, specfit.core.objective, "
+            "specfit.solvers, specfit.solvers.exact, specfit.solvers.greedy; "
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_the_checker_catches_an_upward_import(tmp_path):
+    """A core module importing the engine, or solvers importing eval, would be reported."""
+    own, target = _package("specfit.core.tree"), _package("specfit.engine.decoder")
+    assert not LAYERS[target] < LAYERS[own]
+    assert not LAYERS[_package("specfit.eval.run")] < LAYERS[_package("specfit.solvers.api")]
+    assert LAYERS[_package("specfit.pipeline")] < LAYERS[_package("specfit.eval.run")]
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f():\n    from specfit.eval.run import run_eval\n")
+    assert ("specfit.eval.run", 2, False) in _imports(probe, "specfit.solvers.probe")
