@@ -16,10 +16,6 @@ from specfit.cli import main as cli_main
 from specfit.core.errors import SpecFitInputError
 
 ROOT = Path(__file__).resolve().parents[1]
-HAS_SELECT = hasattr(specfit.solvers, "select")
-NEEDS_SELECT = pytest.mark.xfail(not HAS_SELECT, strict=True, raises=AttributeError,
-                                 reason="specfit.solvers.select lands with branch h2 (issue 12); "
-                                        "this test runs for real once it is merged")
 
 
 def _python(code: str) -> subprocess.CompletedProcess:
@@ -40,7 +36,6 @@ def test_import_specfit_and_the_solver_layer_import_no_torch():
     assert res.returncode == 0, res.stderr
 
 
-@NEEDS_SELECT
 def test_select_imports_no_torch():
     res = _python("import sys, specfit\nspecfit.select\nassert 'torch' not in sys.modules\n")
     if "AttributeError" in res.stderr:
@@ -48,15 +43,13 @@ def test_select_imports_no_torch():
     assert res.returncode == 0, res.stderr
 
 
-@NEEDS_SELECT
 def test_select_is_the_solver_layers_select():
     assert specfit.select is specfit.solvers.select
 
 
 def test_every_public_name_resolves():
-    missing = {"select"} if not HAS_SELECT else set()
     assert set(specfit.__all__) <= set(dir(specfit))
-    for name in set(specfit.__all__) - missing:
+    for name in specfit.__all__:
         assert getattr(specfit, name) is not None, name
     assert specfit.SpecFitInputError is SpecFitInputError
     with pytest.raises(AttributeError, match="no attribute 'nope'"):

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-import specfit.solvers
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCKS = re.findall(r"^```python\n(.*?)^```", (ROOT / "README.md").read_text(encoding="utf-8"), re.M | re.S)
@@ -26,10 +25,7 @@ def test_the_readme_has_python_snippets():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("block", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])
-def test_readme_snippet_runs(block, request):
-    if "specfit.select(" in block and not hasattr(specfit.solvers, "select"):
-        request.applymarker(pytest.mark.xfail(strict=True, reason="specfit.solvers.select lands with branch h2 "
-                                              "(issue 12); this snippet runs for real once it is merged"))
+def test_readme_snippet_runs(block):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}  # a shared CI machine
     res = subprocess.run([sys.executable, "-c", block], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, f"README snippet failed:\n{block}\n--- stderr ---\n{res.stderr[-3000:]}"

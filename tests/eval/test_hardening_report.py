@@ -16,8 +16,14 @@ def test_identical_acceptance_curves_do_not_hide_each_other(tmp_path, monkeypatc
 
     monkeypatch.setattr(report, "_save", keep)
     same = [0.9, 0.6, 0.3]
-    rows = [{"dataset": "gsm8k", "method": m, "mean_nodes_verified": 3.0, "modeled_tokens_per_s": 10.0,
-             "experts_per_token": 1.0, "acceptance_by_depth": [] if m == "ar" else same}
+    from dataclasses import fields
+
+    from specfit.eval.records import SummaryRow
+
+    blank = {f.name: None for f in fields(SummaryRow)}
+    rows = [SummaryRow(**{**blank, "dataset": "gsm8k", "method": m, "mean_nodes_verified": 3.0,
+                          "modeled_tokens_per_s": 10.0, "experts_per_token": 1.0,
+                          "acceptance_by_depth": [] if m == "ar" else same})
             for m in ("ar", "eagle3-vanilla", "eagle3", "specfit")]
     report.plot(rows, tmp_path)
     lines = figures["acceptance_by_depth.png"].axes[0].get_lines()

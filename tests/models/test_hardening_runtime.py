@@ -103,9 +103,9 @@ def test_transfer_timer_records_on_the_models_device(two_gpus, index):
 
 @pytest.mark.parametrize("device,name", [("cpu", None), ("cuda:0", "FakeGPU"), ("cuda:1", "FakeGPU")])
 def test_report_names_the_runs_device(two_gpus, device, name):
-    from specfit.eval.report import machine
+    from specfit.eval.machine import machine
 
-    assert machine(device)["gpu"] == name
+    assert machine(device=device)["gpu"] == name
     assert [c for c in two_gpus if c[0] == "name"] == ([] if name is None else [("name", torch.device(device))])
 
 
