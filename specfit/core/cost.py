@@ -266,6 +266,11 @@ def calibrate(num_nodes: Sequence[int], misses_per_layer, measured_ms: Sequence[
     if a.shape[0] < a.shape[1]:
         raise SpecFitInputError("measured_ms", f"need at least {a.shape[1]} cycle records, got {a.shape[0]}")
     x, rnorm = nnls(a, y)
+    if x[0] + x[1] <= 0:
+        # The records show no time that transfers do not explain (noisy timings on a loaded machine
+        # can do this); a cycle still takes time (CostModel's rule), so fixed_ms becomes the smallest
+        # unexplained part of a measured cycle, at least 1 ns.
+        x[0] = max(float(np.min(y - a[:, 2:] @ x[2:])), 1e-6)
     pe = tuple(float(v) for v in x[2:]) if per_layer else float(x[2])
     cost = CostModel(float(x[0]), float(x[1]), pe, name=name)
     ynorm = float(np.linalg.norm(y))
