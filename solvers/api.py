@@ -20,22 +20,26 @@ from specfit.core.tree import DraftTree
 from specfit.solvers.base import Selection, get_solver
 
 
-def select(tree, cost, cache=None, *, solver: str = "exact", num_experts: int | None = None,
+def select(tree, cost=None, cache=None, *, solver: str = "exact", num_experts: int | None = None,
            max_nodes: int | None = None, max_new_experts_per_layer: int | None = None,
-           rate: float | None = None) -> Selection:
+           rate: float | None = None, time_limit_s: float | None = None) -> Selection:
     """Select the subtree of a draft tree to verify: maximise ``A(S) / T(S)`` (or ``A - λT``).
 
     Parameters
     ----------
-    tree : networkx.DiGraph or DraftTree
-        The draft tree. A ``DiGraph`` has edges parent → child and node attributes ``path_prob``
+    tree : networkx.DiGraph, DraftTree or Instance
+        The draft tree. An :class:`~specfit.core.instance.Instance` (e.g. from
+        :func:`~specfit.core.instance.load_instance`, the JSON of SPECFIT.md §4) already carries its
+        cost model, cache and budgets: then ``cost``, ``cache`` and ``num_experts`` must be None, and
+        ``max_nodes`` / ``max_new_experts_per_layer`` override the instance's budgets when given. A ``DiGraph`` has edges parent → child and node attributes ``path_prob``
         (float in [0, 1], 1 at the root, non-increasing along paths), ``experts`` (``experts[l]``:
         the k expert ids the node is predicted to route to in MoE layer l; optional — without it
         there is no expert term) and optionally ``token``; node labels may be any hashable
         (:meth:`DraftTree.from_networkx`).
     cost : CostModel or str
         The cycle-time model in ms (SPECFIT.md §3), or the name of a hardware profile of
-        :data:`specfit.core.cost.PROFILES` (e.g. ``"qwen3-30b-a3b-pcie4"``), used as is.
+        :data:`specfit.core.cost.PROFILES` (e.g. ``"qwen3-30b-a3b-pcie4"``), used as is. Required
+        unless ``tree`` is an Instance.
     cache : list of list of int, optional
         ``cache[l]``: the experts of MoE layer l resident on the device (empty cache if None).
     solver : str
@@ -48,6 +52,8 @@ def select(tree, cost, cache=None, *, solver: str = "exact", num_experts: int | 
         Budget on the uncached experts per layer.
     rate : float, optional
         Long-run rate λ in tokens/s: maximise ``A - (λ/1000) T`` instead of ``A / T``.
+    time_limit_s : float, optional
+        Wall-clock limit of solvers that take one (``exact``, ``cpsat``); refused by the others.
 
     Returns
     -------
@@ -74,7 +80,17 @@ def select(tree, cost, cache=None, *, solver: str = "exact", num_experts: int | 
     >>> select(g, "qwen3-30b-a3b-pcie4", cache=[[0, 1]]).nodes
     ('root', 'a')
     """
+    options = {} if time_limit_s is None else {"time_limit_s": time_limit_s}
+    if isinstance(tree, Instance):
+        for name, value in (("cost", cost), ("cache", cache), ("num_experts", num_experts)):
+            if value is not None:
+                raise SpecFitInputError(name, "must be None when tree is an Instance (the instance carries it)")
+        budgets = {k: v for k, v in (("max_nodes", max_nodes), ("max_new_experts_per_layer", max_new_experts_per_layer))
+                   if v is not None}
+        return get_solver(solver, **options).solve(replace(tree, **budgets), rate=rate)
     profile = None
+    if cost is None:
+        raise SpecFitInputError("cost", "is required: a CostModel or a hardware profile name")
     if isinstance(cost, str):
         profile = cost = get_profile(cost)
     elif not isinstance(cost, CostModel):
@@ -91,7 +107,7 @@ def select(tree, cost, cache=None, *, solver: str = "exact", num_experts: int | 
     if cache is not None:
         mask = cache_mask(cache, draft.num_layers, draft.num_experts or 0)
     instance = Instance(draft, cost, mask, max_nodes, max_new_experts_per_layer)
-    sel = get_solver(solver).solve(instance, rate=rate)
+    sel = get_solver(solver, **options).solve(instance, rate=rate)
     if draft.labels is None:
         return sel
     return replace(sel, nodes=tuple(draft.labels[v] for v in sel.nodes))

@@ -29,6 +29,7 @@ _LAZY: dict[str, str] = {
     "Selection": "specfit.solvers",
     "available_solvers": "specfit.solvers",
     "DraftTree": "specfit.core.tree",
+    "load_instance": "specfit.core.instance",
     "CostModel": "specfit.core.cost",
     "get_profile": "specfit.core.cost",
     "SpecFitInputError": "specfit.core.errors",
@@ -47,6 +48,7 @@ __all__ = ["__version__", *_LAZY]
 if TYPE_CHECKING:
     from specfit.core.cost import CostModel, get_profile
     from specfit.core.errors import SpecFitInputError
+    from specfit.core.instance import load_instance
     from specfit.core.tree import DraftTree
     from specfit.engine import METHODS, TreeSettings
     from specfit.eval.run import EvalConfig, evaluate

@@ -46,16 +46,10 @@ def _add_solve(sub) -> None:
 
 
 def _run_solve(args) -> int:
-    from dataclasses import replace
+    from specfit import load_instance, select
 
-    from specfit.solvers import get_solver
-    from specfit.core.instance import load_instance
-
-    inst = load_instance(args.instance)
-    if args.max_nodes is not None:
-        inst = replace(inst, max_nodes=args.max_nodes)
-    options = {} if args.time_limit_s is None else {"time_limit_s": args.time_limit_s}
-    sel = get_solver(args.solver, **options).solve(inst, rate=args.rate)
+    sel = select(load_instance(args.instance), solver=args.solver, max_nodes=args.max_nodes, rate=args.rate,
+                 time_limit_s=args.time_limit_s)
     if args.json:
         print(json.dumps(sel.to_json()))
     else:

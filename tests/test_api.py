@@ -8,6 +8,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import json
+
 import pytest
 
 import specfit
@@ -124,3 +126,37 @@ def test_cli_generate_calls_specfit(monkeypatch, capsys):
     assert calls[0] == ("load", "M", dict(cache_slots=None, gpu_memory_bytes="2GiB", eviction="lru", device="cpu"))
     assert calls[1] == ("generate", [1, 2], dict(method="ar", max_new_tokens=3))
     assert capsys.readouterr().out.strip() == '{"output_ids": [7], "text": "x"}'
+
+
+def test_select_takes_an_instance_with_its_own_cost_cache_and_budgets(tmp_path):
+    from specfit.core.instance import load_instance
+    from specfit.solvers import get_solver
+
+    path = tmp_path / "inst.json"
+    path.write_text(json.dumps({"parents": [-1, 0, 0, 1], "path_prob": [1.0, 0.6, 0.3, 0.42], "num_experts": 16,
+                                "experts": [[[3, 9], [1, 4]], [[3, 5], [1, 4]], [[2, 9], [6, 4]], [[3, 9], [1, 7]]],
+                                "cache": [[3], [4, 7]],
+                                "cost": {"fixed_ms": 12.0, "per_node_ms": 0.3, "per_expert_ms": 0.19}}))
+    inst = load_instance(path)
+    assert specfit.select(inst).nodes == get_solver("exact").solve(inst).nodes
+    assert specfit.select(inst, max_nodes=1).nodes == (0,)
+    with pytest.raises(SpecFitInputError) as info:
+        specfit.select(inst, "qwen3-30b-a3b-pcie4")
+    assert info.value.field == "cost"
+    with pytest.raises(SpecFitInputError) as info:
+        specfit.select(inst, solver="scan", time_limit_s=1.0)
+    assert info.value.field == "time_limit_s"
+
+
+def test_cli_solve_calls_select(monkeypatch, capsys, tmp_path):
+    seen = {}
+
+    def fake(instance, **kwargs):
+        seen.update(kwargs)
+        return type("Sel", (), {"to_json": lambda self: {"nodes": [0]}})()
+
+    monkeypatch.setattr(specfit, "select", fake)
+    monkeypatch.setattr(specfit, "load_instance", lambda path: path)
+    assert cli_main(["solve", "X.json", "--solver", "scan", "--max-nodes", "2", "--json"]) == 0
+    assert seen == dict(solver="scan", max_nodes=2, rate=None, time_limit_s=None)
+    assert json.loads(capsys.readouterr().out) == {"nodes": [0]}
