@@ -286,6 +286,8 @@ def calibrate(num_nodes: Sequence[int], misses_per_layer, measured_ms: Sequence[
         raise SpecFitInputError("measured_ms", f"need at least {a.shape[1]} cycle records, got {a.shape[0]}")
     x, rnorm = nnls(a, y)
     pe = tuple(float(v) for v in x[2:]) if per_layer else float(x[2])
-    cost = CostModel(float(x[0]), float(x[1]), pe, name=name)
+    # NNLS may explain every measured ms by the misses (fixed = per_node = 0); a cycle still takes time,
+    # so keep a floor of 1 ns on fixed_ms (CostModel's rule), far below any measured duration.
+    cost = CostModel(max(float(x[0]), 0.0 if x[1] > 0 else 1e-6), float(x[1]), pe, name=name)
     ynorm = float(np.linalg.norm(y))
     return Calibration(cost, float(rnorm / math.sqrt(len(y))), float(rnorm / ynorm) if ynorm else 0.0, len(y))

@@ -65,3 +65,10 @@ def test_calibration_is_non_negative_and_checks_shapes():
         calibrate(nodes, [[0]], [1.0] * 4)
     with pytest.raises(SpecFitInputError, match="cycle records"):
         calibrate([1], [[0]], [1.0])
+
+
+def test_calibrate_when_the_misses_explain_every_millisecond():
+    from specfit.core.cost import calibrate
+
+    fit = calibrate([1, 1, 1, 1], [[1], [2], [3], [4]], [1.0, 2.0, 3.0, 4.0])  # NNLS: fixed = per_node = 0
+    assert fit.cost.per_expert_ms == pytest.approx(1.0) and 0 < fit.cost.fixed_ms <= 1e-6
