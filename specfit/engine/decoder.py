@@ -475,7 +475,8 @@ class SpecDecoder:
         level_ms = self.cost.level_ms if m.calibrated else 0.0
         width = ts.top_k ** 2 if m.calibrated else None  # most nodes an EAGLE level adds
         if cal is not None and not self._gate(tree, cache):
-            rec.decision = "ar"
+            rec.decision = "ar"  # T(AR): the rate mode's running λ counts this cycle's time
+            rec.predicted_ms = self.cost.cycle_ms(1, tree.items(cache).root_new_per_layer)
             return tree, None, None
         selection = None
         levels = self.drafter.draft_levels(root, ts.top_k, ts.depth)

@@ -224,6 +224,7 @@ def test_ar_gate_takes_the_ar_step_when_no_draft_can_pay_and_explores(ckpt, ar_o
     for c in gen.cycles:
         if c.decision == "ar":
             assert (c.levels, c.nodes_verified, c.committed, c.expected_tokens) == (0, 1, 1, 1.0)
+            assert c.predicted_ms >= COST.fixed_ms + COST.per_node_ms  # T(AR), counted by the rate mode's λ
 
 
 def test_calibrated_method_learns_from_its_verifies(ckpt, ar_outputs):
