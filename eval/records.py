@@ -83,6 +83,11 @@ class ResultRecord(_JsonRecord):
         Experts copied host-to-device; distinct experts per layer and forward, summed.
     experts_predicted_new : int or None
         Uncached experts the selector expected (0 without a predictor; None in old files).
+    expected_tokens, expected_tokens_raw : list of float or None
+        Per cycle: A(S) predicted at selection (calibrated acceptance for calibrated methods) and A(S)
+        from the draft's raw path probabilities; compare with ``accept_lengths`` + 1 (None in old files).
+    decisions : list of str or None
+        Per cycle: ``"draft"``, or ``"ar"`` when the AR gate skipped drafting (None in old files).
     measured_ms : dict
         Measured totals in ms: ``draft``, ``predict``, ``solve``, ``verify``, ``transfer``, ``accept``.
     score : dict
@@ -111,6 +116,9 @@ class ResultRecord(_JsonRecord):
     measured_ms: dict
     score: dict
     experts_predicted_new: int | None = None
+    expected_tokens: list | None = None
+    expected_tokens_raw: list | None = None
+    decisions: list | None = None
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -147,6 +155,8 @@ class ResultRecord(_JsonRecord):
             experts_transferred=int(sum(sum(c.transferred) for c in cycles)),
             experts_looked_up=int(sum(sum(c.true_experts) for c in cycles)),
             experts_predicted_new=int(sum(sum(c.predicted_new) for c in cycles)),
+            expected_tokens=[c.expected_tokens for c in cycles],
+            expected_tokens_raw=[c.expected_tokens_raw for c in cycles], decisions=[c.decision for c in cycles],
             measured_ms=measured, score=task_score(prompt.task, text, prompt.reference))
 
 
@@ -183,6 +193,11 @@ class SummaryRow(_JsonRecord):
         Accuracy or ROUGE F1.
     task_metric : str
         The same as text.
+    predicted_tau, predicted_tau_raw : float or None
+        Mean A(S) per cycle predicted at selection (calibrated) and from the raw path probabilities;
+        compare with ``tau`` (None for old records).
+    ar_share : float or None
+        Fraction of cycles in which the AR gate skipped drafting (None for old records).
     """
 
     dataset: str
@@ -208,6 +223,9 @@ class SummaryRow(_JsonRecord):
     speedup_vs_ar: float | None = None
     speedup_vs_eagle3: float | None = None
     speedup_vs_ar_wall: float | None = None
+    predicted_tau: float | None = None
+    predicted_tau_raw: float | None = None
+    ar_share: float | None = None
 
 
 # -- results.jsonl --------------------------------------------------------------------------------

@@ -29,6 +29,8 @@ COLUMNS = (
     ("experts/token", "experts_per_token", ".1f"), ("hit rate", "cache_hit_rate", ".3f"),
     ("nodes/cycle", "mean_nodes_verified", ".1f"), ("solve share", "solve_share", ".2%"),
     ("= ar", "equal_to_ar", "s"), ("task", "task_metric", "s"),
+    ("A pred (calibrated)", "predicted_tau", ".2f"), ("A pred (raw P)", "predicted_tau_raw", ".2f"),
+    ("AR-step share", "ar_share", ".0%"),
 )
 
 
@@ -121,7 +123,7 @@ def summarise(records: list[ResultRecord], depth: int, temperature: float) -> li
                            for k in MODELED_PARTS},
             equal_to_ar=equal, first_divergence=diverge,
             acceptance_by_depth=metrics.acceptance_by_depth(accept, depth),
-            task=task, task_metric=task_text,
+            task=task, task_metric=task_text, **_calibration_columns(recs),
         ))
     for row in rows:
         base = {m: next((r for r in rows if r.dataset == row.dataset and r.method == m), None)
@@ -132,6 +134,64 @@ def summarise(records: list[ResultRecord], depth: int, temperature: float) -> li
         ar = base["ar"]
         row.speedup_vs_ar_wall = row.tokens_per_s / ar.tokens_per_s if ar and ar.tokens_per_s else None
     return rows
+
+
+def _calibration_columns(recs: list[ResultRecord]) -> dict:
+    """``predicted_tau``, ``predicted_tau_raw`` and ``ar_share`` of a group (empty for old records)."""
+    if any(r.expected_tokens is None for r in recs):
+        return {}
+    cycles = sum(len(r.expected_tokens) for r in recs)
+    if not cycles:
+        return {}
+    return {"predicted_tau": sum(sum(r.expected_tokens) for r in recs) / cycles,
+            "predicted_tau_raw": sum(sum(r.expected_tokens_raw) for r in recs) / cycles,
+            "ar_share": sum(d == "ar" for r in recs for d in r.decisions) / cycles}
+
+
+def reliability_plot(records: list[ResultRecord], out: Path) -> dict[str, Path]:
+    """Reliability of the acceptance model: cycles binned by predicted A(S) (tokens per cycle), the
+    mean committed tokens per bin against the mean prediction, calibrated (solid) and raw path
+    probabilities (dashed), one panel per dataset, drafted cycles only; the diagonal is perfect
+    calibration. SPECFIT.md §3, "Calibrated acceptance".
+
+    Returns
+    -------
+    dict
+        ``{"reliability_png": path}``, or ``{}`` when no record has per-cycle predictions.
+    """
+    recs = [r for r in records if r.expected_tokens is not None and get_method(r.method).drafts]
+    if not recs:
+        return {}
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    datasets = list(dict.fromkeys(r.dataset for r in recs))
+    fig, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 4), squeeze=False)
+    for ax, ds in zip(axes[0], datasets):
+        top = 1.0
+        for i, method in enumerate(dict.fromkeys(r.method for r in recs if r.dataset == ds)):
+            group = [r for r in recs if r.dataset == ds and r.method == method]
+            done = np.array([a + 1 for r in group for a, d in zip(r.accept_lengths, r.decisions) if d == "draft"], float)
+            for key, style in (("expected_tokens", "-"), ("expected_tokens_raw", "--")):
+                pred = np.array([p for r in group for p, d in zip(getattr(r, key), r.decisions) if d == "draft"])
+                if not pred.size:
+                    continue
+                edges = np.quantile(pred, np.linspace(0, 1, 7))
+                b = np.clip(np.searchsorted(edges, pred, side="right") - 1, 0, 5)
+                xs = [pred[b == k].mean() for k in range(6) if (b == k).any()]
+                ys = [done[b == k].mean() for k in range(6) if (b == k).any()]
+                ax.plot(xs, ys, style, marker="o", color=plt.cm.tab10(i % 10),
+                        label=f"{method} ({'calibrated' if key == 'expected_tokens' else 'raw P'})")
+                top = max(top, max(xs), max(ys))
+        ax.plot([1, top], [1, top], ":", color="gray")
+        ax.set(title=ds, xlabel="predicted A(S), tokens per cycle", ylabel="committed tokens per cycle (mean)")
+        ax.legend(fontsize=7)
+    path = out / "reliability.png"
+    _save(fig, path)
+    return {"reliability_png": path}
 
 
 def _predicted_vs_transferred(method: str, recs: list[ResultRecord]) -> float | None:
@@ -282,6 +342,7 @@ def write_summary(out: str | Path, records: list[dict], meta: dict, prompts) -> 
     atomic_write_text(paths["summary_json"], json.dumps({"rows": [r.to_json() for r in rows], **meta}, indent=1) + "\n")
     atomic_write_text(paths["summary_md"], text)
     paths.update(plot(rows, out))
+    paths.update(reliability_plot(records, out))
     return rows, text, paths
 
 

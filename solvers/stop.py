@@ -1,7 +1,8 @@
 """The sound stop rule for level-by-level drafting (SPECFIT.md §3).
 
 After each draft level the engine solves the selection problem on the tree drafted so far and asks
-:func:`should_stop` whether drafting deeper could still pay.
+:func:`should_stop` whether drafting deeper could still pay. Before drafting, :func:`draft_can_beat_ar`
+asks whether any draft can beat the plain AR step at all (the AR gate).
 """
 
 from __future__ import annotations
@@ -9,11 +10,11 @@ from __future__ import annotations
 import math
 
 from specfit.core.cost import CostModel
-from specfit.core.errors import SpecFitInputError
+from specfit.core.errors import SpecFitInputError, check_positive_int
 
 
 def should_stop(best_throughput_tok_s: float, frontier_max_path_prob: float, cost: CostModel,
-                rate: float | None = None) -> bool:
+                rate: float | None = None, *, level_ms: float = 0.0, level_width: int | None = None) -> bool:
     """True iff no deeper draft tree can beat the best selection of the tree drafted so far.
 
     Parameters
@@ -29,11 +30,18 @@ def should_stop(best_throughput_tok_s: float, frontier_max_path_prob: float, cos
         Only ``per_node_ms`` is used.
     rate : float, optional
         Rate mode: the long-run rate λ in tokens/s; the objective is ``A - (λ/1000) T``.
+    level_ms : float
+        Whole-cycle objective: ms every further draft level costs (head forward + predictor + solve,
+        :attr:`CostModel.level_ms`); 0 when drafting is free.
+    level_width : int, optional
+        Most nodes one further draft level can add (EAGLE: ``top_k ** 2``); None: unbounded, and
+        the level cost cannot be spread over the nodes (it is then not used).
 
     Returns
     -------
     bool
-        Ratio mode: ``P_f <= per_node_ms * R*/1000``. Rate mode: ``P_f <= per_node_ms * λ/1000``.
+        Ratio mode: ``P_f <= (per_node_ms + level_ms / level_width) * R*/1000``. Rate mode: the
+        same with λ for R*.
 
     Raises
     ------
@@ -54,6 +62,13 @@ def should_stop(best_throughput_tok_s: float, frontier_max_path_prob: float, cos
     Rate mode: A(S) - λT(S) <= A(S_0) - λT(S_0) + |N| (P_f - λ per_node_ms) <= A(S*) - λT(S*)
     whenever P_f <= λ per_node_ms.
 
+    Whole-cycle objective (SPECFIT.md §3). T(S) above is then the whole cycle: it includes the D ms of
+    the levels drafted so far (a constant of the cycle, in R*'s denominator too), and a tree k >= 1
+    levels deeper pays k * level_ms more. Its new nodes lie in those k levels, so |N| <= k w
+    (w = ``level_width``) and its extra time is at least |N| per_node_ms + k level_ms >=
+    |N| (per_node_ms + level_ms / w). The argument above with per_node_ms replaced by
+    per_node_ms + level_ms / w gives the rule; a deeper tree with N empty is S_0 at a higher cost.
+
     References
     ----------
     SPECFIT.md §3, "Stop rule (sound)".
@@ -69,4 +84,63 @@ def should_stop(best_throughput_tok_s: float, frontier_max_path_prob: float, cos
         r = float(rate)
         if not (r >= 0.0 and math.isfinite(r)):
             raise SpecFitInputError("rate", f"must be a finite number >= 0 (tokens/s), got {rate!r}")
-    return p_f <= cost.per_node_ms * r / 1000.0
+    per_node = cost.per_node_ms
+    if level_width is not None:
+        check_positive_int("level_width", level_width)
+        per_node += float(level_ms) / level_width
+    return p_f <= per_node * r / 1000.0
+
+
+def draft_can_beat_ar(ar_ms: float, level_mass, level_ms: float, per_node_ms: float,
+                      min_expert_ms: float) -> bool:
+    """False iff no draft tree the model admits beats the plain AR step this cycle (the AR gate).
+
+    Parameters
+    ----------
+    ar_ms : float
+        T(AR): predicted ms of verifying the root alone (fixed + one node + the root's uncached
+        predicted experts). The AR step commits 1 token in ``ar_ms``.
+    level_mass : sequence of float, shape (D,)
+        ``a_j``: an upper bound on the sum of the (calibrated) path probabilities of the nodes at
+        depth j of any tree the drafter can draft this cycle, j = 1..D.
+    level_ms : float
+        ms of drafting one level (:attr:`CostModel.level_ms`).
+    per_node_ms : float
+    min_expert_ms : float
+        A lower bound on the expert-transfer ms that any non-empty set of draft nodes adds to the
+        root's (experts neither cached nor the root's).
+
+    Returns
+    -------
+    bool
+        True iff ``max_J [ar_ms * sum_{j<=J} a_j - J (level_ms + per_node_ms)] > min_expert_ms``.
+
+    Raises
+    ------
+    SpecFitInputError
+        If ``ar_ms`` is not > 0 or a bound is negative or not finite.
+
+    Notes
+    -----
+    Proof. A drafted cycle whose selection S has draft nodes N of depth at most J (J >= 1) has drafted
+    at least J levels and verifies at least one node per depth 1..J, so its whole-cycle time is
+    T >= ar_ms + J level_ms + |N| per_node_ms + X with X >= ``min_expert_ms`` the experts N adds, and
+    A = 1 + sum_N P <= 1 + sum_{j<=J} a_j. It beats AR iff A / T > 1 / ar_ms, i.e.
+    ar_ms (A - 1) > T - ar_ms, which needs ar_ms sum_{j<=J} a_j - J (level_ms + per_node_ms) > X >=
+    min_expert_ms. A cycle that drafts but selects the root alone (N empty) has A = 1 and
+    T >= ar_ms + level_ms: never better. So when the function returns False no drafted cycle beats
+    AR within the model (SPECFIT.md §3, "The AR step as a candidate").
+    """
+    t = float(ar_ms)
+    if not (t > 0 and math.isfinite(t)):
+        raise SpecFitInputError("ar_ms", f"must be a finite number > 0 (ms), got {ar_ms!r}")
+    for name, v in (("level_ms", level_ms), ("per_node_ms", per_node_ms), ("min_expert_ms", min_expert_ms)):
+        if not (float(v) >= 0 and math.isfinite(float(v))):
+            raise SpecFitInputError(name, f"must be a finite number >= 0 (ms), got {v!r}")
+    gain, best = 0.0, -math.inf
+    for j, a in enumerate(level_mass, 1):
+        if not (float(a) >= 0 and math.isfinite(float(a))):
+            raise SpecFitInputError(f"level_mass[{j - 1}]", f"must be a finite number >= 0, got {a!r}")
+        gain += t * float(a)
+        best = max(best, gain - j * (float(level_ms) + float(per_node_ms)))
+    return best > float(min_expert_ms)

@@ -59,8 +59,12 @@ class CostModel:
         Hardware profiles: experts per MoE layer of that target (Qwen3-30B-A3B: 128).
     draft_level_ms : float, optional
         Hardware profiles: modeled time of one EAGLE-3 draft level (one head forward) in ms.
+    host_level_ms : float, optional
+        Hardware profiles: host CPU time paid per draft level by the engine besides the head
+        forward, in ms: the expert predictor on the level's nodes plus one exact solve (level-by-level
+        selection). Charged by the whole-cycle objective (SPECFIT.md §3, "Whole-cycle objective").
 
-    The last three describe the deployment and take no part in T(S); they are not compared and not
+    The last four describe the deployment and take no part in T(S); they are not compared and not
     written to the instance JSON.
 
     Raises
@@ -76,6 +80,7 @@ class CostModel:
     reference_layers: int | None = field(default=None, compare=False)
     num_experts: int | None = field(default=None, compare=False)
     draft_level_ms: float | None = field(default=None, compare=False)
+    host_level_ms: float | None = field(default=None, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "fixed_ms", _check_ms("cost.fixed_ms", self.fixed_ms))
@@ -88,8 +93,16 @@ class CostModel:
         else:
             pe = _check_ms("cost.per_expert_ms", pe)
         object.__setattr__(self, "per_expert_ms", pe)
+        for name in ("draft_level_ms", "host_level_ms"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, _check_ms(f"cost.{name}", getattr(self, name)))
         if self.fixed_ms + self.per_node_ms <= 0:
             raise SpecFitInputError("cost.fixed_ms", "fixed_ms + per_node_ms must be > 0 so that every cycle takes time")
+
+    @property
+    def level_ms(self) -> float:
+        """ms paid per draft level: ``draft_level_ms + host_level_ms`` (a missing field counts 0)."""
+        return (self.draft_level_ms or 0.0) + (self.host_level_ms or 0.0)
 
     def per_expert_array(self, num_layers: int) -> np.ndarray:
         """``per_expert_ms`` as float64 of shape (num_layers,).
@@ -134,7 +147,8 @@ class CostModel:
         mean = sum(pe) / len(pe) if isinstance(pe, tuple) else pe
         return CostModel(self.fixed_ms, self.per_node_ms, mean * reference_layers / num_layers,
                          name=f"{self.name}@{num_layers}/{reference_layers}layers", reference_layers=reference_layers,
-                         num_experts=self.num_experts, draft_level_ms=self.draft_level_ms)
+                         num_experts=self.num_experts, draft_level_ms=self.draft_level_ms,
+                         host_level_ms=self.host_level_ms)
 
     def to_json(self) -> dict:
         """The ``cost`` object of the instance JSON (SPECFIT.md §4)."""
@@ -183,16 +197,21 @@ def _h2d_ms(expert_bytes: int, gb_per_s: float) -> float:
 #: launches and the top-k host sync (~0.2 ms) ≈ 0.5 ms; h200 (~4.8 TB/s): 0.06 ms + ~0.2 ms ≈ 0.25 ms.
 #: Estimates from datasheet bandwidths, not measurements.
 #:
+#: host_level_ms, host CPU time per draft level (both profiles, the host CPU is the same kind): one
+#: ``exact`` solve of a ~64-node instance, 0.57 ms wall median on one core (BENCHMARKS.md, solver
+#: benchmark, n = 64), plus the default frequency predictor on one level's nodes, 50 µs per call
+#: (BENCHMARKS.md, predictor table) ≈ 0.6 ms. Measured on this project's CPU, not on the deployment's.
+#:
 #: ``qwen3-30b-a3b-h200`` — an H200 on PCIe Gen5 x16: pinned copies achieve 45-55 GB/s
 #: (SPECFIT.md §5); at 50 GB/s one expert takes 0.189 ms. fixed_ms: 3.1 GB at ~4.3 TB/s (~0.7 ms)
 #: plus launches (~2.3 ms) ≈ 3 ms; per_node_ms ≈ 0.03 ms (~790 bf16 TFLOP/s peak, ~25% achieved).
 PROFILES: dict[str, CostModel] = {
     "qwen3-30b-a3b-pcie4": CostModel(6.0, 0.1, round(_h2d_ms(QWEN3_30B_A3B_EXPERT_BYTES, 24.0), 4),
                                      name="qwen3-30b-a3b-pcie4", reference_layers=REFERENCE_LAYERS,
-                                     num_experts=QWEN3_30B_A3B_EXPERTS, draft_level_ms=0.5),
+                                     num_experts=QWEN3_30B_A3B_EXPERTS, draft_level_ms=0.5, host_level_ms=0.6),
     "qwen3-30b-a3b-h200": CostModel(3.0, 0.03, round(_h2d_ms(QWEN3_30B_A3B_EXPERT_BYTES, 50.0), 4),
                                     name="qwen3-30b-a3b-h200", reference_layers=REFERENCE_LAYERS,
-                                    num_experts=QWEN3_30B_A3B_EXPERTS, draft_level_ms=0.25),
+                                    num_experts=QWEN3_30B_A3B_EXPERTS, draft_level_ms=0.25, host_level_ms=0.6),
 }
 
 #: The profile the evaluation uses unless told otherwise (the consumer-GPU deployment).

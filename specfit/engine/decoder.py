@@ -25,12 +25,14 @@ The engine talks to three duck-typed parts:
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from collections import deque
+from dataclasses import asdict, dataclass, field, replace
 from typing import Sequence
 
 import numpy as np
 import torch
 
+from specfit.core.acceptance import AcceptanceCalibrator, verify_trials
 from specfit.core.cost import CostModel, calibrate
 from specfit.core.errors import SpecFitInputError, check_context, check_positive_int, check_single_sequence, lookup
 from specfit.core.instance import Instance
@@ -38,7 +40,7 @@ from specfit.core.tree import DraftTree
 from specfit.engine.verify import verify_greedy, verify_sampling
 from specfit.solvers import get_solver
 from specfit.solvers.base import solver_class
-from specfit.solvers.stop import should_stop
+from specfit.solvers.stop import draft_can_beat_ar, should_stop
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,10 @@ class Method:
         Feed the selector the target's true routing instead of predicted experts.
     uses_cache : bool
         False for ``eagle3-vanilla``: the target must run with ``cache_slots=0``.
+    calibrated : bool
+        Select, stop and gate with calibrated acceptance learned online from verify outcomes
+        (:mod:`specfit.core.acceptance`), charge the draft levels of the cycle (whole-cycle
+        objective) and take the AR step when no draft can beat it (SPECFIT.md §3).
 
     The properties below say what a method needs; callers test them, never method names.
     """
@@ -68,6 +74,7 @@ class Method:
     level_by_level: bool = False
     oracle: bool = False
     uses_cache: bool = True
+    calibrated: bool = False
 
     @property
     def cost_aware(self) -> bool:
@@ -96,8 +103,8 @@ METHODS: dict[str, Method] = {
     "eagle3-vanilla": Method("eagle3-vanilla", drafts=True, selector="eagle", uses_cache=False),
     "eagle3": Method("eagle3", drafts=True, selector="eagle"),
     "eagle3-scan": Method("eagle3-scan", drafts=True, selector="scan"),
-    "specfit": Method("specfit", drafts=True, selector="exact", level_by_level=True),
-    "oracle": Method("oracle", drafts=True, selector="exact", level_by_level=True, oracle=True),
+    "specfit": Method("specfit", drafts=True, selector="exact", level_by_level=True, calibrated=True),
+    "oracle": Method("oracle", drafts=True, selector="exact", level_by_level=True, oracle=True, calibrated=True),
 }
 
 
@@ -137,7 +144,10 @@ class CycleRecord:
     Experts per MoE layer, lists of length L: ``predicted_new`` (uncached experts the selector
     predicted for the verified subtree), ``true_experts`` (distinct experts the verified nodes
     really routed to), ``transferred`` (experts the runtime copied host-to-device). Model terms:
-    ``expected_tokens`` A(S), ``predicted_ms`` T(S). Measured wall-clock ms: ``draft_ms``,
+    ``expected_tokens`` A(S) (with calibrated acceptance for calibrated methods), ``expected_tokens_raw``
+    A(S) from the draft's raw path probabilities, ``predicted_ms`` T(S) (whole cycle for calibrated
+    methods: it includes the draft levels' ``level_ms``). ``decision``: ``"draft"``, or ``"ar"`` when
+    the AR gate skipped drafting (SPECFIT.md §3, "The AR step as a candidate"). Measured wall-clock ms: ``draft_ms``,
     ``predict_ms``, ``solve_ms``, ``verify_ms`` (whole target forward), ``transfer_ms`` (H2D part of
     it, from the expert cache's timer), ``compute_ms`` (``verify_ms - transfer_ms``), ``accept_ms``.
     """
@@ -148,7 +158,9 @@ class CycleRecord:
     accepted: int = 0
     committed: int = 0
     expected_tokens: float = 1.0
+    expected_tokens_raw: float = 1.0
     predicted_ms: float = 0.0
+    decision: str = "draft"
     predicted_new: list = field(default_factory=list)
     true_experts: list = field(default_factory=list)
     transferred: list = field(default_factory=list)
@@ -288,6 +300,15 @@ class SpecDecoder:
         self.calibrate_every = calibrate_every
         self.calibration = None
         self._measured: list[tuple[int, list[int], float]] = []
+        #: Calibrated acceptance, learned over this decoder's lifetime (calibrated methods only).
+        self.acceptance = AcceptanceCalibrator(max_depth=tree.depth) if m.calibrated else None
+        self._min_expert_ms: deque = deque(maxlen=self.GATE_WINDOW)  # per drafted cycle
+        self._skips = 0  # consecutive cycles the AR gate skipped drafting
+
+    #: AR gate: drafted cycles whose cheapest draft node's expert cost bounds the next decisions.
+    GATE_WINDOW = 4
+    #: AR gate: after this many consecutive AR steps, draft once anyway (fresh acceptance and expert data).
+    EXPLORE_EVERY = 8
 
     # -- one generation ------------------------------------------------------------------------
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, eos_id: int | None = None) -> Generation:
@@ -361,7 +382,9 @@ class SpecDecoder:
         self._measured.append((rec.nodes_verified, rec.transferred, rec.verify_ms))
         if len(self._measured) >= len(rec.transferred) + 2 and len(self._measured) % self.calibrate_every == 0:
             nodes, misses, ms = zip(*self._measured)
-            self.calibration = calibrate(nodes, misses, ms, name="online")
+            fit = calibrate(nodes, misses, ms, name="online")  # keep the profile's draft and host level costs
+            self.calibration = replace(fit, cost=replace(fit.cost, draft_level_ms=self.cost.draft_level_ms,
+                                                         host_level_ms=self.cost.host_level_ms))
             self.cost = self.calibration.cost
 
     def _cycle(self, root: int, drafter_ready: bool):
@@ -373,12 +396,14 @@ class SpecDecoder:
             cache = _cache_mask(self.target, len(stats0["layers"]), self.num_experts)
             tree, selection, items = self._draft_and_select(root, cache, rec)
             reference_verified = m.needs_reference and rec.levels > 0
+        raw = tree.path_prob if selection is None else self._raw_pp  # the draft's own path probabilities
         # verify the selected subtree in one target forward
         keep = list(selection.nodes) if selection is not None else [0]
         sub, _ = tree.subtree(keep)
         sub_tokens, sub_parents = sub.tokens.tolist(), sub.parents.tolist()
         if selection is not None:
             rec.expected_tokens, rec.predicted_ms = selection.expected_tokens, selection.predicted_ms
+            rec.expected_tokens_raw = 1.0 + float(raw[keep[1:]].sum())
             rec.predicted_new = items.new_per_layer(keep).tolist()
         t0 = time.perf_counter()
         out = self.target.verify(torch.tensor(sub_tokens), sub_parents)
@@ -393,6 +418,10 @@ class SpecDecoder:
         else:
             acc = verify_greedy(sub_tokens, sub_parents, logits)
         self.target.commit(acc.path)
+        if self.acceptance is not None and len(keep) > 1:
+            nodes, ok = verify_trials(sub_parents, acc.path)
+            old = np.asarray(keep)[nodes]
+            self.acceptance.update(self._raw_q(tree, raw)[old], tree.depth[old], ok)
         if self.reference is not None:
             if not reference_verified:  # nothing drafted this cycle: mirror the root-only verify
                 self.reference.verify(torch.tensor(sub_tokens), sub_parents)
@@ -417,8 +446,13 @@ class SpecDecoder:
     def _draft_and_select(self, root: int, cache: np.ndarray, rec: CycleRecord):
         """Grow the draft tree level by level and select its verified subtree.
 
+        For a calibrated method the tree carries calibrated path probabilities (the raw ones are kept
+        in ``self._raw_pp``), the levels drafted so far are a cost of the cycle (whole-cycle objective)
+        and the AR gate may skip drafting (SPECFIT.md §3).
+
         Returns ``(tree, selection, items)``: the :class:`DraftTree` drafted, the
-        :class:`~specfit.solvers.Selection` and the tree's coverage accounting against ``cache``.
+        :class:`~specfit.solvers.Selection` and the tree's coverage accounting against ``cache``;
+        ``(root-only tree, None, None)`` when the AR gate skipped drafting.
         """
         m, ts = self.method, self.tree
         rate = None
@@ -434,8 +468,16 @@ class SpecDecoder:
             root_experts = np.zeros((1, cache.shape[0], int(self.target.spec.top_k)), dtype=np.int64)
         rec.predict_ms += (time.perf_counter() - t0) * 1e3
         tree = DraftTree([-1], path_prob=[1.0], tokens=[root], experts=root_experts, num_experts=self.num_experts)
+        self._raw_pp = tree.path_prob.copy()
         if not experts_known:  # no expert term: an empty layer axis
             cache = np.zeros((0, self.num_experts), dtype=bool)
+        cal = self.acceptance
+        level_ms = self.cost.level_ms if m.calibrated else 0.0
+        width = ts.top_k ** 2 if m.calibrated else None  # most nodes an EAGLE level adds
+        if cal is not None and not self._gate(tree, cache):
+            rec.decision = "ar"  # T(AR): the rate mode's running λ counts this cycle's time
+            rec.predicted_ms = self.cost.cycle_ms(1, tree.items(cache).root_new_per_layer)
+            return tree, None, None
         selection = None
         levels = self.drafter.draft_levels(root, ts.top_k, ts.depth)
         while True:
@@ -454,34 +496,89 @@ class SpecDecoder:
                 experts = np.zeros((len(level.parents),) + tree.experts.shape[1:], dtype=np.int64)
             parents = level.parents.cpu().numpy().astype(np.int64, copy=False)
             # EAGLE's float32 products can differ from the parent's by an ulp; keep P non-increasing
-            pp = np.minimum(level.path_prob.double().cpu().numpy(), tree.path_prob[parents])
+            raw = np.minimum(level.path_prob.double().cpu().numpy(), self._raw_pp[parents])
+            pp = raw
+            if cal is not None:  # calibrated conditional acceptance, multiplied along the path
+                up = self._raw_pp[parents]
+                q = np.where(up > 0, raw / np.where(up > 0, up, 1.0), 0.0)
+                pp = cal.level_path_prob(tree.path_prob, parents, q, tree.depth[parents] + 1)
+            self._raw_pp = np.concatenate([self._raw_pp, raw])
             tree.add_level(parents, pp, level.tokens.cpu().numpy().astype(np.int64, copy=False), experts)
             rec.predict_ms += (time.perf_counter() - t0) * 1e3
             if m.oracle:  # outside the timed path
                 tree.set_experts(self._true_routing(tree))
             selection = None
             if m.level_by_level and rec.levels < ts.depth:
-                # The stop rule stops iff P_f <= per_node_ms * R*. R* <= 1000 (1 + sum P) / T(root alone), as
-                # every subtree holds the root; solve only when even that bound lets the rule fire (rate mode
-                # needs no R*).
+                # The stop rule stops iff P_f <= (per_node_ms + level_ms / width) * R*. R* <= 1000 (1 + sum P) /
+                # (T(root alone) + levels drafted), as every subtree holds the root; solve only when even that
+                # bound lets the rule fire (rate mode needs no R*).
                 p_f = float(tree.path_prob[tree.last_level].max())
                 root_ms = self.cost.cycle_ms(1, tree.items(cache).root_new_per_layer)  # built once, then extended
-                bound = 1000.0 * sum(tree.path_prob.tolist()) / root_ms
-                if should_stop(bound, p_f, self.cost, rate):
+                bound = 1000.0 * sum(tree.path_prob.tolist()) / (root_ms + rec.levels * level_ms)
+                if should_stop(bound, p_f, self.cost, rate, level_ms=level_ms, level_width=width):
                     if rate is not None:
                         break
-                    selection = self._select(tree, cache, rate, rec)
-                    if should_stop(selection.throughput, p_f, self.cost, rate):
+                    selection = self._select(tree, cache, rate, rec, rec.levels * level_ms)
+                    if should_stop(selection.throughput, p_f, self.cost, rate, level_ms=level_ms, level_width=width):
                         break
         levels.close()
         rec.nodes_drafted = tree.n - 1
         if selection is None:
-            selection = self._select(tree, cache, rate, rec)
+            selection = self._select(tree, cache, rate, rec, rec.levels * level_ms)
+        if cal is not None and tree.n > 1:
+            self._min_expert_ms.append(self._cheapest_node_expert_ms(tree, cache))
         return tree, selection, tree.items(cache)
 
-    def _select(self, tree: DraftTree, cache: np.ndarray, rate: float | None, rec: CycleRecord):
+    def _gate(self, tree: DraftTree, cache: np.ndarray) -> bool:
+        """The AR gate: True iff a draft may beat the AR step this cycle (:func:`draft_can_beat_ar`).
+
+        The mass bound of depth j is ``a_j = min(a_{j-1}, w_j u_j)`` with ``u_j`` the product of the
+        largest calibrated conditional acceptance at depths 1..j and ``w_j`` the drafter's level width
+        (``top_k`` then ``top_k**2``); ``a_{j-1}`` because one node's children's calibrated conditionals
+        sum to at most 1. The expert bound is the smallest expert ms of a single draft node (beyond
+        the cache and the root) over the last :attr:`GATE_WINDOW` drafted cycles. Exploration: with
+        no drafted cycle yet, or after :attr:`EXPLORE_EVERY` consecutive AR steps, it drafts.
+        """
+        if not self._min_expert_ms or self._skips >= self.EXPLORE_EVERY:
+            self._skips = 0
+            return True
+        ts, cost, mass, a, u = self.tree, self.cost, [], 1.0, 1.0
+        for j in range(1, ts.depth + 1):
+            u *= self.acceptance.max_conditional(j)
+            a = min(a, ts.top_k ** min(j, 2) * u)
+            mass.append(a)
+        ar_ms = cost.cycle_ms(1, tree.items(cache).root_new_per_layer)
+        if draft_can_beat_ar(ar_ms, mass, cost.level_ms, cost.per_node_ms, min(self._min_expert_ms)):
+            self._skips = 0
+            return True
+        self._skips += 1
+        return False
+
+    def _cheapest_node_expert_ms(self, tree: DraftTree, cache: np.ndarray) -> float:
+        """Smallest expert-transfer ms a single draft node of ``tree`` adds to the root's (0 without experts)."""
+        if tree.num_layers == 0:
+            return 0.0
+        exp = tree.experts
+        have = cache.copy()
+        layer = np.arange(exp.shape[1])[:, None]
+        have[layer, exp[0]] = True  # the root's experts are paid by the AR step too
+        new = (~have[layer[None], exp[1:]]).sum(axis=2)  # (n-1, L); a node's k ids per layer are distinct
+        return float((new @ self.cost.per_expert_array(exp.shape[1])).min())
+
+    @staticmethod
+    def _raw_q(tree: DraftTree, raw: np.ndarray) -> np.ndarray:
+        """Conditional draft probabilities q_v = P_v / P_parent from the raw path probabilities (q_0 = 1)."""
+        up = raw[np.maximum(tree.parents, 0)]
+        return np.where(up > 0, raw / np.where(up > 0, up, 1.0), 0.0)
+
+    def _select(self, tree: DraftTree, cache: np.ndarray, rate: float | None, rec: CycleRecord,
+                sunk_ms: float = 0.0):
+        """Solve the selection; ``sunk_ms`` (the levels drafted this cycle) is added to ``fixed_ms``: a
+        cost of the cycle that does not depend on the selection (whole-cycle objective)."""
         t0 = time.perf_counter()
         cost = self.cost if self.cost is not None else CostModel(1.0, 0.0, 0.0)
+        if sunk_ms:
+            cost = replace(cost, fixed_ms=cost.fixed_ms + sunk_ms)
         inst = Instance(tree, cost, cache, max_nodes=self.max_nodes)  # the cache the tree's accounting uses
         sel = self.solver.solve(inst, rate=rate)
         rec.solve_ms += (time.perf_counter() - t0) * 1e3

@@ -78,3 +78,10 @@ def test_calibration_keeps_a_cycle_positive_when_transfers_explain_all_time():
     assert cal.cost.fixed_ms > 0 and cal.cost.per_node_ms == 0.0
     residual = [y - cal.cost.per_expert_ms * m[0] for y, m in zip(ms, misses)]
     assert cal.cost.fixed_ms == max(min(residual), 1e-6)
+
+
+def test_calibrate_when_the_misses_explain_every_millisecond():
+    from specfit.core.cost import calibrate
+
+    fit = calibrate([1, 1, 1, 1], [[1], [2], [3], [4]], [1.0, 2.0, 3.0, 4.0])  # NNLS: fixed = per_node = 0
+    assert fit.cost.per_expert_ms == pytest.approx(1.0) and 0 < fit.cost.fixed_ms <= 1e-6

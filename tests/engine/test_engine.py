@@ -209,3 +209,28 @@ def test_configuration_errors(ckpt):
         dec.generate([], 4)
     with pytest.raises(SpecFitInputError, match="total_tokens"):
         TreeSettings(total_tokens=0)
+
+
+def test_ar_gate_takes_the_ar_step_when_no_draft_can_pay_and_explores(ckpt, ar_outputs):
+    dec = decoder(ckpt, "specfit", SelfDrafter(ckpt), tree=TreeSettings(8, 3, 3))
+    dec.acceptance.trials[:] = 1e4  # learned: nothing the draft proposes is ever accepted
+    gen = dec.generate(PROMPTS[1], 16)
+    assert gen.output_ids == ar_outputs[1]
+    decisions = [c.decision for c in gen.cycles]
+    assert decisions[0] == "draft"  # no drafted cycle yet: the expert bound is unknown, so draft
+    assert "ar" in decisions
+    runs = "".join("a" if d == "ar" else "d" for d in decisions).split("d")
+    assert max(len(r) for r in runs) <= dec.EXPLORE_EVERY  # exploration: draft again after that many
+    for c in gen.cycles:
+        if c.decision == "ar":
+            assert (c.levels, c.nodes_verified, c.committed, c.expected_tokens) == (0, 1, 1, 1.0)
+            assert c.predicted_ms >= COST.fixed_ms + COST.per_node_ms  # T(AR), counted by the rate mode's λ
+
+
+def test_calibrated_method_learns_from_its_verifies(ckpt, ar_outputs):
+    dec = decoder(ckpt, "specfit", SelfDrafter(ckpt), tree=TreeSettings(8, 3, 3))
+    gen = dec.generate(PROMPTS[0], 16)
+    assert gen.output_ids == ar_outputs[0]
+    drafted = [c for c in gen.cycles if c.nodes_verified > 1]
+    assert drafted and dec.acceptance.trials.sum() >= sum(c.nodes_verified - 1 for c in drafted[:1])
+    assert dec.acceptance.accepted.sum() == sum(c.accepted for c in gen.cycles)  # one success per accepted node

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specfit.solvers import get_solver
-from specfit.solvers.stop import should_stop
+from specfit.solvers.stop import draft_can_beat_ar, should_stop
 from specfit.core.cost import CostModel
 from specfit.core.errors import SpecFitInputError
 from specfit.core.instance import Instance
@@ -71,3 +72,78 @@ def test_stop_rule_rejects_bad_arguments(args, field):
         should_stop(*args, CostModel(1.0, 0.1, 0.0))
     with pytest.raises(SpecFitInputError, match="rate"):
         should_stop(10.0, 0.5, CostModel(1.0, 0.1, 0.0), rate=-1.0)
+
+
+def _with_fixed(inst: Instance, m: int, extra_ms: float) -> Instance:
+    """Nodes 0..m-1 of ``inst`` with ``extra_ms`` added to fixed_ms (the levels drafted: a cost of the cycle)."""
+    sub, _ = inst.tree.subtree(range(m))
+    return Instance(sub, replace(inst.cost, fixed_ms=inst.cost.fixed_ms + extra_ms), inst.cache, inst.max_nodes,
+                    inst.max_new_experts_per_layer)
+
+
+@pytest.mark.parametrize("budget", BUDGETS)
+@pytest.mark.parametrize("mode", ["ratio", "rate"])
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_stop_rule_with_level_cost_is_sound(budget, mode, data):
+    """Whole-cycle objective: a tree drafted d levels deep pays d * level_ms; when the rule (with the
+    next levels' cost spread over at most ``width`` nodes a level) stops, no deeper tree is better."""
+    inst, ends = data.draw(level_instances(budget=budget))
+    rate = data.draw(st.floats(0.0, 800.0)) if mode == "rate" else None
+    level_ms = data.draw(st.floats(0.0, 20.0))
+    width = max(b - a for a, b in zip(ends, ends[1:])) if len(ends) > 1 else 1
+    brute = get_solver("bruteforce")
+    best = [brute.solve(_with_fixed(inst, m, d * level_ms), rate) for d, m in enumerate(ends)]
+    for d, m in enumerate(ends[:-1]):
+        p_f = float(inst.tree.path_prob[ends[d - 1] if d else 0:m].max())
+        if should_stop(best[d].throughput, p_f, inst.cost, rate, level_ms=level_ms, level_width=width):
+            deeper = max(b.objective for b in best[d + 1:])
+            assert deeper <= best[d].objective + 1e-9 * max(1.0, abs(best[d].objective)), (d, deeper, best[d].objective)
+
+
+def test_level_cost_lets_the_rule_stop_earlier():
+    cost = CostModel(10.0, 0.1, 0.0)
+    assert not should_stop(100.0, 0.05, cost)  # 0.05 > 0.1 ms * 0.1 tokens/ms
+    assert should_stop(100.0, 0.05, cost, level_ms=2.0, level_width=4)  # 0.05 <= (0.1 + 0.5) * 0.1
+    assert not should_stop(100.0, 0.05, cost, level_ms=2.0)  # unbounded width: the level cost is not used
+    with pytest.raises(SpecFitInputError, match="level_width"):
+        should_stop(100.0, 0.05, cost, level_ms=2.0, level_width=0)
+
+
+def _gate_inputs(inst: Instance, ends: list[int], level_ms: float):
+    """The AR gate's inputs with the tightest bounds the drawn tree allows."""
+    tree, cost = inst.tree, inst.cost
+    ar_ms = cost.cycle_ms(1, inst.items.root_new_per_layer)
+    mass = [float(tree.path_prob[a:b].sum()) for a, b in zip(ends, ends[1:])]
+    cheapest = min((cost.cycle_ms(0, inst.items.new_per_layer([0, v])) - cost.cycle_ms(0, inst.items.root_new_per_layer)
+                    for v in range(1, tree.n)), default=0.0)
+    return ar_ms, mass, max(cheapest, 0.0)
+
+
+@pytest.mark.parametrize("budget", BUDGETS)
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_ar_gate_skips_only_when_no_draft_beats_ar(budget, data):
+    """Whenever the gate says no draft can beat AR, no subtree of any drafted depth (paying its levels)
+    beats the AR step's 1 token in T(root alone) — brute force over every subtree."""
+    inst, ends = data.draw(level_instances(budget=budget))
+    level_ms = data.draw(st.floats(0.0, 20.0))
+    ar_ms, mass, cheapest = _gate_inputs(inst, ends, level_ms)
+    if draft_can_beat_ar(ar_ms, mass, level_ms, inst.cost.per_node_ms, cheapest):
+        return
+    brute = get_solver("bruteforce")
+    for d, m in enumerate(ends[1:], 1):
+        best = brute.solve(_with_fixed(inst, m, d * level_ms))
+        assert best.throughput <= 1000.0 / ar_ms * (1 + 1e-9), (d, best.throughput, 1000.0 / ar_ms)
+
+
+def test_ar_gate_decides_by_the_expert_cost_of_a_draft():
+    # AR: 10 ms. One level of mass 0.5 gains 0.5 * 10 ms = 5 ms against 1 ms of level and node cost.
+    assert draft_can_beat_ar(10.0, [0.5], 0.9, 0.1, 3.9)
+    assert not draft_can_beat_ar(10.0, [0.5], 0.9, 0.1, 4.0)   # the cheapest draft node brings 4 ms of experts
+    assert not draft_can_beat_ar(10.0, [0.0, 0.0], 0.0, 0.0, 0.0)  # nothing can be accepted
+    assert draft_can_beat_ar(10.0, [0.05, 0.9], 0.1, 0.0, 0.0)  # a deeper level can pay for a shallow one
+    with pytest.raises(SpecFitInputError, match="ar_ms"):
+        draft_can_beat_ar(0.0, [0.5], 0.0, 0.0, 0.0)
+    with pytest.raises(SpecFitInputError, match=r"level_mass\[0\]"):
+        draft_can_beat_ar(1.0, [-0.5], 0.0, 0.0, 0.0)

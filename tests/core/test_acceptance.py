@@ -1,0 +1,66 @@
+"""Calibrated acceptance: learns observed acceptance, keeps path probabilities non-increasing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specfit.core.acceptance import AcceptanceCalibrator, verify_trials
+from specfit.core.errors import SpecFitInputError
+from specfit.core.tree import DraftTree
+
+
+def test_prior_is_the_draft_probability():
+    cal = AcceptanceCalibrator()
+    q = np.array([0.01, 0.3, 0.77, 1.0])
+    assert np.allclose(cal.conditional(q, [1, 2, 3, 9]), q)
+
+
+def test_learns_an_understating_draft():
+    cal = AcceptanceCalibrator(prior_strength=4.0)
+    q = np.full(400, 0.35)
+    cal.update(q, np.ones(400, dtype=int), np.arange(400) < 280)  # accepted 70% of the time
+    c = float(cal.conditional([0.35], [1])[0])
+    assert c == pytest.approx((4.0 * 0.35 + 280) / 404)
+    assert float(cal.conditional([0.35], [2])[0]) == pytest.approx(0.35)  # other depths untouched
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.data())
+def test_calibrated_path_probabilities_are_a_valid_draft_tree(data):
+    cal = AcceptanceCalibrator(max_depth=4)
+    m = data.draw(st.integers(1, 200))
+    cal.update(data.draw(st.lists(st.floats(0, 1), min_size=m, max_size=m)),
+               data.draw(st.lists(st.integers(1, 6), min_size=m, max_size=m)),
+               data.draw(st.lists(st.booleans(), min_size=m, max_size=m)))
+    pp, parents = np.array([1.0]), [-1]
+    for depth in range(1, 5):
+        prev = [v for v in range(len(parents)) if (depth == 1 and v == 0) or (v and v >= len(parents) - 16)]
+        par = np.array(data.draw(st.lists(st.sampled_from(prev), min_size=1, max_size=8)))
+        q = np.array(data.draw(st.lists(st.floats(0, 1), min_size=len(par), max_size=len(par))))
+        new = cal.level_path_prob(pp, par, q, np.full(len(par), depth))
+        sums = np.zeros(len(pp))
+        np.add.at(sums, par, new / np.where(pp[par] > 0, pp[par], 1.0))
+        assert np.all(sums <= 1.0 + 1e-9)  # one node's children: mutually exclusive acceptance
+        pp = np.concatenate([pp, new])
+        parents += par.tolist()
+    DraftTree(parents, path_prob=pp)  # validates P in [0, 1] and non-increasing along paths
+    for j in range(1, 5):  # the gate's bound holds every node
+        assert cal.max_conditional(j) >= cal.conditional(np.linspace(0, 1, 101), np.full(101, j)).max() - 1e-12
+
+
+def test_verify_trials_are_children_of_the_accepted_path():
+    # 0 -> 1 -> 3, 0 -> 2, 1 -> 4, 3 -> 5; accepted path 0, 1, 3
+    nodes, ok = verify_trials([-1, 0, 0, 1, 1, 3], [0, 1, 3])
+    assert nodes.tolist() == [1, 2, 3, 4, 5] and ok.tolist() == [True, False, True, False, False]
+    nodes, ok = verify_trials([-1, 0, 1], [0])
+    assert nodes.tolist() == [1] and ok.tolist() == [False]  # node 2's parent was rejected: no trial
+
+
+@pytest.mark.parametrize("kwargs,field", [({"max_depth": 0}, "max_depth"), ({"prior_strength": 0.0}, "prior_strength"),
+                                          ({"edges": (0.5, 0.2)}, "edges")])
+def test_bad_settings_are_refused(kwargs, field):
+    with pytest.raises(SpecFitInputError, match=field):
+        AcceptanceCalibrator(**kwargs)
