@@ -196,11 +196,14 @@ class LayerStats:
     ``hits``/``misses`` count (forward, expert) pairs: an expert needed by a forward is a hit when it
     was resident when the forward reached the layer, a miss otherwise (one H2D transfer each).
     ``prefetched`` counts experts loaded by :meth:`DeviceExpertCache.prefetch`; their bytes and time
-    are included in ``bytes_moved`` and ``transfer_ms``.
+    are included in ``bytes_moved`` and ``transfer_ms``. ``rejected_misses`` counts the misses of
+    verify forwards whose expert no accepted node used (transfers paid only for rejected draft
+    nodes; counted by :meth:`DeviceExpertCache.settle`).
     """
 
     hits: int = 0
     misses: int = 0
+    rejected_misses: int = 0
     prefetched: int = 0
     bytes_moved: int = 0
     transfer_ms: float = 0.0
@@ -412,10 +415,13 @@ class DeviceExpertCache:
             ``None`` discards the record without ranking (the tentative forward was abandoned).
         """
         journal, self._held = self._held, None
-        if journal is None or accepted is None or self.admission == "all":
+        if journal is None or accepted is None:
             return
         for layer, (seen, keep) in enumerate(zip(journal, accepted)):
             keep = set(int(e) for e in keep)
+            self._stats[layer].rejected_misses += sum(not r and e not in keep for e, (_, _, r) in seen.items())
+            if self.admission == "all":
+                continue
             for e, (last, uses, was_resident) in seen.items():
                 if e in keep or e not in self._slot_of[layer]:
                     continue

@@ -90,7 +90,8 @@ def test_rounds_keep_hits_and_count_per_layer():
     run_and_check(cache, 1, [0, 1, 2, 4, 5])           # 2 hits, then 3 misses in 2 rounds
     layers = cache.stats()["layers"]
     assert (layers[1]["hits"], layers[1]["misses"]) == (2, 3)
-    assert layers[0] == {"hits": 0, "misses": 0, "prefetched": 0, "bytes_moved": 0, "transfer_ms": 0.0}
+    assert layers[0] == {"hits": 0, "misses": 0, "rejected_misses": 0, "prefetched": 0, "bytes_moved": 0,
+                         "transfer_ms": 0.0}
     assert layers[1]["bytes_moved"] == 3 * 3 * H * I * 4 and layers[1]["transfer_ms"] > 0
 
 
@@ -162,6 +163,8 @@ def test_experts_of_rejected_nodes_are_evicted_first(policy):
     run_and_check(aware, 0, [4])
     assert aware.cached_experts()[0] == [1, 3, 4]                  # then 0: its rejected use was undone
     assert aware.stats()["admission"] == "accepted"
+    for cache in (aware, plain):      # 2 was the one transfer paid only for rejected nodes
+        assert cache.stats()["layers"][0]["rejected_misses"] == 1
 
 
 def test_settle_without_record_and_demotion_ends_on_use():
