@@ -71,8 +71,8 @@ class EvalConfig:
     eviction : str
         Expert-cache eviction policy (``lru``/``lfu``).
     admission : str
-        How a verify's experts rank in the cache: ``accepted`` (default; experts copied only for
-        rejected draft nodes are evicted first) or ``all`` (plain LRU/LFU).
+        How a verify's experts rank in the cache: ``all`` (default; plain LRU/LFU) or ``accepted``
+        (experts copied only for rejected draft nodes are evicted first; not better on the proxy).
     profile : str
         Hardware profile of :mod:`specfit.core.cost` for the selection and the modeled times.
     model, draft : str or None
@@ -110,7 +110,7 @@ class EvalConfig:
     max_new_tokens: int = 64
     cache_slots: int | str = 32
     eviction: str = "lru"
-    admission: str = "accepted"
+    admission: str = "all"
     profile: str = DEFAULT_PROFILE
     model: str | None = None
     draft: str | None = None

@@ -63,7 +63,7 @@ def parse_bytes(text: str | int, field: str = "gpu_memory") -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
 
 
-def check_cache_args(slots: int | str, policy: str, num_experts: int, admission: str = "accepted") -> int:
+def check_cache_args(slots: int | str, policy: str, num_experts: int, admission: str = "all") -> int:
     """Validate expert-cache arguments and return the slots per layer as an integer.
 
     Parameters
@@ -182,11 +182,12 @@ class LFU:
 #: Eviction policies by name.
 POLICIES = {"lru": LRU, "lfu": LFU}
 
-#: Admission of the experts a verify forward touches (:meth:`DeviceExpertCache.settle`):
-#: ``accepted`` (default) counts a use only for experts of the accepted path and puts experts
-#: transferred only for rejected draft nodes at the cold end of the eviction order; ``all`` counts
-#: every expert the verify touched as used (plain LRU/LFU, the behaviour before issue 9).
-ADMISSIONS = ("accepted", "all")
+#: Admission of the experts a verify forward touches (:meth:`DeviceExpertCache.settle`): ``all``
+#: (default) counts every expert the verify touched as used (plain LRU/LFU); ``accepted`` counts a
+#: use only for experts of the accepted path and puts experts transferred only for rejected draft
+#: nodes at the cold end of the eviction order. On the shipped proxy ``accepted`` moved as many or
+#: slightly more experts per committed token (BENCHMARKS.md, "The crossover"), so it is not the default.
+ADMISSIONS = ("all", "accepted")
 
 
 @dataclass
@@ -261,7 +262,7 @@ class DeviceExpertCache:
     policy : str
         Eviction policy, ``"lru"`` (default) or ``"lfu"``.
     admission : str
-        ``"accepted"`` (default) or ``"all"``: how the experts of a tentative (verify) forward are
+        ``"all"`` (default) or ``"accepted"``: how the experts of a tentative (verify) forward are
         ranked once the accepted path is known, see :meth:`settle`.
     staging_slots : int or None
         With ``slots=0``, the size of the one transient buffer shared by all layers (default: E,
@@ -274,7 +275,7 @@ class DeviceExpertCache:
     """
 
     def __init__(self, store: HostExpertStore, device, slots: int | str = 0, policy: str = "lru",
-                 staging_slots: int | None = None, admission: str = "accepted"):
+                 staging_slots: int | None = None, admission: str = "all"):
         self.store = store
         self.device = torch.device(device)
         E = store.num_experts

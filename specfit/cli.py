@@ -191,9 +191,9 @@ def _add_eval(sub) -> None:
                         "comma-separated list (16,32,64,96,all) runs a sweep into OUT/slots-<S> and writes "
                         "OUT/sweep.md and OUT/crossover.png")
     p.add_argument("--eviction", default="lru", choices=["lru", "lfu"], help="expert-cache eviction policy (default lru)")
-    p.add_argument("--admission", default="accepted", choices=["accepted", "all"],
-                   help="expert-cache admission of a verify's experts: accepted (default; experts copied only for "
-                        "rejected draft nodes are evicted first) or all (plain LRU/LFU)")
+    p.add_argument("--admission", default="all", choices=["all", "accepted"],
+                   help="expert-cache admission of a verify's experts: all (default; plain LRU/LFU) or accepted "
+                        "(experts copied only for rejected draft nodes are evicted first)")
     p.add_argument("--profile", default="qwen3-30b-a3b-pcie4",
                    help="hardware profile for selection and modeled time (default qwen3-30b-a3b-pcie4; "
                         "also qwen3-30b-a3b-h200)")

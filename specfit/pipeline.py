@@ -184,7 +184,7 @@ class SpecFit:
                         eviction: str = "lru", device: str = "cpu", dtype: "str | torch.dtype | None" = None,
                         predictor: str | Any | None = "frequency", predictor_trace: str | Path | None = None,
                         profile: str | CostModel = DEFAULT_PROFILE, max_len: int = DEFAULT_MAX_LEN,
-                        admission: str = "accepted") -> "SpecFit":
+                        admission: str = "all") -> "SpecFit":
         """Load a Qwen3-MoE checkpoint with offloaded experts and, optionally, its EAGLE-3 head.
 
         Parameters
@@ -222,8 +222,8 @@ class SpecFit:
         max_len : int
             KV capacity in tokens (prompt + new tokens + one draft tree).
         admission : str
-            How a verify's experts rank in the expert cache: ``"accepted"`` (default; experts
-            copied only for rejected draft nodes are evicted first) or ``"all"`` (plain LRU/LFU);
+            How a verify's experts rank in the expert cache: ``"all"`` (default; plain LRU/LFU)
+            or ``"accepted"`` (experts copied only for rejected draft nodes are evicted first);
             timing only, never results (:meth:`DeviceExpertCache.settle`).
 
         Returns

@@ -113,7 +113,7 @@ class OffloadedQwen3Moe:
     def __init__(self, spec: Qwen3MoeSpec, weights: dict[str, torch.Tensor], store: HostExpertStore,
                  device, dtype: torch.dtype, *, cache_slots: int | str | None = None, gpu_memory=None,
                  eviction: str = "lru", max_len: int = 4096, aux_layers: Sequence[int] | None = None,
-                 admission: str = "accepted"):
+                 admission: str = "all"):
         self.spec, self.w, self.store = spec, weights, store
         self.device, self.dtype = resolve_device(device), dtype
         check_positive_int("max_len", max_len)
@@ -160,7 +160,7 @@ class OffloadedQwen3Moe:
         **kwargs
             ``cache_slots`` (int in [0, E] or ``"all"``), ``gpu_memory`` (bytes or ``"20GiB"``:
             the slots follow after the resident weights and the KV cache), ``eviction``
-            (``"lru"``/``"lfu"``), ``admission`` (``"accepted"``/``"all"``, see
+            (``"lru"``/``"lfu"``), ``admission`` (``"all"``/``"accepted"``, see
             :meth:`DeviceExpertCache.settle`), ``max_len`` (KV capacity, tokens), ``aux_layers``.
 
         Returns
@@ -181,7 +181,7 @@ class OffloadedQwen3Moe:
         spec = read_spec(model_dir)
         if kwargs.get("gpu_memory") is None:  # fail before reading gigabytes of weights
             check_cache_args(kwargs.get("cache_slots") or 0, kwargs.get("eviction", "lru"), spec.num_experts,
-                             kwargs.get("admission", "accepted"))
+                             kwargs.get("admission", "all"))
         else:
             parse_bytes(kwargs["gpu_memory"])
         reader = CheckpointReader(model_dir)
@@ -370,7 +370,7 @@ class OffloadedQwen3Moe:
         eviction : str, optional
             ``"lru"``/``"lfu"``; default: the current cache's policy.
         admission : str, optional
-            ``"accepted"``/``"all"``; default: the current cache's.
+            ``"all"``/``"accepted"``; default: the current cache's.
 
         Raises
         ------

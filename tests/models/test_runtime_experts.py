@@ -151,8 +151,8 @@ def test_experts_of_rejected_nodes_are_evicted_first(policy):
     """Cache-aware verification (issue 9): an expert transferred only for rejected draft nodes is
     the next victim, and a resident one used only by rejected nodes keeps its old rank; with
     admission='all' both count as used, as in plain LRU/LFU."""
-    aware = DeviceExpertCache(make_store(), "cpu", slots=3, policy=policy)
-    plain = DeviceExpertCache(make_store(), "cpu", slots=3, policy=policy, admission="all")
+    aware = DeviceExpertCache(make_store(), "cpu", slots=3, policy=policy, admission="accepted")
+    plain = DeviceExpertCache(make_store(), "cpu", slots=3, policy=policy)           # the default, "all"
     for cache in (aware, plain):
         run_and_check(cache, 0, [0])
         run_and_check(cache, 0, [1])
@@ -162,13 +162,13 @@ def test_experts_of_rejected_nodes_are_evicted_first(policy):
     assert plain.cached_experts()[0] == ([1, 2, 3] if policy == "lru" else [0, 1, 3])
     run_and_check(aware, 0, [4])
     assert aware.cached_experts()[0] == [1, 3, 4]                  # then 0: its rejected use was undone
-    assert aware.stats()["admission"] == "accepted"
+    assert (aware.stats()["admission"], plain.stats()["admission"]) == ("accepted", "all")
     for cache in (aware, plain):      # 2 was the one transfer paid only for rejected nodes
         assert cache.stats()["layers"][0]["rejected_misses"] == 1
 
 
 def test_settle_without_record_and_demotion_ends_on_use():
-    cache = DeviceExpertCache(make_store(), "cpu", slots=2)
+    cache = DeviceExpertCache(make_store(), "cpu", slots=2, admission="accepted")
     cache.settle([[0]] * L)                                        # nothing recorded: no effect
     verify_then_settle(cache, 0, [0, 1], accepted=[0])             # 1 demoted
     run_and_check(cache, 0, [1])                                   # used again: no longer demoted
