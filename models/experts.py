@@ -335,8 +335,9 @@ class DeviceExpertCache:
         Returns
         -------
         dict
-            ``{"slots": int, "policy": str, "admission": str, "expert_bytes": int, "layers": [ {hits, misses,
-            prefetched, bytes_moved, transfer_ms}, ... ], "total": {same keys, plus "hit_rate"}}``;
+            ``{"slots": int, "policy": str, "admission": str, "expert_bytes": int, "layers": [ {hits,
+            misses, rejected_misses, prefetched, bytes_moved, transfer_ms}, ... ], "total": {same
+            keys, plus "hit_rate"}}``;
             ``transfer_ms`` in milliseconds (CUDA events on CUDA, wall clock on CPU).
         """
         self.timer.flush()
