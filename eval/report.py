@@ -220,7 +220,7 @@ def markdown(rows: list[dict], meta: dict) -> str:
         f"Target `{meta['resolved']['model']}` ({meta['num_layers']} MoE layers, {meta['num_experts']} experts, "
         f"top-{meta['top_k']}); head `{meta['resolved']['draft']}`.",
         f"Tree total_tokens={c['total_tokens']} depth={c['depth']} top_k={c['top_k']}; {c['cache_slots']} expert-cache "
-        f"slots per layer ({c['eviction']}; eagle3-vanilla: none); predictor {c['predictor']}; temperature "
+        f"slots per layer ({c['eviction']}, admission {c.get('admission', 'all')}; eagle3-vanilla: none); predictor {c['predictor']}; temperature "
         f"{c['temperature']}; max_new_tokens {c['max_new_tokens']}; profile {c['profile']}.",
         "", head, "|" + "---|" * len(COLUMNS),
     ]

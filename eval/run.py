@@ -45,7 +45,7 @@ DEFAULT_DATASETS = ("gsm8k", "cnndm")
 #: Prompt tokens of the untimed warm-up generation each method runs before the timed ones.
 WARMUP_TOKENS = 16
 #: Settings that must match for results in one ``OUT`` folder to be comparable.
-IDENTITY_FIELDS = ("model", "draft", "max_new_tokens", "cache_slots", "eviction", "profile", "temperature", "top_p",
+IDENTITY_FIELDS = ("model", "draft", "max_new_tokens", "cache_slots", "eviction", "admission", "profile", "temperature", "top_p",
                    "seed", "total_tokens", "depth", "top_k", "predictor", "max_article_tokens", "rate_mode", "device")
 
 
@@ -70,6 +70,9 @@ class EvalConfig:
         128 experts per layer). :func:`plan` resolves ``"all"`` to the expert count.
     eviction : str
         Expert-cache eviction policy (``lru``/``lfu``).
+    admission : str
+        How a verify's experts rank in the cache: ``all`` (default; plain LRU/LFU) or ``accepted``
+        (experts copied only for rejected draft nodes are evicted first; not better on the proxy).
     profile : str
         Hardware profile of :mod:`specfit.core.cost` for the selection and the modeled times.
     model, draft : str or None
@@ -107,6 +110,7 @@ class EvalConfig:
     max_new_tokens: int = 64
     cache_slots: int | str = 32
     eviction: str = "lru"
+    admission: str = "all"
     profile: str = DEFAULT_PROFILE
     model: str | None = None
     draft: str | None = None
@@ -207,7 +211,8 @@ def plan(config: EvalConfig) -> Plan:
     if not spec.moe_layers:
         raise SpecFitInputError("model", f"{target_dir} has no MoE layer (mlp_only_layers / decoder_sparse_step "
                                 "leave none): there are no experts to offload or select for")
-    config = replace(config, cache_slots=check_cache_args(config.cache_slots, config.eviction, spec.num_experts))
+    config = replace(config, cache_slots=check_cache_args(config.cache_slots, config.eviction, spec.num_experts,
+                                                          config.admission))
     tokenizer = load_tokenizer(target_dir)
     if tokenizer is None:
         raise SpecFitInputError("model", f"{target_dir} ships no tokenizer; the evaluation prompts are text")
@@ -275,6 +280,7 @@ def load_models(p: Plan):
     longest = max(len(ids) for _, ids in p.prompts)
     needs_predictor = p.trace_path is not None or c.predictor == "recency"
     return SpecFit.from_pretrained(p.target_dir, p.draft_dir, cache_slots=c.cache_slots, eviction=c.eviction,
+                                   admission=c.admission,
                                    device=c.device, predictor=c.predictor if needs_predictor else None,
                                    predictor_trace=p.trace_path, profile=c.profile,
                                    max_len=kv_tokens_needed(longest, c.max_new_tokens, _tree(c)))
@@ -336,12 +342,15 @@ def evaluate(config: EvalConfig | None = None, /, *, progress: bool = False, **o
     **options
         Fields of :class:`EvalConfig` overriding ``config`` (``limit=2``, ``out="runs/x"``, ...);
         ``datasets`` and ``methods`` may be comma-separated strings, as on the command line, or
-        sequences of names.
+        sequences of names. ``cache_slots`` as a list (``[16, 32, "all"]``) or a comma string
+        (``"16,32,all"``) runs a cache-size sweep (:func:`specfit.eval.sweep.run_sweep`): one run per
+        size in ``out/slots-<S>``, then ``out/sweep.md``, ``out/sweep.json``, ``out/crossover.png``.
 
     Returns
     -------
     dict
-        As :func:`run_eval`: ``rows`` (summary rows), ``markdown``, ``paths``, ``ran``, ``skipped``.
+        As :func:`run_eval`: ``rows`` (summary rows; crossover rows for a sweep), ``markdown``,
+        ``paths``, ``ran``, ``skipped``.
 
     Raises
     ------
@@ -360,6 +369,11 @@ def evaluate(config: EvalConfig | None = None, /, *, progress: bool = False, **o
             options[name] = tuple(s.strip() for s in options[name].split(",") if s.strip())
         elif name in options:
             options[name] = tuple(options[name])
+    from specfit.eval.sweep import parse_cache_slots, run_sweep
+
+    sizes = parse_cache_slots(options.get("cache_slots", (config or EvalConfig()).cache_slots))
+    if sizes is not None:
+        return run_sweep(replace(config or EvalConfig(), **{**options, "cache_slots": 0}), sizes, progress=progress)
     return run_eval(replace(config or EvalConfig(), **options), progress=progress)
 
 

@@ -63,7 +63,7 @@ def parse_bytes(text: str | int, field: str = "gpu_memory") -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
 
 
-def check_cache_args(slots: int | str, policy: str, num_experts: int) -> int:
+def check_cache_args(slots: int | str, policy: str, num_experts: int, admission: str = "all") -> int:
     """Validate expert-cache arguments and return the slots per layer as an integer.
 
     Parameters
@@ -74,11 +74,13 @@ def check_cache_args(slots: int | str, policy: str, num_experts: int) -> int:
         A key of :data:`POLICIES`.
     num_experts : int
         Experts per layer E.
+    admission : str
+        One of :data:`ADMISSIONS`.
 
     Raises
     ------
     SpecFitInputError
-        If ``slots`` or ``policy`` is invalid.
+        If ``slots``, ``policy`` or ``admission`` is invalid.
     """
     if slots == "all":
         slots = num_experts
@@ -88,6 +90,8 @@ def check_cache_args(slots: int | str, policy: str, num_experts: int) -> int:
         raise SpecFitInputError("cache_slots", f"must be an integer in [0, {num_experts}] or 'all', got {slots!r}")
     if policy not in POLICIES:
         raise SpecFitInputError("eviction", f"must be one of {sorted(POLICIES)}, got {policy!r}")
+    if admission not in ADMISSIONS:
+        raise SpecFitInputError("admission", f"must be one of {list(ADMISSIONS)}, got {admission!r}")
     return slots
 
 
@@ -178,6 +182,13 @@ class LFU:
 #: Eviction policies by name.
 POLICIES = {"lru": LRU, "lfu": LFU}
 
+#: Admission of the experts a verify forward touches (:meth:`DeviceExpertCache.settle`): ``all``
+#: (default) counts every expert the verify touched as used (plain LRU/LFU); ``accepted`` counts a
+#: use only for experts of the accepted path and puts experts transferred only for rejected draft
+#: nodes at the cold end of the eviction order. On the shipped proxy ``accepted`` moved as many or
+#: slightly more experts per committed token (BENCHMARKS.md, "The crossover"), so it is not the default.
+ADMISSIONS = ("all", "accepted")
+
 
 @dataclass
 class LayerStats:
@@ -186,11 +197,14 @@ class LayerStats:
     ``hits``/``misses`` count (forward, expert) pairs: an expert needed by a forward is a hit when it
     was resident when the forward reached the layer, a miss otherwise (one H2D transfer each).
     ``prefetched`` counts experts loaded by :meth:`DeviceExpertCache.prefetch`; their bytes and time
-    are included in ``bytes_moved`` and ``transfer_ms``.
+    are included in ``bytes_moved`` and ``transfer_ms``. ``rejected_misses`` counts the misses of
+    verify forwards whose expert no accepted node used (transfers paid only for rejected draft
+    nodes; counted by :meth:`DeviceExpertCache.settle`).
     """
 
     hits: int = 0
     misses: int = 0
+    rejected_misses: int = 0
     prefetched: int = 0
     bytes_moved: int = 0
     transfer_ms: float = 0.0
@@ -247,6 +261,9 @@ class DeviceExpertCache:
         resident (loaded once at construction, not counted in the stats); otherwise ``1..E``.
     policy : str
         Eviction policy, ``"lru"`` (default) or ``"lfu"``.
+    admission : str
+        ``"all"`` (default) or ``"accepted"``: how the experts of a tentative (verify) forward are
+        ranked once the accepted path is known, see :meth:`settle`.
     staging_slots : int or None
         With ``slots=0``, the size of the one transient buffer shared by all layers (default: E,
         capped at 8, so that one AR token's top-8 experts move in one round).
@@ -254,16 +271,16 @@ class DeviceExpertCache:
     Raises
     ------
     SpecFitInputError
-        If ``slots`` is not an integer in [0, E] nor ``"all"``, or ``policy`` is unknown.
+        If ``slots`` is not an integer in [0, E] nor ``"all"``, or ``policy`` or ``admission`` is unknown.
     """
 
     def __init__(self, store: HostExpertStore, device, slots: int | str = 0, policy: str = "lru",
-                 staging_slots: int | None = None):
+                 staging_slots: int | None = None, admission: str = "all"):
         self.store = store
         self.device = torch.device(device)
         E = store.num_experts
-        slots = check_cache_args(slots, policy, E)
-        self.slots, self.policy = slots, POLICIES[policy]()
+        slots = check_cache_args(slots, policy, E, admission)
+        self.slots, self.policy, self.admission = slots, POLICIES[policy](), admission
         self.timer = _Timer(self.device)
         L, I, H, dt = store.num_layers, store.intermediate_size, store.hidden_size, store.dtype
         if slots > 0:
@@ -279,6 +296,10 @@ class DeviceExpertCache:
         self._uses = [[0] * E for _ in range(L)]
         self._tick = 0
         self._stats = [LayerStats() for _ in range(L)]
+        self._cold: list[set[int]] = [set() for _ in range(L)]   # demoted experts, evicted first
+        # per layer, expert -> (last_use, uses, resident) before the open tentative forward touched it
+        self._journal: list[dict[int, tuple[int, int, bool]]] | None = None
+        self._held: list[dict[int, tuple[int, int, bool]]] | None = None  # closed, awaiting settle
         if slots == E:
             for layer in range(L):
                 self._load(layer, range(E), range(E))
@@ -314,8 +335,9 @@ class DeviceExpertCache:
         Returns
         -------
         dict
-            ``{"slots": int, "policy": str, "expert_bytes": int, "layers": [ {hits, misses,
-            prefetched, bytes_moved, transfer_ms}, ... ], "total": {same keys, plus "hit_rate"}}``;
+            ``{"slots": int, "policy": str, "admission": str, "expert_bytes": int, "layers": [ {hits,
+            misses, rejected_misses, prefetched, bytes_moved, transfer_ms}, ... ], "total": {same
+            keys, plus "hit_rate"}}``;
             ``transfer_ms`` in milliseconds (CUDA events on CUDA, wall clock on CPU).
         """
         self.timer.flush()
@@ -323,7 +345,8 @@ class DeviceExpertCache:
         total = {k: sum(d[k] for d in layers) for k in vars(LayerStats())}
         looked_up = total["hits"] + total["misses"]
         total["hit_rate"] = total["hits"] / looked_up if looked_up else 0.0
-        return {"slots": self.slots, "policy": self.policy.name, "expert_bytes": self.store.expert_bytes,
+        return {"slots": self.slots, "policy": self.policy.name, "admission": self.admission,
+                "expert_bytes": self.store.expert_bytes,
                 "layers": layers, "total": total}
 
     def reset_stats(self) -> None:
@@ -356,12 +379,57 @@ class DeviceExpertCache:
                 s = free.pop(0)
             else:
                 cands = [x for x in slot_of if x not in busy]
-                v = self.policy.victim(cands, self._last_use[layer], self._uses[layer])
+                cold = [x for x in cands if x in self._cold[layer]]
+                v = self.policy.victim(cold or cands, self._last_use[layer], self._uses[layer])
                 s = slot_of.pop(v)
+                self._cold[layer].discard(v)
             slot_of[e] = s
             busy.add(e)
             out.append(s)
         return out
+
+    # -- cache-aware verification ---------------------------------------------------------------------
+    def begin_tentative(self) -> None:
+        """Start recording the experts the next forwards touch (a verify, whose draft nodes may be
+        rejected); :meth:`settle` ranks them once the accepted path is known. Timing only, never results."""
+        self._journal = [{} for _ in range(self.num_layers)]
+
+    def end_tentative(self) -> None:
+        """Stop recording (the recorded touches wait for :meth:`settle`)."""
+        self._held, self._journal = self._journal, None
+
+    def settle(self, accepted: Sequence[Iterable[int]] | None) -> None:
+        """Rank the experts of the last tentative forward by what the accepted path used.
+
+        With ``admission="accepted"``, an expert the tentative forward touched that no accepted node
+        used (``accepted[l]``) gets its use undone: an expert that was resident before gets back its
+        previous recency and use count; one transferred by that forward is demoted to the cold end
+        of the eviction order (evicted before every expert not demoted) until a forward uses it again.
+        So experts copied only for rejected draft nodes do not push out the experts the accepted
+        path and the next tokens need (issue 9, "cache-aware verification"). With
+        ``admission="all"`` every touched expert stays counted as used (plain LRU/LFU).
+        Results never change: only which slot is evicted next.
+
+        Parameters
+        ----------
+        accepted : sequence of iterable of int, or None
+            Per MoE layer, the experts routed by the accepted path's nodes (the root included);
+            ``None`` discards the record without ranking (the tentative forward was abandoned).
+        """
+        journal, self._held = self._held, None
+        if journal is None or accepted is None:
+            return
+        for layer, (seen, keep) in enumerate(zip(journal, accepted)):
+            keep = set(int(e) for e in keep)
+            self._stats[layer].rejected_misses += sum(not r and e not in keep for e, (_, _, r) in seen.items())
+            if self.admission == "all":
+                continue
+            for e, (last, uses, was_resident) in seen.items():
+                if e in keep or e not in self._slot_of[layer]:
+                    continue
+                self._last_use[layer][e], self._uses[layer][e] = last, uses
+                if not was_resident:
+                    self._cold[layer].add(e)
 
     def prefetch(self, layer: int, expert_ids: Iterable[int]) -> list[int]:
         """Make experts resident in ``layer`` ahead of a forward (changes timing only, never results).
@@ -396,6 +464,7 @@ class DeviceExpertCache:
         self._tick += 1
         for e in ids:
             self._last_use[layer][e] = self._tick
+            self._cold[layer].discard(e)
         new = [e for e in ids if e not in self._slot_of[layer]]
         self._load(layer, new, self._assign(layer, new, set(ids)))
         self._stats[layer].prefetched += len(new)
@@ -420,7 +489,13 @@ class DeviceExpertCache:
         """
         st, slot_of = self._stats[layer], self._slot_of[layer]
         self._tick += 1
+        if self._journal is not None:
+            seen = self._journal[layer]
+            for e in experts:
+                if e not in seen:
+                    seen[e] = (self._last_use[layer][e], self._uses[layer][e], e in slot_of)
         for e in experts:
+            self._cold[layer].discard(e)
             self._last_use[layer][e] = self._tick
             self._uses[layer][e] += 1
         hits = [e for e in experts if e in slot_of]

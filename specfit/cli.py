@@ -181,8 +181,13 @@ def _add_eval(sub) -> None:
                    help="new tokens per prompt, >= 1 (default 64); the longest prompt plus these must fit in the "
                         "model's max_position_embeddings")
     p.add_argument("--cache-slots", default=32,
-                   help="expert-cache slots per MoE layer: an integer in [0, experts] or 'all' (default 32)")
+                   help="expert-cache slots per MoE layer: an integer in [0, experts] or 'all' (default 32); a "
+                        "comma-separated list (16,32,64,96,all) runs a sweep into OUT/slots-<S> and writes "
+                        "OUT/sweep.md and OUT/crossover.png")
     p.add_argument("--eviction", default="lru", choices=["lru", "lfu"], help="expert-cache eviction policy (default lru)")
+    p.add_argument("--admission", default="all", choices=["all", "accepted"],
+                   help="expert-cache admission of a verify's experts: all (default; plain LRU/LFU) or accepted "
+                        "(experts copied only for rejected draft nodes are evicted first)")
     p.add_argument("--profile", default="qwen3-30b-a3b-pcie4",
                    help="hardware profile for selection and modeled time (default qwen3-30b-a3b-pcie4; "
                         "also qwen3-30b-a3b-h200)")
@@ -213,6 +218,7 @@ def _run_eval(args) -> int:
     try:
         res = evaluate(datasets=args.datasets, limit=args.limit, methods=args.methods,
                        max_new_tokens=args.max_new_tokens, cache_slots=args.cache_slots, eviction=args.eviction,
+                       admission=args.admission,
                        profile=args.profile, model=args.model, draft=args.draft, temperature=args.temperature,
                        top_p=args.top_p, seed=args.seed, total_tokens=args.total_tokens, depth=args.depth,
                        top_k=args.top_k, predictor=args.predictor, predictor_trace=args.predictor_trace,

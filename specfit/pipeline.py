@@ -183,7 +183,8 @@ class SpecFit:
                         cache_slots: int | str | None = None, gpu_memory_bytes: int | str | None = None,
                         eviction: str = "lru", device: str = "cpu", dtype: "str | torch.dtype | None" = None,
                         predictor: str | Any | None = "frequency", predictor_trace: str | Path | None = None,
-                        profile: str | CostModel = DEFAULT_PROFILE, max_len: int = DEFAULT_MAX_LEN) -> "SpecFit":
+                        profile: str | CostModel = DEFAULT_PROFILE, max_len: int = DEFAULT_MAX_LEN,
+                        admission: str = "all") -> "SpecFit":
         """Load a Qwen3-MoE checkpoint with offloaded experts and, optionally, its EAGLE-3 head.
 
         Parameters
@@ -220,6 +221,10 @@ class SpecFit:
             :class:`CostModel` used as given.
         max_len : int
             KV capacity in tokens (prompt + new tokens + one draft tree).
+        admission : str
+            How a verify's experts rank in the expert cache: ``"all"`` (default; plain LRU/LFU)
+            or ``"accepted"`` (experts copied only for rejected draft nodes are evicted first);
+            timing only, never results (:meth:`DeviceExpertCache.settle`).
 
         Returns
         -------
@@ -229,7 +234,7 @@ class SpecFit:
         ------
         SpecFitInputError
             Both or bad ``cache_slots``/``gpu_memory_bytes``, a budget too small, a bad
-            ``eviction``, ``dtype``, ``profile``, ``predictor`` or ``max_len``, a missing head or
+            ``eviction``, ``admission``, ``dtype``, ``profile``, ``predictor`` or ``max_len``, a missing head or
             routing trace, a head that does not fit the target.
         CheckpointError
             A missing or malformed target checkpoint (names the file and the tensor).
@@ -251,7 +256,7 @@ class SpecFit:
         head_cfg = None if draft_dir is None else _head_config(target_dir, Path(draft_dir))
         named = head_cfg is not None and isinstance(predictor, str)
         trace = _predictor_trace(predictor, target_dir, predictor_trace) if named else None
-        load = dict(device=device, dtype=_as_dtype(dtype), eviction=eviction, max_len=max_len,
+        load = dict(device=device, dtype=_as_dtype(dtype), eviction=eviction, admission=admission, max_len=max_len,
                     aux_layers=None if head_cfg is None else head_cfg[1])
         target = OffloadedQwen3Moe.from_pretrained(target_dir, cache_slots=0 if budget is not None else cache_slots,
                                                    **load)

@@ -112,7 +112,8 @@ class OffloadedQwen3Moe:
 
     def __init__(self, spec: Qwen3MoeSpec, weights: dict[str, torch.Tensor], store: HostExpertStore,
                  device, dtype: torch.dtype, *, cache_slots: int | str | None = None, gpu_memory=None,
-                 eviction: str = "lru", max_len: int = 4096, aux_layers: Sequence[int] | None = None):
+                 eviction: str = "lru", max_len: int = 4096, aux_layers: Sequence[int] | None = None,
+                 admission: str = "all"):
         self.spec, self.w, self.store = spec, weights, store
         self.device, self.dtype = resolve_device(device), dtype
         check_positive_int("max_len", max_len)
@@ -129,7 +130,8 @@ class OffloadedQwen3Moe:
             if cache_slots is not None:
                 raise SpecFitInputError("gpu_memory", "give either cache_slots or gpu_memory, not both")
             cache_slots = self._slots_for(parse_bytes(gpu_memory))
-        self.cache = DeviceExpertCache(store, self.device, 0 if cache_slots is None else cache_slots, eviction)
+        self.cache = DeviceExpertCache(store, self.device, 0 if cache_slots is None else cache_slots, eviction,
+                                       admission=admission)
         inv_freq = 1.0 / (spec.rope_theta ** (torch.arange(0, spec.head_dim, 2, dtype=torch.float32) / spec.head_dim))
         self._inv_freq = inv_freq.to(self.device)
         self._moe_index = {layer: j for j, layer in enumerate(spec.moe_layers)}
@@ -158,7 +160,8 @@ class OffloadedQwen3Moe:
         **kwargs
             ``cache_slots`` (int in [0, E] or ``"all"``), ``gpu_memory`` (bytes or ``"20GiB"``:
             the slots follow after the resident weights and the KV cache), ``eviction``
-            (``"lru"``/``"lfu"``), ``max_len`` (KV capacity, tokens), ``aux_layers``.
+            (``"lru"``/``"lfu"``), ``admission`` (``"all"``/``"accepted"``, see
+            :meth:`DeviceExpertCache.settle`), ``max_len`` (KV capacity, tokens), ``aux_layers``.
 
         Returns
         -------
@@ -171,13 +174,14 @@ class OffloadedQwen3Moe:
             the message names the file and the tensor.
         SpecFitInputError
             Bad ``device`` (not one this torch can use), ``cache_slots``, ``gpu_memory``, ``eviction``,
-            ``max_len`` or ``aux_layers``.
+            ``admission``, ``max_len`` or ``aux_layers``.
         """
         device = resolve_device(device)
         dtype = dtype or (torch.float32 if device.type == "cpu" else torch.bfloat16)
         spec = read_spec(model_dir)
         if kwargs.get("gpu_memory") is None:  # fail before reading gigabytes of weights
-            check_cache_args(kwargs.get("cache_slots") or 0, kwargs.get("eviction", "lru"), spec.num_experts)
+            check_cache_args(kwargs.get("cache_slots") or 0, kwargs.get("eviction", "lru"), spec.num_experts,
+                             kwargs.get("admission", "all"))
         else:
             parse_bytes(kwargs["gpu_memory"])
         reader = CheckpointReader(model_dir)
@@ -265,6 +269,7 @@ class OffloadedQwen3Moe:
         out = self._forward(ids, np.arange(n), torch.ones(n, n, dtype=torch.bool).tril())
         self.kv_len += len(ids)
         self._pending = None
+        self.cache.settle(None)                         # a pending verify's record is abandoned
         return out
 
     def decode(self, token_id) -> ForwardOutput:
@@ -303,12 +308,19 @@ class OffloadedQwen3Moe:
         tree = DraftTree(parents, q=np.ones(len(parents)))
         if tree.n != len(ids):
             raise SpecFitInputError("parents", f"must have one entry per token ({len(ids)}), got {tree.n}")
-        out = self._forward(ids, tree.depth, torch.from_numpy(tree.ancestor_mask))
-        self._pending = (self.kv_len, tree.parents)
+        self.cache.begin_tentative()
+        try:
+            out = self._forward(ids, tree.depth, torch.from_numpy(tree.ancestor_mask))
+        finally:
+            self.cache.end_tentative()
+        self._pending = (self.kv_len, tree.parents, out.routing)
         return out
 
     def commit(self, path: Sequence[int]) -> None:
         """Keep the KV of an accepted root path of the last :meth:`verify` tree, drop the rest.
+
+        The expert cache learns the accepted path too (:meth:`DeviceExpertCache.settle`): experts
+        that only rejected nodes routed to are not counted as used, so they are evicted first.
 
         Parameters
         ----------
@@ -323,7 +335,7 @@ class OffloadedQwen3Moe:
         """
         if self._pending is None:
             raise SpecFitInputError("path", "commit needs a preceding verify (nothing pending)")
-        prefix, par = self._pending
+        prefix, par, routing = self._pending
         path = [int(v) for v in path]
         if not path or path[0] != 0:
             raise SpecFitInputError("path", f"must start at the root node 0, got {path}")
@@ -336,13 +348,16 @@ class OffloadedQwen3Moe:
         self.v_cache[:, :, prefix:prefix + n] = self.v_cache[:, :, src]
         self.kv_len = prefix + n
         self._pending = None
+        self.cache.settle([torch.unique(routing[path, j]).tolist() for j in range(routing.shape[1])])
 
     def reset(self) -> None:
         """Forget the KV prefix (the expert cache keeps its contents and counters)."""
         self.kv_len = 0
         self._pending = None
+        self.cache.settle(None)
 
-    def reset_cache(self, cache_slots: int | str, eviction: str | None = None) -> None:
+    def reset_cache(self, cache_slots: int | str, eviction: str | None = None,
+                    admission: str | None = None) -> None:
         """Replace the expert cache by an empty one with ``cache_slots`` slots per MoE layer.
 
         The old slots are released before the new ones are allocated, so the device never holds
@@ -354,16 +369,20 @@ class OffloadedQwen3Moe:
             Slots per MoE layer, in [0, E]; 0 transfers every needed expert each forward.
         eviction : str, optional
             ``"lru"``/``"lfu"``; default: the current cache's policy.
+        admission : str, optional
+            ``"all"``/``"accepted"``; default: the current cache's.
 
         Raises
         ------
         SpecFitInputError
-            If ``cache_slots`` or ``eviction`` is invalid (checked before the old cache is freed).
+            If ``cache_slots``, ``eviction`` or ``admission`` is invalid (checked before the old
+            cache is freed).
         """
         policy = eviction or self.cache.policy.name
-        check_cache_args(cache_slots, policy, self.spec.num_experts)
+        admission = admission or self.cache.admission
+        check_cache_args(cache_slots, policy, self.spec.num_experts, admission)
         self.cache = None
-        self.cache = DeviceExpertCache(self.store, self.device, cache_slots, policy)
+        self.cache = DeviceExpertCache(self.store, self.device, cache_slots, policy, admission=admission)
 
     @property
     def embed_weight(self) -> torch.Tensor:

@@ -179,6 +179,6 @@ def test_cli_defaults_match_the_library_defaults():
     args = build_parser().parse_args(["eval"])
     cfg = EvalConfig()
     assert tuple(args.datasets.split(",")) == cfg.datasets and tuple(args.methods.split(",")) == cfg.methods
-    for name in ("limit", "max_new_tokens", "cache_slots", "eviction", "profile", "temperature", "top_p", "seed", "total_tokens",
+    for name in ("limit", "max_new_tokens", "cache_slots", "eviction", "admission", "profile", "temperature", "top_p", "seed", "total_tokens",
                  "depth", "top_k", "device", "threads", "out"):
         assert getattr(args, name) == getattr(cfg, name), name

@@ -90,7 +90,8 @@ def test_rounds_keep_hits_and_count_per_layer():
     run_and_check(cache, 1, [0, 1, 2, 4, 5])           # 2 hits, then 3 misses in 2 rounds
     layers = cache.stats()["layers"]
     assert (layers[1]["hits"], layers[1]["misses"]) == (2, 3)
-    assert layers[0] == {"hits": 0, "misses": 0, "prefetched": 0, "bytes_moved": 0, "transfer_ms": 0.0}
+    assert layers[0] == {"hits": 0, "misses": 0, "rejected_misses": 0, "prefetched": 0, "bytes_moved": 0,
+                         "transfer_ms": 0.0}
     assert layers[1]["bytes_moved"] == 3 * 3 * H * I * 4 and layers[1]["transfer_ms"] > 0
 
 
@@ -135,3 +136,53 @@ def test_parse_bytes_and_budget():
     assert slots_for_budget(10**9, 100, num_layers=3, num_experts=8, expert_bytes=100) == 8
     with pytest.raises(SpecFitInputError, match="gpu_memory"):
         slots_for_budget(50, 100, num_layers=3, num_experts=8, expert_bytes=100)
+
+
+def verify_then_settle(cache: DeviceExpertCache, layer: int, touched: list[int], accepted: list[int]) -> None:
+    """A tentative (verify) forward touching ``touched``, then the accepted path's experts."""
+    cache.begin_tentative()
+    run_and_check(cache, layer, touched)
+    cache.end_tentative()
+    cache.settle([accepted if i == layer else [] for i in range(L)])
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu"])
+def test_experts_of_rejected_nodes_are_evicted_first(policy):
+    """Cache-aware verification (issue 9): an expert transferred only for rejected draft nodes is
+    the next victim, and a resident one used only by rejected nodes keeps its old rank; with
+    admission='all' both count as used, as in plain LRU/LFU."""
+    aware = DeviceExpertCache(make_store(), "cpu", slots=3, policy=policy, admission="accepted")
+    plain = DeviceExpertCache(make_store(), "cpu", slots=3, policy=policy)           # the default, "all"
+    for cache in (aware, plain):
+        run_and_check(cache, 0, [0])
+        run_and_check(cache, 0, [1])
+        verify_then_settle(cache, 0, [0, 1, 2], accepted=[1])     # 0 and 2 served only rejected nodes
+        run_and_check(cache, 0, [3])                               # one victim
+    assert aware.cached_experts()[0] == [0, 1, 3]                  # 2 (copied for a rejected node) went
+    assert plain.cached_experts()[0] == ([1, 2, 3] if policy == "lru" else [0, 1, 3])
+    run_and_check(aware, 0, [4])
+    assert aware.cached_experts()[0] == [1, 3, 4]                  # then 0: its rejected use was undone
+    assert (aware.stats()["admission"], plain.stats()["admission"]) == ("accepted", "all")
+    for cache in (aware, plain):      # 2 was the one transfer paid only for rejected nodes
+        assert cache.stats()["layers"][0]["rejected_misses"] == 1
+
+
+def test_settle_without_record_and_demotion_ends_on_use():
+    cache = DeviceExpertCache(make_store(), "cpu", slots=2, admission="accepted")
+    cache.settle([[0]] * L)                                        # nothing recorded: no effect
+    verify_then_settle(cache, 0, [0, 1], accepted=[0])             # 1 demoted
+    run_and_check(cache, 0, [1])                                   # used again: no longer demoted
+    run_and_check(cache, 0, [0])
+    run_and_check(cache, 0, [2])
+    assert cache.cached_experts()[0] == [0, 2]                     # plain LRU order again
+    cache.begin_tentative()
+    run_and_check(cache, 0, [3])
+    cache.end_tentative()
+    cache.settle(None)                                             # abandoned verify: no ranking
+    run_and_check(cache, 0, [4])
+    assert cache.cached_experts()[0] == [3, 4]
+
+
+def test_bad_admission():
+    with pytest.raises(SpecFitInputError, match="admission"):
+        DeviceExpertCache(make_store(), "cpu", slots=2, admission="some")

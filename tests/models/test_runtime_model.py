@@ -146,6 +146,36 @@ def test_prefill_decode_verify_match_reference(tiny, slots, eviction):
         assert st["total"]["misses"] == 0 and st["total"]["bytes_moved"] == 0
 
 
+@pytest.mark.parametrize("admission", ["accepted", "all"])
+@pytest.mark.parametrize("slots,eviction", [(1, "lru"), ("top_k", "lru"), ("top_k", "lfu")])
+def test_admission_changes_timing_not_results(tiny, slots, eviction, admission):
+    """Cache-aware verification (issue 9): after verify + commit, experts that only rejected nodes
+    routed to are demoted (admission='accepted') or kept as used ('all'); every forward still equals
+    the reference."""
+    path, ref, _ = tiny
+    slots = ref.config.num_experts_per_tok if slots == "top_k" else slots
+    model = OffloadedQwen3Moe.from_pretrained(path, cache_slots=slots, eviction=eviction, admission=admission,
+                                              max_len=128)
+    seq = [5, 17, 42, 8, 3]
+    out = model.prefill(seq)
+    rng = np.random.default_rng(4)
+    for _ in range(3):
+        parents = random_tree(12, rng)
+        tokens = [int(out.logits[-1].argmax())] + rng.integers(0, VOCAB, len(parents) - 1).tolist()
+        out = model.verify(tokens, parents)
+        accepted = root_path(parents, int(rng.integers(len(parents))))
+        model.commit(accepted)
+        used = [set(out.routing[accepted, j].flatten().tolist()) for j in range(out.routing.shape[1])]
+        for j, cold in enumerate(model.cache._cold):
+            assert not cold & used[j], "an expert of the accepted path was demoted"
+            assert admission == "accepted" or not cold
+        seq += [tokens[v] for v in accepted]
+        seq.append(int(out.logits[accepted[-1]].argmax()))   # the bonus token, decoded as one AR step
+        out = model.decode(seq[-1])
+    torch.testing.assert_close(out.logits[-1], ref_logits(ref, seq)[-1], atol=ATOL, rtol=0)
+    assert model.cache.stats()["admission"] == admission
+
+
 def test_hidden_states_match_reference(tiny):
     path, ref, _ = tiny
     L, H = ref.config.num_hidden_layers, ref.config.hidden_size

@@ -1,0 +1,133 @@
+"""The crossover of a cache-size sweep (``specfit eval --cache-slots 16,32,64,96,all``): one table and
+one plot of modeled tokens/s against the cached fraction of each layer's experts.
+
+Where speculation pays depends on the expert cache: with few slots a verify's expert union costs
+H2D transfers that a plain AR step does not pay; with every expert cached only compute is left and
+the draft tree's τ wins (SPECFIT.md §2; issue 9). The sweep shows where each method crosses the others.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from specfit.core.io import atomic_write_text
+
+#: The baselines specfit must never fall below (issue 9's target): the best of these per cell.
+BASELINES = ("ar", "eagle3", "eagle3-scan")
+
+#: Table columns: header, row key, format.
+COLUMNS = (("dataset", "dataset", "s"), ("slots", "cache_slots", "d"), ("cached", "cached_fraction", ".2f"),
+           ("method", "method", "s"), ("tok/s modeled", "modeled_tokens_per_s", ".1f"),
+           ("× ar", "speedup_vs_ar", ".2f"), ("× eagle3", "speedup_vs_eagle3", ".2f"),
+           ("× best baseline", "vs_best_baseline", ".2f"), ("τ", "tau", ".2f"),
+           ("hit rate", "cache_hit_rate", ".3f"), ("experts/token", "experts_per_token", ".1f"))
+
+
+def crossover_rows(summaries: list[tuple[int, list]], num_experts: int) -> list[dict]:
+    """Flatten the summary rows of each cache size into crossover rows.
+
+    Parameters
+    ----------
+    summaries : list of (int, list)
+        ``(cache slots per layer, summary rows of that run)``; a row is a
+        :class:`specfit.eval.records.SummaryRow` or a dict with its fields.
+    num_experts : int
+        Experts per MoE layer E (cached fraction = slots / E).
+
+    Returns
+    -------
+    list of dict
+        One per dataset × cache size × method, ordered so: ``dataset, cache_slots,
+        cached_fraction, method, modeled_tokens_per_s, speedup_vs_ar, speedup_vs_eagle3,
+        vs_best_baseline`` (modeled tokens/s over the best of :data:`BASELINES` in the same run,
+        None without one), ``tau, cache_hit_rate, experts_per_token`` (H2D transfers per committed token).
+    """
+    out = []
+    for slots, rows in summaries:
+        rows = [r if isinstance(r, dict) else r.to_json() for r in rows]
+        for r in rows:
+            base = [b["modeled_tokens_per_s"] for b in rows
+                    if b["dataset"] == r["dataset"] and b["method"] in BASELINES and b["modeled_tokens_per_s"]]
+            out.append({"dataset": r["dataset"], "cache_slots": int(slots), "cached_fraction": slots / num_experts,
+                        "method": r["method"], "modeled_tokens_per_s": r["modeled_tokens_per_s"],
+                        "speedup_vs_ar": r.get("speedup_vs_ar"), "speedup_vs_eagle3": r.get("speedup_vs_eagle3"),
+                        "vs_best_baseline": r["modeled_tokens_per_s"] / max(base) if base else None,
+                        "tau": r["tau"], "cache_hit_rate": r["cache_hit_rate"],
+                        "experts_per_token": r["experts_per_token"]})
+    sets = list(dict.fromkeys(r["dataset"] for r in out))
+    return sorted(out, key=lambda r: (sets.index(r["dataset"]), r["cache_slots"]))
+
+
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def crossover_markdown(rows: list[dict], note: str = "") -> str:
+    """The crossover table (Markdown), one line per dataset × cache size × method, then ``note``."""
+    lines = ["# specfit eval: cache-size sweep (modeled)", "",
+             "| " + " | ".join(h for h, _, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(_fmt(r[k], f) for _, k, f in COLUMNS) + " |" for r in rows]
+    lines += ["", "tok/s modeled and the ratios are modeled on the run's hardware profile (each cache size's "
+              "summary.md says how); × best baseline: over the best of " + ", ".join(BASELINES) +
+              " present in the same run; experts/token: H2D expert transfers per committed token.", note, ""]
+    return "\n".join(lines)
+
+
+def plot_crossover(rows: list[dict], path: Path) -> Path:
+    """Modeled tokens/s against the cached fraction of experts: a line per method, a panel per dataset.
+
+    Parameters
+    ----------
+    rows : list of dict
+        :func:`crossover_rows`.
+    path : Path
+        The PNG to write (atomically).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from specfit.eval.report import _save
+
+    datasets = list(dict.fromkeys(r["dataset"] for r in rows))
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    fig, axes = plt.subplots(1, max(len(datasets), 1), figsize=(5 * max(len(datasets), 1), 4), squeeze=False)
+    for ax, d in zip(axes[0], datasets):
+        for i, m in enumerate(methods):
+            pts = sorted((r["cached_fraction"], r["modeled_tokens_per_s"]) for r in rows
+                         if r["dataset"] == d and r["method"] == m)
+            if pts:
+                ax.plot(*zip(*pts), marker="osD^vP*X"[i % 8], color=plt.cm.tab10(i % 10), label=m)
+        ax.set(xlabel="cached fraction of each layer's experts", ylabel="tokens/s (modeled)", title=d, xlim=(0, 1.05))
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    _save(fig, path)
+    return path
+
+
+def write_crossover(out: str | Path, rows: list[dict], meta: dict) -> tuple[str, dict]:
+    """Write ``OUT/sweep.json``, ``OUT/sweep.md`` and ``OUT/crossover.png``.
+
+    Parameters
+    ----------
+    out : path
+        The sweep folder.
+    rows : list of dict
+        :func:`crossover_rows`.
+    meta : dict
+        Settings of the sweep (recorded in ``sweep.json``; ``note`` is appended to the table).
+
+    Returns
+    -------
+    tuple
+        (Markdown text, ``{"sweep_json", "sweep_md", "crossover_png"}`` paths).
+    """
+    out = Path(out)
+    text = crossover_markdown(rows, meta.get("note", ""))
+    paths = {"sweep_json": out / "sweep.json", "sweep_md": out / "sweep.md", "crossover_png": out / "crossover.png"}
+    atomic_write_text(paths["sweep_json"], json.dumps({"rows": rows, **meta}, indent=1) + "\n")
+    atomic_write_text(paths["sweep_md"], text)
+    plot_crossover(rows, paths["crossover_png"])
+    return text, paths

@@ -1,0 +1,88 @@
+"""The cache-size sweep (`specfit eval --cache-slots 16,32,64,96,all`): parsing, one-line errors,
+resume of an interrupted sweep, and the crossover table and plot on hand-made rows."""
+
+import json
+
+import pytest
+
+from specfit.cli import main
+from specfit.core.errors import SpecFitInputError
+from specfit.eval.crossover import crossover_rows, write_crossover
+from specfit.eval.run import evaluate, read_results
+from specfit.eval.sweep import parse_cache_slots
+from test_eval import eval_args, tiny  # noqa: F401  (the tiny target and head; a module fixture)
+
+
+@pytest.mark.parametrize("value, sizes", [
+    (32, None), ("32", None), ("all", None),
+    ("16,32,64,96,all", [16, 32, 64, 96, "all"]), (" 16, all ", [16, "all"]), ([16, "all", "8"], [16, "all", 8]),
+    ((0,), [0]),
+])
+def test_parse_cache_slots(value, sizes):
+    assert parse_cache_slots(value) == sizes
+
+
+@pytest.mark.parametrize("value, rule", [
+    ("16,,x", "entry 2 of '16,,x' is empty"), ("16,x", "entry 2"), ("16,-1", "integer >= 0 or 'all'"),
+    ("16,16", "twice"), (",", "entry 1"), ([], "at least one"), ([16, 1.5], "entry 2"), ([True, 2], "entry 1"),
+])
+def test_parse_cache_slots_errors(value, rule):
+    with pytest.raises(SpecFitInputError, match="cache_slots") as err:
+        parse_cache_slots(value)
+    assert rule in err.value.rule
+
+
+@pytest.mark.parametrize("slots, needle", [("16,,x", "entry 2"), ("2,99", "[0, 16]"), ("16,all", "twice"),
+                                           ("2,", "entry 2")])
+def test_cli_bad_lists_are_one_line_errors(tiny, tmp_path, capsys, slots, needle):  # noqa: F811
+    args = eval_args(tiny, tmp_path / "out")
+    args[args.index("--cache-slots") + 1] = slots
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("specfit eval: error: --cache-slots: ") and needle in err[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_sweep_writes_table_and_plot_and_resumes(tiny, tmp_path):  # noqa: F811
+    out = tmp_path / "sweep"
+    opts = dict(model=str(tiny / "target"), draft=str(tiny / "head"), datasets="gsm8k", limit=1,
+                methods="ar,eagle3,specfit", max_new_tokens=4, total_tokens=4, depth=2, top_k=2, out=str(out))
+    first = evaluate(cache_slots="2,all", **opts)
+    assert first["ran"] == 6 and first["skipped"] == 0
+    assert {p.name for p in out.iterdir()} == {"slots-2", "slots-all", "sweep.json", "sweep.md", "crossover.png"}
+    rows = json.loads((out / "sweep.json").read_text())["rows"]
+    assert [(r["cache_slots"], r["method"]) for r in rows] == [(2, "ar"), (2, "eagle3"), (2, "specfit"),
+                                                               (16, "ar"), (16, "eagle3"), (16, "specfit")]
+    assert rows[3]["cached_fraction"] == 1.0 and rows[3]["experts_per_token"] == 0.0
+    # interrupt: the second size lost its last generation, the table is gone
+    results = out / "slots-all" / "results.jsonl"
+    lines = results.read_bytes().splitlines(keepends=True)
+    results.write_bytes(b"".join(lines[:-1]))
+    (out / "sweep.md").unlink()
+    again = evaluate(cache_slots=[2, "all"], **opts)
+    assert (again["ran"], again["skipped"]) == (1, 5)
+    assert len(read_results(results)) == 3 and (out / "sweep.md").is_file()
+    assert [r["modeled_tokens_per_s"] for r in again["rows"][:3]] == [r["modeled_tokens_per_s"] for r in rows[:3]]
+
+
+def test_crossover_writer_on_hand_made_rows(tmp_path):
+    def row(dataset, method, tps, tau=1.0):
+        return {"dataset": dataset, "method": method, "modeled_tokens_per_s": tps, "speedup_vs_ar": None,
+                "speedup_vs_eagle3": None, "tau": tau, "cache_hit_rate": 0.5, "experts_per_token": 3.0}
+
+    summaries = [(64, [row("gsm8k", "ar", 10.0), row("gsm8k", "eagle3", 12.0, 2.0), row("gsm8k", "specfit", 15.0, 2.0),
+                       row("cnndm", "specfit", 5.0)]),
+                 (16, [row("gsm8k", "ar", 8.0), row("gsm8k", "specfit", 6.0)])]
+    rows = crossover_rows(summaries, num_experts=128)
+    assert [(r["dataset"], r["cache_slots"], r["method"]) for r in rows] == [
+        ("gsm8k", 16, "ar"), ("gsm8k", 16, "specfit"), ("gsm8k", 64, "ar"), ("gsm8k", 64, "eagle3"),
+        ("gsm8k", 64, "specfit"), ("cnndm", 64, "specfit")]
+    best = {(r["cache_slots"], r["method"], r["dataset"]): r["vs_best_baseline"] for r in rows}
+    assert best[(64, "specfit", "gsm8k")] == 15.0 / 12.0 and best[(16, "specfit", "gsm8k")] == 6.0 / 8.0
+    assert best[(64, "specfit", "cnndm")] is None                      # no baseline in that dataset
+    assert rows[0]["cached_fraction"] == 0.125
+    text, paths = write_crossover(tmp_path, rows, {"note": "hand-made"})
+    table = [line for line in text.splitlines() if line.startswith("| ")]
+    assert len(table) == 1 + len(rows) and "| gsm8k | 64 | 0.50 | specfit | 15.0 | - | - | 1.25 | 2.00 |" in text
+    assert paths["crossover_png"].read_bytes()[:4] == b"\x89PNG"
+    assert json.loads(paths["sweep_json"].read_text())["rows"] == rows
