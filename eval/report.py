@@ -173,6 +173,7 @@ def markdown(rows: list[dict], meta: dict) -> str:
         f"the profile (eval/modeled.py): verify = fixed + per_node × nodes + per_expert × transferred, draft = "
         f"levels × {meta['draft_level_ms']} ms, plus the measured predictor and solver ms. τ counts the bonus token.",
         meta["cost_scaling"],
+        *([meta["offload_note"]] if meta.get("offload_note") else []),
         "",
     ]
     return "\n".join(lines)
