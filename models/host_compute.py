@@ -112,14 +112,13 @@ class HostComputeCache(DeviceExpertCache):
             self.reset_stats()
 
     def prefetch(self, layer: int, expert_ids: Iterable[int]) -> list[int]:
-        """The hot set is static: validates the arguments and moves nothing (returns ``[]``)."""
-        ids = [int(e) for e in expert_ids]
-        if not 0 <= layer < self.num_layers:
-            raise SpecFitInputError("layer", f"must be in [0, {self.num_layers}), got {layer}")
-        bad = [e for e in ids if not 0 <= e < self.store.num_experts]
-        if bad:
-            raise SpecFitInputError("expert_ids", f"must be in [0, {self.store.num_experts}), got {bad[0]}")
-        return []
+        """The hot set is static: checks the arguments as :meth:`DeviceExpertCache.prefetch` does
+        and moves nothing (returns ``[]``)."""
+        slots, self.slots = self.slots, 0  # with 0 slots the base prefetch validates and moves nothing
+        try:
+            return super().prefetch(layer, expert_ids)
+        finally:
+            self.slots = slots
 
     def run(self, layer: int, experts: Sequence[int],
             compute: Callable[[int, torch.Tensor, torch.Tensor], int | None]) -> None:

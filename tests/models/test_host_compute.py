@@ -12,17 +12,14 @@ from specfit.cli import main as cli_main
 from specfit.core.errors import SpecFitInputError
 from specfit.models.host_compute import HostComputeCache, hot_experts
 from specfit.models.qwen3_moe import OffloadedQwen3Moe, greedy_generate
-from tests.models.test_runtime_model import ATOL, CONFIGS, VOCAB, build_reference, random_tree, ref_logits
+from tests.models.test_runtime_model import ATOL, VOCAB, moe_ckpt, random_tree, ref_logits  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    ref = build_reference(CONFIGS["moe"], seed=4)
-    path = tmp_path_factory.mktemp("host_ckpt")
-    ref.save_pretrained(path)
-    return path, ref
+def ckpt(moe_ckpt):
+    return moe_ckpt
 
 
 def _hot(E: int, L: int = 4) -> list[list[int]]:
