@@ -83,6 +83,8 @@ class ResultRecord(_JsonRecord):
         Experts copied host-to-device; distinct experts per layer and forward, summed.
     experts_predicted_new : int or None
         Uncached experts the selector expected (0 without a predictor; None in old files).
+    experts_host_computed : int
+        Experts computed on the host instead (``offload="host"``; 0 in the transfer mode).
     measured_ms : dict
         Measured totals in ms: ``draft``, ``predict``, ``solve``, ``verify``, ``transfer``, ``accept``.
     score : dict
@@ -111,6 +113,7 @@ class ResultRecord(_JsonRecord):
     measured_ms: dict
     score: dict
     experts_predicted_new: int | None = None
+    experts_host_computed: int = 0
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -147,6 +150,7 @@ class ResultRecord(_JsonRecord):
             experts_transferred=int(sum(sum(c.transferred) for c in cycles)),
             experts_looked_up=int(sum(sum(c.true_experts) for c in cycles)),
             experts_predicted_new=int(sum(sum(c.predicted_new) for c in cycles)),
+            experts_host_computed=int(sum(sum(c.host.get("computed", [])) for c in cycles)),
             measured_ms=measured, score=task_score(prompt.task, text, prompt.reference))
 
 

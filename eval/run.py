@@ -299,6 +299,7 @@ _HOST_NOTE = ("Offload host: experts outside the device cache were computed on t
               "hot set (the most frequently routed experts of the routing trace) instead of starting empty. "
               "tok/s modeled prices the cycles on the host-regime profile {profile} (modeled: per MoE layer "
               "max(GPU part, host experts x per-expert + rows x per-row) + sync; specfit.core.cost.HostProfile). "
+              "experts/token and hit rate count the experts computed on the host as the uncached ones. "
               "The selection of eagle3-scan/specfit still uses the transfer-regime objective: it does not yet "
               "model the host regime (issue 13).")
 

@@ -62,3 +62,11 @@ def test_cli_offload_defaults_match_the_library():
     args = build_parser().parse_args(["eval"])
     assert (args.offload, args.host_profile) == (EvalConfig().offload, EvalConfig().host_profile)
     assert build_parser().parse_args(["generate", "--model", "m", "--prompt-ids", "1", "--max-new-tokens", "1"]).offload == "transfer"
+
+
+def test_host_computed_experts_count_as_uncached_in_the_summary(first_run, host_run):  # noqa: F811
+    recs = read_results(host_run / "results.jsonl")
+    assert all(r["experts_host_computed"] > 0 for r in recs if r["method"] != "oracle")
+    assert all(r["experts_host_computed"] == 0 for r in read_results(first_run / "results.jsonl"))
+    rows = {(r["dataset"], r["method"]): r for r in json.loads((host_run / "summary.json").read_text())["rows"]}
+    assert rows[("gsm8k", "ar")]["experts_per_token"] > 0 and rows[("gsm8k", "ar")]["cache_hit_rate"] < 1
