@@ -186,10 +186,7 @@ class LayerStats:
     ``hits``/``misses`` count (forward, expert) pairs: an expert needed by a forward is a hit when it
     was resident when the forward reached the layer, a miss otherwise (one H2D transfer each).
     ``prefetched`` counts experts loaded by :meth:`DeviceExpertCache.prefetch`; their bytes and time
-    are included in ``bytes_moved`` and ``transfer_ms``. In the host-compute offload mode
-    (:class:`specfit.models.host_compute.HostComputeCache`) a non-resident expert is not copied:
-    ``host_computed`` counts those (forward, expert) pairs and ``host_rows`` the (token, expert)
-    rows computed on the host; both stay 0 in the transfer mode.
+    are included in ``bytes_moved`` and ``transfer_ms``.
     """
 
     hits: int = 0
@@ -197,8 +194,6 @@ class LayerStats:
     prefetched: int = 0
     bytes_moved: int = 0
     transfer_ms: float = 0.0
-    host_computed: int = 0
-    host_rows: int = 0
 
 
 class _Timer:

@@ -21,13 +21,14 @@ outputs; on CUDA the host experts run the CPU kernels, equal within floating-poi
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
 
 from specfit.core.errors import SpecFitInputError
-from specfit.models.experts import DeviceExpertCache, HostExpertStore
+from specfit.models.experts import DeviceExpertCache, HostExpertStore, LayerStats
 
 #: The offload modes of the runtime: ``transfer`` copies uncached experts H2D (SPECFIT.md §2),
 #: ``host`` computes them on the CPU (:class:`HostComputeCache`).
@@ -72,6 +73,15 @@ def hot_experts(routing: np.ndarray, num_experts: int, slots: int) -> list[list[
     return out
 
 
+@dataclass
+class HostLayerStats(LayerStats):
+    """:class:`LayerStats` of the host mode: ``host_computed`` counts (forward, expert) pairs computed
+    on the host instead of being copied (``misses`` stays 0), ``host_rows`` their (token, expert) rows."""
+
+    host_computed: int = 0
+    host_rows: int = 0
+
+
 class HostComputeCache(DeviceExpertCache):
     """A device expert cache with a static hot set; the other experts are computed on the host.
 
@@ -109,7 +119,12 @@ class HostComputeCache(DeviceExpertCache):
                     raise SpecFitInputError("hot_experts", f"expert ids must lie in [0, {E}) (layer {layer})")
                 self._load(layer, ids, range(len(ids)))
                 self._slot_of[layer] = {e: s for s, e in enumerate(ids)}
-            self.reset_stats()
+        self.reset_stats()
+
+    def reset_stats(self) -> None:
+        """Zero every counter, host counters included (the cache contents stay)."""
+        super().reset_stats()
+        self._stats = [HostLayerStats() for _ in range(self.num_layers)]
 
     def prefetch(self, layer: int, expert_ids: Iterable[int]) -> list[int]:
         """The hot set is static: checks the arguments as :meth:`DeviceExpertCache.prefetch` does
@@ -151,10 +166,13 @@ class HostComputeCache(DeviceExpertCache):
                 st.host_rows += int(compute(e, self.store.gate_up[layer][e], self.store.down[layer][e]) or 0)
 
     def stats(self) -> dict:
-        """:meth:`DeviceExpertCache.stats` plus ``"offload": "host"``; ``hit_rate`` is hits over
-        hits + host-computed experts."""
+        """:meth:`DeviceExpertCache.stats` plus ``"offload": "host"`` and, per layer and in total,
+        ``host_computed`` and ``host_rows`` (:class:`HostLayerStats`); ``hit_rate`` is hits over hits
+        + host-computed experts."""
         out = super().stats()
         t = out["total"]
+        for key in ("host_computed", "host_rows"):
+            t[key] = sum(layer[key] for layer in out["layers"])
         looked_up = t["hits"] + t["misses"] + t["host_computed"]
         t["hit_rate"] = t["hits"] / looked_up if looked_up else 0.0
         out["offload"] = "host"

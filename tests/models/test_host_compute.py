@@ -129,4 +129,4 @@ def test_cli_generate_host_mode(ckpt, capsys):
     assert host["output_ids"] == transfer["output_ids"]
     assert host["stats"]["offload"] == "host" and host["stats"]["total"]["bytes_moved"] == 0
     assert host["stats"]["total"]["host_computed"] > 0
-    assert transfer["stats"]["total"]["host_computed"] == 0
+    assert "host_computed" not in transfer["stats"]["total"]   # the transfer mode's stats are unchanged
