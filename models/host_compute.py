@@ -141,16 +141,9 @@ class HostComputeCache(DeviceExpertCache):
 
         A resident expert gets its device slot's weights (a hit); any other gets the host store's
         tensors (``host_computed``; ``compute`` computes it on the host and may return the number
-        of rows it computed, summed in ``host_rows``). Nothing is copied into the cache.
-
-        Parameters
-        ----------
-        layer : int
-            MoE layer index.
-        experts : sequence of int
-            Distinct expert ids the forward needs in this layer.
-        compute : callable
-            ``compute(expert_id, gate_up (2I, H), down (H, I))``.
+        of rows it computed, summed in ``host_rows``). Nothing is copied into the cache. The
+        parameters are those of :meth:`DeviceExpertCache.run`; the weights handed to ``compute``
+        are device tensors for hits and host tensors for the others.
         """
         st, slot_of = self._stats[layer], self._slot_of[layer]
         self._tick += 1
