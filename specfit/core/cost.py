@@ -211,9 +211,10 @@ DRAM_GB_PER_S = {"ddr5-5600-2ch": 89.6, "ddr4-2666-4ch": 4 * 8 * 2666e6 / 1e9, "
 
 #: Host ms per (token, expert) row of a bf16 Qwen3-30B-A3B expert on an 8-core desktop: the row's
 #: 2 x 3 x 2048 x 768 = 9.44 MFLOP at the per-core fp32 rate measured by ``eval/host_bench.py`` on the
-#: 2-vCPU VM of BENCHMARKS.md ("Host-compute regime": per_row_ms 0.31 ms on one core, ~30 GFLOP/s)
-#: times 8 cores (the 8 P-cores of a Core i9-13900K). Measured shape, scaled by a datasheet core
-#: count: an estimate, labelled so in every modeled figure.
+#: 2-vCPU VM of BENCHMARKS.md ("Host-compute regime": per_row_ms 0.31 ms on one core in run 1, the
+#: most conservative of three runs; 0.17 ms on the quiet machine) times 8 cores (the 8 P-cores of a
+#: Core i9-13900K). Measured shape, scaled by a datasheet core count: an estimate, labelled so in
+#: every modeled figure.
 HOST_ROW_MS_8CORE = round(0.31 / 8, 4)
 
 #: Per MoE layer that computes experts on the host: the (n, H) activations go device-to-host and
