@@ -28,7 +28,7 @@ Not modeled: the prefill (excluded from every tokens/s figure) and the verifier'
 
 from __future__ import annotations
 
-from specfit.core.cost import CostModel, get_profile
+from specfit.core.cost import CostModel, HostProfile, get_profile
 from specfit.core.errors import SpecFitInputError
 
 #: The parts of a modeled cycle (keys of :func:`modeled_cycle_ms` besides ``total_ms``).
@@ -71,9 +71,27 @@ def modeled_cycle_ms(cycle, cost: CostModel) -> dict[str, float]:
     """
     if cost.draft_level_ms is None:
         raise SpecFitInputError("profile", f"{cost.name} models no draft-level time (draft_level_ms)")
+    if isinstance(cost, HostProfile):
+        return _host_cycle_ms(cycle, cost)
     verify = cost.cycle_ms(cycle.nodes_verified, cycle.transferred)
     compute = cost.fixed_ms + cost.per_node_ms * cycle.nodes_verified
     draft = cycle.levels * cost.draft_level_ms
     host = cycle.predict_ms + cycle.solve_ms
     return {"compute_ms": compute, "transfer_ms": verify - compute, "draft_ms": draft, "host_ms": host,
             "total_ms": verify + draft + host}
+
+
+def _host_cycle_ms(cycle, cost: HostProfile) -> dict[str, float]:
+    """A cycle recorded with ``offload="host"`` priced on a host-regime profile
+    (:class:`specfit.core.cost.HostProfile`, per layer max(GPU part, host part) + sync), from the
+    cycle's per-layer host-computed experts and rows (``cycle.host``). ``compute_ms`` is the GPU
+    forward alone, ``transfer_ms`` what the host experts add to it (the offload part of the verify)."""
+    host = cycle.host or {}
+    L = cost.num_layers or len(cycle.true_experts) or cost.reference_layers
+    experts, rows = host.get("computed") or [0] * L, host.get("rows") or [0] * L
+    verify = cost.cycle_ms(cycle.nodes_verified, experts, rows)
+    compute = cost.gpu_ms(cycle.nodes_verified)
+    draft = cycle.levels * cost.draft_level_ms
+    solve = cycle.predict_ms + cycle.solve_ms
+    return {"compute_ms": compute, "transfer_ms": verify - compute, "draft_ms": draft, "host_ms": solve,
+            "total_ms": verify + draft + solve}

@@ -88,6 +88,8 @@ class ResultRecord(_JsonRecord):
         from the draft's raw path probabilities; compare with ``accept_lengths`` + 1 (None in old files).
     decisions : list of str or None
         Per cycle: ``"draft"``, or ``"ar"`` when the AR gate skipped drafting (None in old files).
+    experts_host_computed : int
+        Experts computed on the host instead (``offload="host"``; 0 in the transfer mode).
     measured_ms : dict
         Measured totals in ms: ``draft``, ``predict``, ``solve``, ``verify``, ``transfer``, ``accept``.
     score : dict
@@ -119,6 +121,7 @@ class ResultRecord(_JsonRecord):
     expected_tokens: list | None = None
     expected_tokens_raw: list | None = None
     decisions: list | None = None
+    experts_host_computed: int = 0
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -157,6 +160,7 @@ class ResultRecord(_JsonRecord):
             experts_predicted_new=int(sum(sum(c.predicted_new) for c in cycles)),
             expected_tokens=[c.expected_tokens for c in cycles],
             expected_tokens_raw=[c.expected_tokens_raw for c in cycles], decisions=[c.decision for c in cycles],
+            experts_host_computed=int(sum(sum(c.host.get("computed", [])) for c in cycles)),
             measured_ms=measured, score=task_score(prompt.task, text, prompt.reference))
 
 

@@ -106,7 +106,7 @@ def summarise(records: list[ResultRecord], depth: int, temperature: float) -> li
                     diverge[r.id] = pos
             equal = not diverge
         task, task_text = _task_metric(recs)
-        transferred = sum(r.experts_transferred for r in recs)
+        transferred = sum(r.experts_transferred + r.experts_host_computed for r in recs)  # uncached experts
         rows.append(SummaryRow(
             dataset=dataset, method=method, prompts=len(recs), new_tokens=new,
             tau=metrics.tau(accept),
@@ -199,7 +199,7 @@ def _predicted_vs_transferred(method: str, recs: list[ResultRecord]) -> float | 
     methods that select with predicted experts; None otherwise or for records without the count."""
     if not get_method(method).needs_predictor or any(r.experts_predicted_new is None for r in recs):
         return None
-    moved = sum(r.experts_transferred for r in recs)
+    moved = sum(r.experts_transferred + r.experts_host_computed for r in recs)
     return sum(r.experts_predicted_new for r in recs) / moved if moved else None
 
 
@@ -233,6 +233,7 @@ def markdown(rows: list[dict], meta: dict) -> str:
         f"the profile (eval/modeled.py): verify = fixed + per_node × nodes + per_expert × transferred, draft = "
         f"levels × {meta['draft_level_ms']} ms, plus the measured predictor and solver ms. τ counts the bonus token.",
         meta["cost_scaling"],
+        *([meta["offload_note"]] if meta.get("offload_note") else []),
         "",
     ]
     return "\n".join(lines)

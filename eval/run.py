@@ -32,7 +32,7 @@ from pathlib import Path
 
 from specfit.eval.datasets import DATASETS, MAX_ARTICLE_TOKENS, Prompt, encode, load_prompts
 from specfit.eval.records import ResultRecord, append_result, read_results
-from specfit.core.cost import DEFAULT_PROFILE, get_profile
+from specfit.core.cost import DEFAULT_HOST_PROFILE, DEFAULT_PROFILE, get_host_profile, get_profile
 from specfit.engine import METHODS, TreeSettings
 from specfit.core.errors import SpecFitInputError, check_context, check_nonnegative_int, check_positive_int, lookup
 from specfit.core.readers import read_json
@@ -45,8 +45,9 @@ DEFAULT_DATASETS = ("gsm8k", "cnndm")
 #: Prompt tokens of the untimed warm-up generation each method runs before the timed ones.
 WARMUP_TOKENS = 16
 #: Settings that must match for results in one ``OUT`` folder to be comparable.
-IDENTITY_FIELDS = ("model", "draft", "max_new_tokens", "cache_slots", "eviction", "admission", "profile", "temperature", "top_p",
-                   "seed", "total_tokens", "depth", "top_k", "predictor", "max_article_tokens", "rate_mode", "device")
+IDENTITY_FIELDS = ("model", "draft", "max_new_tokens", "cache_slots", "eviction", "admission", "profile", "temperature",
+                   "top_p", "seed", "total_tokens", "depth", "top_k", "predictor", "max_article_tokens", "rate_mode",
+                   "device", "offload", "host_profile")
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,13 @@ class EvalConfig:
         Long-run-rate selection instead of the per-cycle ratio (SPECFIT.md §3).
     device : str
         Compute device (``cpu``, ``cuda``, ``cuda:1``); one this torch can use.
+    offload : str
+        ``transfer`` (default): uncached experts are copied host-to-device; ``host``: computed on
+        the CPU, the device cache holding a static hot set (:mod:`specfit.models.host_compute`).
+        With ``host`` the cycles are priced on ``host_profile`` (modeled); the selection still uses
+        ``profile``, whose objective does not model the host regime yet.
+    host_profile : str
+        Host-regime profile of :data:`specfit.core.cost.HOST_PROFILES` that prices ``host`` runs.
     threads : int
         torch CPU threads while the run lasts (default 1: the proxy's matrices are too small to
         gain from more, and on a shared machine extra threads only contend; 0 = torch's default).
@@ -125,6 +133,8 @@ class EvalConfig:
     max_article_tokens: int = MAX_ARTICLE_TOKENS
     rate_mode: bool = False
     device: str = "cpu"
+    offload: str = "transfer"
+    host_profile: str = DEFAULT_HOST_PROFILE
     threads: int = 1
     out: str = "runs/eval"
 
@@ -197,6 +207,10 @@ def plan(config: EvalConfig) -> Plan:
     methods = [lookup(METHODS, m, "methods") for m in config.methods]
     if not config.datasets:
         raise SpecFitInputError("datasets", "name at least one dataset")
+    from specfit.models.host_compute import check_offload
+
+    check_offload(config.offload)
+    get_host_profile(config.host_profile)
     if get_profile(config.profile).draft_level_ms is None:
         raise SpecFitInputError("profile", f"no draft-level time is modeled for {config.profile!r}")
     from specfit.models.predictors import PREDICTORS
@@ -282,8 +296,18 @@ def load_models(p: Plan):
     return SpecFit.from_pretrained(p.target_dir, p.draft_dir, cache_slots=c.cache_slots, eviction=c.eviction,
                                    admission=c.admission,
                                    device=c.device, predictor=c.predictor if needs_predictor else None,
-                                   predictor_trace=p.trace_path, profile=c.profile,
+                                   predictor_trace=p.trace_path, profile=c.profile, offload=c.offload,
                                    max_len=kv_tokens_needed(longest, c.max_new_tokens, _tree(c)))
+
+
+#: The summary's note on a ``--offload host`` run.
+_HOST_NOTE = ("Offload host: experts outside the device cache were computed on the CPU; the cache held a static "
+              "hot set (the most frequently routed experts of the routing trace) instead of starting empty. "
+              "tok/s modeled prices the cycles on the host-regime profile {profile} (modeled: per MoE layer "
+              "max(GPU part, host experts x per-expert + rows x per-row) + sync; specfit.core.cost.HostProfile). "
+              "experts/token and hit rate count the experts computed on the host as the uncached ones. "
+              "The selection of eagle3-scan/specfit still uses the transfer-regime objective: it does not yet "
+              "model the host regime (issue 13).")
 
 
 def _tree(c: EvalConfig) -> TreeSettings:
@@ -399,6 +423,7 @@ def _run(p: Plan, progress: bool) -> dict:
     todo = [(pr, ids, m) for pr, ids in p.prompts for m in p.methods if (pr.id, pr.dataset, m.name) not in done]
     skipped = len(p.prompts) * len(p.methods) - len(todo)
     eos = models.eos_token_id
+    pricing = get_host_profile(config.host_profile).for_layers(num_layers) if config.offload == "host" else models.cost
     with open(results_path, "a", encoding="utf-8") as f, torch.no_grad():
         for m in dict.fromkeys(m for _, _, m in todo):  # untimed warm-up: first-call costs stay out of wall_s
             models.decoder(m, tree=_tree(config), **_sampling(config, 0)).generate(todo[0][1][-WARMUP_TOKENS:], 2)
@@ -408,7 +433,7 @@ def _run(p: Plan, progress: bool) -> dict:
             dec = models.decoder(m, tree=_tree(config), **_sampling(config, _prompt_seed(config.seed, pr)))
             gen = dec.generate(ids, config.max_new_tokens, eos_id=eos)
             text = p.tokenizer.decode(gen.output_ids, skip_special_tokens=True)
-            append_result(f, ResultRecord.from_generation(pr, m.name, ids, gen, text, models.cost))
+            append_result(f, ResultRecord.from_generation(pr, m.name, ids, gen, text, pricing))
     records = read_results(results_path)
     keys = {(pr.id, pr.dataset) for pr, _ in p.prompts}
     order = {m: i for i, m in enumerate(config.methods)}
@@ -417,7 +442,9 @@ def _run(p: Plan, progress: bool) -> dict:
                      key=lambda r: (sets[r.dataset], order[r.method]))  # rows: datasets, then --methods
     meta = {"config": config.to_json(), "resolved": p.identity, "num_layers": num_layers,
             "num_experts": int(spec.num_experts), "top_k": int(spec.top_k),
-            "cost": models.cost.to_json(), "draft_level_ms": models.cost.draft_level_ms, "max_len": models.target.max_len}
+            "cost": pricing.to_json(), "draft_level_ms": models.cost.draft_level_ms, "max_len": models.target.max_len}
+    if config.offload == "host":
+        meta["offload_note"] = _HOST_NOTE.format(profile=config.host_profile)
     rows, text, paths = write_summary(out, records, meta, [pr for pr, _ in p.prompts])
     return {"rows": rows, "markdown": text, "paths": {"results": results_path, "config": cfg_path, **paths},
             "ran": len(todo), "skipped": skipped}

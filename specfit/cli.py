@@ -79,7 +79,14 @@ def _add_generate(sub) -> None:
     p.add_argument("--gpu-memory", default=None, help="device memory budget, e.g. 20GiB; sets the slots instead")
     p.add_argument("--eviction", default="lru", choices=["lru", "lfu"], help="expert-cache eviction policy")
     p.add_argument("--device", default="cpu", help="compute device: cpu, cuda, cuda:1 (default cpu)")
+    _add_offload(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _add_offload(p) -> None:
+    p.add_argument("--offload", default="transfer", choices=["transfer", "host"],
+                   help="uncached experts: 'transfer' copies them host-to-device into the expert cache (default); "
+                        "'host' computes them on the CPU, the cache holding a static hot set from the routing trace")
 
 
 def _run_generate(args) -> int:
@@ -95,7 +102,7 @@ def _run_generate(args) -> int:
             raise SpecFitInputError("prompt_ids", "must contain at least one token")
     check_positive_int("max_new_tokens", args.max_new_tokens)  # before the weights are read
     model = SpecFit.from_pretrained(args.target_dir, cache_slots=args.cache_slots, gpu_memory_bytes=args.gpu_memory,
-                                    eviction=args.eviction, device=args.device)
+                                    eviction=args.eviction, device=args.device, offload=args.offload)
     try:
         rep = model.generate(prompt, method="ar", max_new_tokens=args.max_new_tokens).to_json()
     except SpecFitInputError as exc:  # the API's one ``prompt`` field is --prompt or --prompt-ids here
@@ -111,6 +118,8 @@ def _run_generate(args) -> int:
     print(f"output_ids  {rep['output_ids']}")
     print(f"experts     {tot['hits']} hits, {tot['misses']} misses (hit rate {tot['hit_rate']:.3f}), "
           f"{tot['bytes_moved']} bytes moved in {tot['transfer_ms']:.2f} ms; slots/layer {rep['stats']['slots']}")
+    if args.offload == "host":
+        print(f"host        {tot['host_computed']} experts computed on the host ({tot['host_rows']} token rows)")
     return 0
 
 
@@ -206,6 +215,10 @@ def _add_eval(sub) -> None:
     p.add_argument("--predictor-trace", default=None,
                    help="routing trace (.npz) the predictor is built from (default: routing_trace.npz in --model)")
     p.add_argument("--device", default="cpu", help="compute device: cpu, cuda, cuda:1 (default cpu)")
+    _add_offload(p)
+    p.add_argument("--host-profile", default="qwen3-30b-a3b-pcie4+host-ddr5-5600-2ch",
+                   help="host-regime profile pricing --offload host runs (modeled; default "
+                        "qwen3-30b-a3b-pcie4+host-ddr5-5600-2ch)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1: the proxy is too small to gain from more; 0 = torch's default)")
     p.add_argument("--out", default="runs/eval", help="output folder (default runs/eval); a rerun resumes")
@@ -222,7 +235,8 @@ def _run_eval(args) -> int:
                        profile=args.profile, model=args.model, draft=args.draft, temperature=args.temperature,
                        top_p=args.top_p, seed=args.seed, total_tokens=args.total_tokens, depth=args.depth,
                        top_k=args.top_k, predictor=args.predictor, predictor_trace=args.predictor_trace,
-                       device=args.device, threads=args.threads, out=args.out, progress=not args.no_progress)
+                       device=args.device, threads=args.threads, offload=args.offload, host_profile=args.host_profile, out=args.out,
+                       progress=not args.no_progress)
     except KeyboardInterrupt:
         raise _Interrupted("interrupted; rerun the same command to resume") from None
     print(res["markdown"], end="")

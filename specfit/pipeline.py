@@ -138,6 +138,22 @@ def _predictor_trace(name: str, target_dir: Path, trace) -> Path | None:
     return trace
 
 
+def _hot_set(offload: str, target_dir: Path, trace) -> list[list[int]] | None:
+    """The host offload mode's static device set: per MoE layer, every expert ordered by how
+    often the routing trace routes to it (the cache keeps its first ``slots``); None in the
+    transfer mode or without a trace."""
+    if offload != "host":
+        return None
+    path = Path(trace) if trace is not None else target_dir / "routing_trace.npz"
+    if not path.is_file():
+        return None
+    from specfit.models.host_compute import hot_experts
+    from specfit.models.traces import RoutingTrace
+
+    t = RoutingTrace.load(path)
+    return hot_experts(t.routing, t.num_experts, t.num_experts)
+
+
 class SpecFit:
     """An offloaded MoE target, an optional EAGLE-3 drafter and predictor, ready to generate.
 
@@ -184,7 +200,7 @@ class SpecFit:
                         eviction: str = "lru", device: str = "cpu", dtype: "str | torch.dtype | None" = None,
                         predictor: str | Any | None = "frequency", predictor_trace: str | Path | None = None,
                         profile: str | CostModel = DEFAULT_PROFILE, max_len: int = DEFAULT_MAX_LEN,
-                        admission: str = "all") -> "SpecFit":
+                        admission: str = "all", offload: str = "transfer") -> "SpecFit":
         """Load a Qwen3-MoE checkpoint with offloaded experts and, optionally, its EAGLE-3 head.
 
         Parameters
@@ -225,6 +241,14 @@ class SpecFit:
             How a verify's experts rank in the expert cache: ``"all"`` (default; plain LRU/LFU)
             or ``"accepted"`` (experts copied only for rejected draft nodes are evicted first);
             timing only, never results (:meth:`DeviceExpertCache.settle`).
+        offload : str
+            ``"transfer"`` (default): uncached experts are copied host-to-device into the expert
+            cache; ``"host"``: they are computed on the CPU from host memory and the device cache
+            holds a static hot set, the most frequently routed experts of the routing trace
+            (``predictor_trace``, default ``target_dir/routing_trace.npz``; without a trace the
+            cache stays empty). Outputs equal the transfer mode's
+            (:mod:`specfit.models.host_compute`). The selection's cost model is the same in both
+            modes (it does not yet model host compute).
 
         Returns
         -------
@@ -234,12 +258,13 @@ class SpecFit:
         ------
         SpecFitInputError
             Both or bad ``cache_slots``/``gpu_memory_bytes``, a budget too small, a bad
-            ``eviction``, ``admission``, ``dtype``, ``profile``, ``predictor`` or ``max_len``, a missing head or
+            ``eviction``, ``admission``, ``dtype``, ``profile``, ``predictor``, ``max_len`` or ``offload``, a missing head or
             routing trace, a head that does not fit the target.
         CheckpointError
             A missing or malformed target checkpoint (names the file and the tensor).
         """
         from specfit.models.experts import parse_bytes
+        from specfit.models.host_compute import check_offload
         from specfit.models.qwen3_moe import OffloadedQwen3Moe, read_spec
         from specfit.models.qwen3_moe.generate import load_tokenizer
 
@@ -247,6 +272,7 @@ class SpecFit:
             raise SpecFitInputError("gpu_memory_bytes", "give either cache_slots or gpu_memory_bytes, not both")
         budget = None if gpu_memory_bytes is None else parse_bytes(gpu_memory_bytes, "gpu_memory_bytes")
         check_positive_int("max_len", max_len)
+        check_offload(offload)
         cost = profile if isinstance(profile, CostModel) else get_profile(profile)
         target_dir = Path(target_dir)
         if not target_dir.is_dir():
@@ -259,6 +285,7 @@ class SpecFit:
         load = dict(device=device, dtype=_as_dtype(dtype), eviction=eviction, admission=admission, max_len=max_len,
                     aux_layers=None if head_cfg is None else head_cfg[1])
         target = OffloadedQwen3Moe.from_pretrained(target_dir, cache_slots=0 if budget is not None else cache_slots,
+                                                   offload=offload, hot_experts=_hot_set(offload, target_dir, predictor_trace),
                                                    **load)
         drafter, head_bytes = None, 0
         if head_cfg is not None:

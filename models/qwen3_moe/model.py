@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from specfit.models.devices import resolve_device
 from specfit.models.experts import DeviceExpertCache, HostExpertStore, check_cache_args, parse_bytes, slots_for_budget
+from specfit.models.host_compute import HostComputeCache, check_offload
 from specfit.models.qwen3_moe.checkpoint import CheckpointReader, load_dense, load_experts
 from specfit.models.qwen3_moe.config import Qwen3MoeSpec, read_spec
 from specfit.core.errors import SpecFitInputError, check_positive_int, check_single_sequence
@@ -108,13 +109,21 @@ class OffloadedQwen3Moe:
     profile : bool
         When true, time expert computation (``expert_compute_ms``); off by default (CUDA events
         per expert add overhead).
+    offload : str
+        ``"transfer"`` (default): uncached experts are copied host-to-device into the cache;
+        ``"host"``: they are computed on the CPU from :attr:`store` and the cache holds a static hot
+        set (:mod:`specfit.models.host_compute`). Outputs are the same in both modes.
+    hot_experts : list of list of int or None
+        ``host`` mode: per MoE layer, the experts to place on the device, most important first.
     """
 
     def __init__(self, spec: Qwen3MoeSpec, weights: dict[str, torch.Tensor], store: HostExpertStore,
                  device, dtype: torch.dtype, *, cache_slots: int | str | None = None, gpu_memory=None,
                  eviction: str = "lru", max_len: int = 4096, aux_layers: Sequence[int] | None = None,
-                 admission: str = "all"):
+                 admission: str = "all", offload: str = "transfer",
+                 hot_experts: Sequence[Sequence[int]] | None = None):
         self.spec, self.w, self.store = spec, weights, store
+        self.offload, self.hot_experts = check_offload(offload), hot_experts
         self.device, self.dtype = resolve_device(device), dtype
         check_positive_int("max_len", max_len)
         self.max_len = max_len
@@ -130,8 +139,7 @@ class OffloadedQwen3Moe:
             if cache_slots is not None:
                 raise SpecFitInputError("gpu_memory", "give either cache_slots or gpu_memory, not both")
             cache_slots = self._slots_for(parse_bytes(gpu_memory))
-        self.cache = DeviceExpertCache(store, self.device, 0 if cache_slots is None else cache_slots, eviction,
-                                       admission=admission)
+        self.cache = self._new_cache(0 if cache_slots is None else cache_slots, eviction, admission)
         inv_freq = 1.0 / (spec.rope_theta ** (torch.arange(0, spec.head_dim, 2, dtype=torch.float32) / spec.head_dim))
         self._inv_freq = inv_freq.to(self.device)
         self._moe_index = {layer: j for j, layer in enumerate(spec.moe_layers)}
@@ -161,7 +169,8 @@ class OffloadedQwen3Moe:
             ``cache_slots`` (int in [0, E] or ``"all"``), ``gpu_memory`` (bytes or ``"20GiB"``:
             the slots follow after the resident weights and the KV cache), ``eviction``
             (``"lru"``/``"lfu"``), ``admission`` (``"all"``/``"accepted"``, see
-            :meth:`DeviceExpertCache.settle`), ``max_len`` (KV capacity, tokens), ``aux_layers``.
+            :meth:`DeviceExpertCache.settle`), ``max_len`` (KV capacity, tokens), ``aux_layers``,
+            ``offload`` (``"transfer"``/``"host"``), ``hot_experts`` (``host`` mode's static device set).
 
         Returns
         -------
@@ -177,6 +186,7 @@ class OffloadedQwen3Moe:
             ``admission``, ``max_len`` or ``aux_layers``.
         """
         device = resolve_device(device)
+        check_offload(kwargs.get("offload", "transfer"))
         dtype = dtype or (torch.float32 if device.type == "cpu" else torch.bfloat16)
         spec = read_spec(model_dir)
         if kwargs.get("gpu_memory") is None:  # fail before reading gigabytes of weights
@@ -382,7 +392,14 @@ class OffloadedQwen3Moe:
         admission = admission or self.cache.admission
         check_cache_args(cache_slots, policy, self.spec.num_experts, admission)
         self.cache = None
-        self.cache = DeviceExpertCache(self.store, self.device, cache_slots, policy, admission=admission)
+        self.cache = self._new_cache(cache_slots, policy, admission)
+
+    def _new_cache(self, cache_slots: int | str, policy: str, admission: str = "all") -> DeviceExpertCache:
+        """The expert cache of the offload mode: LRU/LFU transfers (with ``admission``), or the host
+        mode's static hot set (nothing is admitted there, so ``admission`` does not apply)."""
+        if self.offload == "host":
+            return HostComputeCache(self.store, self.device, cache_slots, policy, hot=self.hot_experts)
+        return DeviceExpertCache(self.store, self.device, cache_slots, policy, admission=admission)
 
     @property
     def embed_weight(self) -> torch.Tensor:
@@ -464,14 +481,16 @@ class OffloadedQwen3Moe:
         out = torch.zeros_like(h)
         timer = self.cache.timer
 
-        def compute(e: int, gate_up: torch.Tensor, down: torch.Tensor) -> None:
+        def compute(e: int, gate_up: torch.Tensor, down: torch.Tensor) -> int:
+            # Weights on the host (host offload mode) compute there: rows go over, results come back.
             t0 = timer.start() if self.profile else None
             tok, slot = torch.nonzero(top_i == e, as_tuple=True)
-            gate, up = F.linear(h[tok], gate_up).chunk(2, dim=-1)
-            y = F.linear(F.silu(gate) * up, down) * top_w[tok, slot, None]
+            gate, up = F.linear(h[tok].to(gate_up.device), gate_up).chunk(2, dim=-1)
+            y = F.linear(F.silu(gate) * up, down).to(h.device) * top_w[tok, slot, None]
             out.index_add_(0, tok, y)
             if self.profile:
                 timer.stop(t0, self._add_expert_ms)
+            return len(tok)
 
         top_cpu = top_i.cpu()
         self.cache.run(layer, torch.unique(top_cpu).tolist(), compute)

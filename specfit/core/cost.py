@@ -218,6 +218,152 @@ PROFILES: dict[str, CostModel] = {
 DEFAULT_PROFILE = "qwen3-30b-a3b-pcie4"
 
 
+#: Peak DRAM bandwidths of named desktop hosts, GB/s (1 GB = 1e9 bytes), from datasheets: a DDR channel
+#: is 64 bits (8 bytes) wide, so peak = channels x 8 B x MT/s (Wikipedia, "Multi-channel memory
+#: architecture"). Dual-channel DDR5-5600: 89.6 GB/s, Intel's "Max Memory Bandwidth" of the Core
+#: i9-13900K (2 channels, DDR5-5600; quoted at zaro.info/processor-memory-support/
+#: what-is-the-max-ram-speed-for-intel-core-i9-13900k). Quad-channel DDR4-2666 (HEDT, e.g. the RTX
+#: 2080 desktop of issue 13): 4 x 8 B x 2666 MT/s = 85.3 GB/s. Dual-channel DDR4-3200: 2 x 8 B x
+#: 3200 = 51.2 GB/s (AIDA64 reads ~43-46 GB/s on such a kit, guru3d.com G.Skill TridentZ Royal
+#: DDR4-3200 review p. 9: peaks are not reached, so host times from them are lower bounds).
+DRAM_GB_PER_S = {"ddr5-5600-2ch": 89.6, "ddr4-2666-4ch": 4 * 8 * 2666e6 / 1e9, "ddr4-3200-2ch": 2 * 8 * 3200e6 / 1e9}
+
+#: Host ms per (token, expert) row of a bf16 Qwen3-30B-A3B expert on an 8-core desktop: the row's
+#: 2 x 3 x 2048 x 768 = 9.44 MFLOP at the per-core fp32 rate measured by ``eval/host_bench.py`` on the
+#: 2-vCPU VM of BENCHMARKS.md ("Host-compute regime": per_row_ms 0.31 ms on one core in run 1, the
+#: most conservative of three runs; 0.17 ms on the quiet machine) times 8 cores (the 8 P-cores of a
+#: Core i9-13900K). Measured shape, scaled by a datasheet core count: an estimate, labelled so in
+#: every modeled figure.
+HOST_ROW_MS_8CORE = round(0.31 / 8, 4)
+
+#: Per MoE layer that computes experts on the host: the (n, H) activations go device-to-host and
+#: the results back, and the device waits for the host. **Assumed**, not measured (no GPU here):
+#: two small PCIe copies and a stream synchronize at ~10 us each. To be measured (issue 13).
+HOST_SYNC_MS = 0.03
+
+
+@dataclass(frozen=True)
+class HostProfile:
+    """A hardware profile of the host-compute offload regime (``offload="host"``): cached experts
+    run on the GPU, the others on the CPU from host DRAM, in parallel, per MoE layer.
+
+    Modeled time of one verify of ``n`` nodes, per MoE layer ``l`` of the deployed target (issue 13):
+
+        T_l = max(g, h_l) + sync_ms * [u_l > 0],   g = (gpu.fixed_ms + gpu.per_node_ms * n) / R,
+        h_l = host_per_expert_ms * u_l + host_per_row_ms * r_l
+
+    with ``u_l`` the experts computed on the host (the union of the uncached experts the nodes need:
+    each is read from DRAM once per verify), ``r_l`` their (token, expert) rows and ``R`` the
+    profile's reference layers (48); T = sum_l T_l. With nothing on the host T equals the GPU
+    profile's ``fixed_ms + per_node_ms * n``. A proxy with L < R MoE layers stands for the deployed
+    target as in :meth:`CostModel.for_layers`: each of its layers counts for R / L real ones.
+
+    This is a data entry for pricing recorded cycles (eval, labelled modeled); the selection and
+    the solvers do not use it (their objective does not model the host regime yet).
+
+    Parameters
+    ----------
+    name : str
+    gpu : CostModel
+        The GPU side: a transfer-regime profile of :data:`PROFILES` (its ``per_expert_ms`` unused).
+    dram_gb_per_s : float
+        Datasheet peak DRAM bandwidth of the host (:data:`DRAM_GB_PER_S`).
+    host_per_expert_ms : float
+        Host ms per expert: its bf16 bytes read at ``dram_gb_per_s``.
+    host_per_row_ms : float
+        Host ms per (token, expert) row (:data:`HOST_ROW_MS_8CORE`).
+    sync_ms : float
+        Per MoE layer with host experts (:data:`HOST_SYNC_MS`).
+    num_layers : int, optional
+        MoE layers of the model whose counts are priced (default: the reference layers).
+    """
+
+    name: str
+    gpu: CostModel
+    dram_gb_per_s: float
+    host_per_expert_ms: float
+    host_per_row_ms: float
+    sync_ms: float
+    num_layers: int | None = None
+
+    @property
+    def reference_layers(self) -> int:
+        return self.gpu.reference_layers or REFERENCE_LAYERS
+
+    @property
+    def draft_level_ms(self) -> float | None:
+        return self.gpu.draft_level_ms
+
+    def for_layers(self, num_layers: int) -> "HostProfile":
+        """This profile pricing a model with ``num_layers`` MoE layers (each counts for R / L real ones).
+
+        Raises
+        ------
+        SpecFitInputError
+            If ``num_layers`` is not a positive integer.
+        """
+        check_positive_int("num_layers", num_layers)
+        return HostProfile(self.name, self.gpu, self.dram_gb_per_s, self.host_per_expert_ms, self.host_per_row_ms,
+                           self.sync_ms, num_layers)
+
+    def gpu_ms(self, num_nodes: int) -> float:
+        """The GPU forward without host experts, ``gpu.fixed_ms + gpu.per_node_ms * n``, ms."""
+        return self.gpu.fixed_ms + self.gpu.per_node_ms * num_nodes
+
+    def cycle_ms(self, num_nodes: int, host_experts_per_layer, host_rows_per_layer) -> float:
+        """Modeled verify ms (class docstring) for counts of shape (L,) each.
+
+        Raises
+        ------
+        SpecFitInputError
+            If the two count arrays differ in length.
+        """
+        u = np.asarray(host_experts_per_layer, dtype=np.float64)
+        r = np.asarray(host_rows_per_layer, dtype=np.float64)
+        if u.shape != r.shape:
+            raise SpecFitInputError("host_rows_per_layer", f"must have the shape of the expert counts {u.shape}")
+        if u.size == 0:
+            return self.gpu_ms(num_nodes)
+        R = self.reference_layers
+        g = self.gpu_ms(num_nodes) / R
+        h = self.host_per_expert_ms * u + self.host_per_row_ms * r
+        per_layer = np.maximum(g, h) + self.sync_ms * (u > 0)
+        return float(per_layer.sum() * R / u.size)
+
+    def to_json(self) -> dict:
+        """The profile's constants (for run metadata; not an instance JSON ``cost`` object)."""
+        return {"regime": "host", "name": self.name, "gpu": self.gpu.to_json(), "dram_gb_per_s": self.dram_gb_per_s,
+                "host_per_expert_ms": self.host_per_expert_ms, "host_per_row_ms": self.host_per_row_ms,
+                "sync_ms": self.sync_ms}
+
+
+def _host_profile(host: str, gpu: str) -> HostProfile:
+    bw = DRAM_GB_PER_S[host]
+    return HostProfile(f"{gpu}+host-{host}", PROFILES[gpu], round(bw, 1),
+                       round(QWEN3_30B_A3B_EXPERT_BYTES / (bw * 1e9) * 1e3, 4), HOST_ROW_MS_8CORE, HOST_SYNC_MS)
+
+
+#: Host-regime profiles by name: the GPU side of a transfer profile with a named desktop host
+#: (sources at :data:`DRAM_GB_PER_S`, :data:`HOST_ROW_MS_8CORE`, :data:`HOST_SYNC_MS`). Modeled.
+HOST_PROFILES: dict[str, HostProfile] = {
+    p.name: p for p in (_host_profile("ddr5-5600-2ch", "qwen3-30b-a3b-pcie4"),
+                        _host_profile("ddr4-2666-4ch", "qwen3-30b-a3b-pcie4"),
+                        _host_profile("ddr4-3200-2ch", "qwen3-30b-a3b-pcie4"))}
+#: The host profile ``--offload host`` prices with unless told otherwise.
+DEFAULT_HOST_PROFILE = "qwen3-30b-a3b-pcie4+host-ddr5-5600-2ch"
+
+
+def get_host_profile(name: str) -> HostProfile:
+    """Return the named host-regime profile of :data:`HOST_PROFILES`.
+
+    Raises
+    ------
+    SpecFitInputError
+        If ``name`` is not a known host profile (field ``host_profile``).
+    """
+    return lookup(HOST_PROFILES, name, "host_profile")
+
+
 def get_profile(name: str) -> CostModel:
     """Return the named hardware profile (see :data:`PROFILES` for the sources of each number).
 

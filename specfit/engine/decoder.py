@@ -150,6 +150,8 @@ class CycleRecord:
     the AR gate skipped drafting (SPECFIT.md §3, "The AR step as a candidate"). Measured wall-clock ms: ``draft_ms``,
     ``predict_ms``, ``solve_ms``, ``verify_ms`` (whole target forward), ``transfer_ms`` (H2D part of
     it, from the expert cache's timer), ``compute_ms`` (``verify_ms - transfer_ms``), ``accept_ms``.
+    ``host``: in the host offload mode (``offload="host"``), per MoE layer the experts computed on
+    the host (``"computed"``) and their (token, expert) rows (``"rows"``); empty in the transfer mode.
     """
 
     levels: int = 0
@@ -171,6 +173,7 @@ class CycleRecord:
     transfer_ms: float = 0.0
     compute_ms: float = 0.0
     accept_ms: float = 0.0
+    host: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
         """The record as a JSON object (field name → value)."""
@@ -433,6 +436,9 @@ class SpecDecoder:
         stats1 = self.target.cache.stats()
         rec.transferred = (_layer_counts(stats1, "misses") - _layer_counts(stats0, "misses")).tolist()
         rec.transfer_ms = stats1["total"]["transfer_ms"] - stats0["total"]["transfer_ms"]
+        if stats1.get("offload") == "host":
+            rec.host = {k: (_layer_counts(stats1, f"host_{k}") - _layer_counts(stats0, f"host_{k}")).tolist()
+                        for k in ("computed", "rows")}
         rec.compute_ms = max(rec.verify_ms - rec.transfer_ms, 0.0)
         rec.true_experts = [int(np.unique(routing[:, l]).size) for l in range(routing.shape[1])]
         rec.nodes_verified = len(keep)

@@ -1,0 +1,72 @@
+"""`specfit eval --offload host`: same outputs as the transfer regime, cycles priced on a host profile."""
+
+import json
+
+import pytest
+
+from specfit.cli import build_parser, main
+from specfit.core.cost import get_host_profile
+from specfit.engine import CycleRecord
+from specfit.eval.modeled import modeled_cycle_ms
+from specfit.eval.run import EvalConfig, read_results
+from tests.eval.test_eval import eval_args, first_run, tiny  # noqa: F401  (module fixtures)
+
+
+@pytest.fixture(scope="module")
+def host_run(tiny, tmp_path_factory):  # noqa: F811
+    out = tmp_path_factory.mktemp("eval_host") / "out"
+    assert main(eval_args(tiny, out, "--offload", "host")) == 0
+    return out
+
+
+def test_host_run_equals_transfer_run_and_is_priced_on_the_host_profile(first_run, host_run):  # noqa: F811
+    transfer = {(r["id"], r["dataset"], r["method"]): r for r in read_results(first_run / "results.jsonl")}
+    host = {(r["id"], r["dataset"], r["method"]): r for r in read_results(host_run / "results.jsonl")}
+    assert host.keys() == transfer.keys()
+    for key, rec in host.items():
+        assert rec["output_ids"] == transfer[key]["output_ids"], key
+        assert rec["experts_transferred"] == 0 or key[2] == "oracle", key   # nothing copied in host mode
+    summary = json.loads((host_run / "summary.json").read_text())
+    assert summary["cost"]["regime"] == "host"
+    assert "Offload host" in (host_run / "summary.md").read_text()
+    ar = [k for k in host if k[2] == "ar"]
+    # issue 13's physics: with the same cache size, AR is modeled faster computing misses on the host
+    assert sum(host[k]["modeled_ms"] for k in ar) < sum(transfer[k]["modeled_ms"] for k in ar)
+
+
+def test_offload_is_part_of_the_run_identity(tiny, first_run, capsys):  # noqa: F811
+    assert main(eval_args(tiny, first_run, "--offload", "host")) == 2
+    assert "offload" in capsys.readouterr().err
+
+
+def test_bad_offload_and_host_profile_exit_2(tiny, tmp_path, capsys):  # noqa: F811
+    with pytest.raises(SystemExit) as exc:
+        main(eval_args(tiny, tmp_path / "a", "--offload", "gpu"))
+    assert exc.value.code == 2
+    assert main(eval_args(tiny, tmp_path / "b", "--host-profile", "nope")) == 2
+    assert "host-profile" in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()
+
+
+def test_host_cycle_pricing_uses_the_host_counts():
+    cost = get_host_profile("qwen3-30b-a3b-pcie4+host-ddr5-5600-2ch").for_layers(2)
+    idle = CycleRecord(nodes_verified=1, true_experts=[8, 8], host={"computed": [0, 0], "rows": [0, 0]})
+    busy = CycleRecord(nodes_verified=1, true_experts=[8, 8], host={"computed": [8, 4], "rows": [8, 4]})
+    assert modeled_cycle_ms(idle, cost)["total_ms"] == pytest.approx(cost.gpu_ms(1))
+    parts = modeled_cycle_ms(busy, cost)
+    assert parts["total_ms"] == pytest.approx(cost.cycle_ms(1, [8, 4], [8, 4]))
+    assert parts["compute_ms"] == pytest.approx(cost.gpu_ms(1)) and parts["transfer_ms"] > 0
+
+
+def test_cli_offload_defaults_match_the_library():
+    args = build_parser().parse_args(["eval"])
+    assert (args.offload, args.host_profile) == (EvalConfig().offload, EvalConfig().host_profile)
+    assert build_parser().parse_args(["generate", "--model", "m", "--prompt-ids", "1", "--max-new-tokens", "1"]).offload == "transfer"
+
+
+def test_host_computed_experts_count_as_uncached_in_the_summary(first_run, host_run):  # noqa: F811
+    recs = read_results(host_run / "results.jsonl")
+    assert all(r["experts_host_computed"] > 0 for r in recs if r["method"] != "oracle")
+    assert all(r["experts_host_computed"] == 0 for r in read_results(first_run / "results.jsonl"))
+    rows = {(r["dataset"], r["method"]): r for r in json.loads((host_run / "summary.json").read_text())["rows"]}
+    assert rows[("gsm8k", "ar")]["experts_per_token"] > 0 and rows[("gsm8k", "ar")]["cache_hit_rate"] < 1
