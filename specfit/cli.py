@@ -76,7 +76,8 @@ def _add_generate(sub) -> None:
     p.add_argument("--cache-slots", default=None,
                    help="device expert-cache slots per MoE layer: an integer (0 = transfer every needed expert "
                         "each forward) or 'all' (default 0)")
-    p.add_argument("--gpu-memory", default=None, help="device memory budget, e.g. 20GiB; sets the slots instead")
+    p.add_argument("--gpu-memory", dest="gpu_memory_bytes", default=None,
+                   help="device memory budget, e.g. 20GiB; sets the slots instead")
     p.add_argument("--eviction", default="lru", choices=["lru", "lfu"], help="expert-cache eviction policy")
     p.add_argument("--device", default="cpu", help="compute device: cpu, cuda, cuda:1 (default cpu)")
     _add_offload(p)
@@ -101,7 +102,7 @@ def _run_generate(args) -> int:
         if not prompt:
             raise SpecFitInputError("prompt_ids", "must contain at least one token")
     check_positive_int("max_new_tokens", args.max_new_tokens)  # before the weights are read
-    model = SpecFit.from_pretrained(args.target_dir, cache_slots=args.cache_slots, gpu_memory_bytes=args.gpu_memory,
+    model = SpecFit.from_pretrained(args.target_dir, cache_slots=args.cache_slots, gpu_memory_bytes=args.gpu_memory_bytes,
                                     eviction=args.eviction, device=args.device, offload=args.offload)
     try:
         rep = model.generate(prompt, method="ar", max_new_tokens=args.max_new_tokens).to_json()

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from specfit.core.cost import DEFAULT_PROFILE, CostModel, get_profile
-from specfit.core.errors import SpecFitInputError, check_context, check_positive_int, lookup
+from specfit.core.errors import SpecFitInputError, check_context, check_positive_int, check_single_sequence, lookup
 from specfit.core.readers import read_json
 from specfit.engine import CycleRecord, Method, SpecDecoder, TreeSettings, get_method
 
@@ -363,17 +363,30 @@ class SpecFit:
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
         """Token ids of a text prompt (no special tokens added), or the given ids as ints.
 
+        Parameters
+        ----------
+        prompt : str, sequence of int, or array/tensor of shape (T,) or (1, T)
+            Batch size 1 only.
+
         Raises
         ------
         SpecFitInputError
-            Text without a tokenizer, ids that are not integers, or an empty prompt (field
-            ``prompt``).
+            Text without a tokenizer, ids that are not integers, a batch of more than one
+            sequence (``batch size 1 only``), or an empty prompt (field ``prompt``).
         """
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise SpecFitInputError("prompt", "the model directory has no tokenizer; give token ids")
             ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
         else:
+            import numpy as np
+
+            shape = getattr(prompt, "shape", None)
+            if shape is None and len(prompt) and all(isinstance(row, (list, tuple)) for row in prompt):
+                shape = (len(prompt), len(prompt[0]))  # a nested list: [[ids]] is (1, T)
+            if shape is not None:
+                check_single_sequence("prompt", tuple(shape))
+                prompt = np.asarray(prompt.tolist() if hasattr(prompt, "tolist") else prompt).reshape(-1)
             try:
                 ids = [int(t) for t in prompt]
             except (TypeError, ValueError):

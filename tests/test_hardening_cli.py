@@ -229,3 +229,17 @@ def test_unwritable_out_is_one_line(tmp_path, capsys):
                             "--out", str(blocker / "out"), "--no-progress"], str(blocker))
     one_line_error(capsys, ["eval", "--methods", "ar", "--dataset", "gsm8k", "--limit", "1", "--max-new-tokens", "1",
                             "--out", str(blocker / "out"), "--no-progress"], str(blocker))
+
+
+def test_generate_gpu_memory_error_names_the_flag(capsys):
+    proxy = proxy_paths()["target"]
+    one_line_error(capsys, ["generate", "--model", str(proxy), "--prompt-ids", "1,2", "--max-new-tokens", "2",
+                            "--gpu-memory", "lots"], "--gpu-memory: ")
+
+
+def test_solve_error_shows_plain_numbers(tmp_path, capsys):
+    bad = tmp_path / "inst.json"
+    bad.write_text('{"parents": [-1, 0, 0], "path_prob": [1.0, 0.5, 1.5], "num_experts": 4, '
+                   '"experts": [[[0]], [[1]], [[2]]], "cost": {"fixed_ms": 1, "per_node_ms": 0.1, "per_expert_ms": 0.1}}')
+    err = one_line_error(capsys, ["solve", str(bad)], "path_prob[2]: must lie in [0, 1], got 1.5")
+    assert "np.float" not in err

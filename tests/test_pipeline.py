@@ -140,3 +140,16 @@ def test_reset_cache_and_embed_weight(sf):
     assert target.cache.slots == target.spec.num_experts and target.cache.stats()["total"]["misses"] == 0
     target.reset_cache(0)
     assert target.cache.slots == 0 and target.cache.policy.name == "lfu"  # the policy is kept
+
+
+def test_prompt_ids_as_one_sequence_of_any_form_and_batches_refused(sf):
+    import numpy as np
+
+    ids = [5, 9, 13, 7]
+    want = sf.generate(ids, method="ar", max_new_tokens=3).output_ids
+    for form in (torch.tensor(ids), torch.tensor([ids]), np.asarray([ids]), [ids]):
+        assert sf.generate(form, method="ar", max_new_tokens=3).output_ids == want
+    for batch in (torch.tensor([ids, ids]), np.asarray([ids, ids]), [ids, ids]):
+        with pytest.raises(SpecFitInputError, match="batch size 1 only") as info:
+            sf.generate(batch, method="ar", max_new_tokens=3)
+        assert info.value.field == "prompt"

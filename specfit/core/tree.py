@@ -65,7 +65,7 @@ def _as_prob_array(values, field: str, n: int) -> np.ndarray:
         raise SpecFitInputError(f"{field}[{bad[0]}]", "must be finite (got NaN or infinity)")
     bad = np.flatnonzero((arr < 0.0) | (arr > 1.0))
     if bad.size:
-        raise SpecFitInputError(f"{field}[{bad[0]}]", f"must lie in [0, 1], got {arr[bad[0]]!r}")
+        raise SpecFitInputError(f"{field}[{bad[0]}]", f"must lie in [0, 1], got {float(arr[bad[0]])!r}")
     return arr
 
 
