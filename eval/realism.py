@@ -237,7 +237,7 @@ def routing_statistics(trace) -> dict:
 
 # -- acceptance -----------------------------------------------------------------------------------
 def acceptance(records: list[dict], depth: int) -> dict:
-    """τ and acceptance by depth per dataset from ``eagle3`` result records (:func:`eval.run.make_record`).
+    """τ and acceptance by depth per dataset from ``eagle3`` result records (:func:`specfit.eval.records.ResultRecord.from_generation`).
 
     Returns
     -------

@@ -242,12 +242,14 @@ def main(argv: list[str] | None = None) -> int:
                                                   pin_memory=False if args.pageable else None,
                                                   max_len=args.prefix_len + args.repeats + 80)
     result = run_bench(model, prefix_len=args.prefix_len, repeats=args.repeats)
-    result.update(machine=machine(device=device), command=" ".join(["python -m specfit.eval.runtime_bench", *(argv or sys.argv[1:])]),
+    result.update(machine=machine(device=device), command=" ".join(["python -m specfit.eval.runtime_bench", *(sys.argv[1:] if argv is None else argv)]),
                   source=args.model or f"synthetic:{args.synthetic}", layers=model.spec.num_layers)
     print(json.dumps(result["machine"]))
     print(format_table(result))
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+        from specfit.core.io import atomic_write_text
+
+        atomic_write_text(Path(args.json), json.dumps(result, indent=1) + "\n")
     return 0
 
 

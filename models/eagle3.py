@@ -34,7 +34,6 @@ never stay visible (no ghost KV).
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 from dataclasses import dataclass
@@ -545,7 +544,7 @@ def canonical_weight_names(names) -> tuple[dict[str, str], str]:
     """
     import re
 
-    known = set(expected_weight_shapes(Eagle3Config(1, 1, 1, 1, 1, 1, 1, 1)))
+    known = {*WEIGHT_NAMES, "embed_tokens.weight"}
     names = sorted(n for n in names if not n.endswith(IGNORED_SUFFIXES))
     styles = {s: next((n for n in names if re.match(rf"(model\.)?{re.escape(s)}\.", n)), None)
               for s in ("midlayer", "layers.0")}
@@ -596,11 +595,6 @@ class Eagle3Checkpoint:
     def has_embed(self) -> bool:
         """Whether the checkpoint stores ``embed_tokens.weight`` (else the target's is used)."""
         return "embed_tokens.weight" in self.names
-
-    def num_params(self) -> int:
-        """Parameters stored in the checkpoint (d2t and t2d included)."""
-        shapes = expected_weight_shapes(self.config)
-        return sum(math.prod(shapes[n]) for n in self.names)
 
 
 def _weight_headers(files) -> dict[str, tuple[tuple[int, ...], Path]]:

@@ -244,12 +244,9 @@ class RoutingTrace:
         from specfit.core.readers import read_npz
 
         path = Path(path)
-        z = read_npz(path, "trace")
-        if "format" not in z or str(z["format"]) != FORMAT:
+        z = read_npz(path, "trace", required=("format", "hidden_source", "num_experts", "offsets", "tokens", "routing"))
+        if str(z["format"]) != FORMAT:
             raise SpecFitInputError("trace", f"{path} is not a {FORMAT} file")
-        for name in ("hidden_source", "num_experts", "offsets", "tokens", "routing"):
-            if name not in z:
-                raise SpecFitInputError("trace", f"{path} lacks the array {name!r}")
         src = str(z["hidden_source"]) or None
         out = cls(int(z["num_experts"]), src)
         hid = z.get("draft_hidden")

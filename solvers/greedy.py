@@ -20,19 +20,16 @@ from specfit.solvers.base import Solver
 def path_prob_order(instance: Instance) -> list[int]:
     """Nodes in decreasing path probability, ties shallow-first then lower index; root first.
 
-    Sorting uses the running minimum of ``P`` along each root path, which equals ``P`` when ``P``
-    is non-increasing along paths and absorbs the tolerance :data:`specfit.core.tree.PROB_TOL` allows,
-    so every prefix of the order is ancestor-closed (SPECFIT.md §3: ``{v : P_v >= t}`` is closed).
+    ``P`` is non-increasing along every path (:class:`~specfit.core.tree.DraftTree` stores an admitted
+    near-tie at its parent's value), so every prefix of the order is ancestor-closed (SPECFIT.md §3:
+    ``{v : P_v >= t}`` is closed).
 
     Returns
     -------
     list of int, length n
     """
     tree = instance.tree
-    eff, par, depth = tree.path_prob.tolist(), tree.parents.tolist(), tree.depth.tolist()
-    for v in range(1, len(eff)):
-        eff[v] = min(eff[v], eff[par[v]])
-    return sorted(range(len(eff)), key=lambda v: (-eff[v], depth[v], v))
+    return np.lexsort((np.arange(tree.n), tree.depth, -tree.path_prob)).tolist()
 
 
 def _lam(rate: float | None) -> float | None:

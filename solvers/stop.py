@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from specfit.core.cost import CostModel
+from specfit.core.cost import CostModel, check_ms
 from specfit.core.errors import SpecFitInputError, check_positive_int
 
 
@@ -87,7 +87,7 @@ def should_stop(best_throughput_tok_s: float, frontier_max_path_prob: float, cos
     per_node = cost.per_node_ms
     if level_width is not None:
         check_positive_int("level_width", level_width)
-        per_node += float(level_ms) / level_width
+        per_node += check_ms("level_ms", level_ms) / level_width
     return p_f <= per_node * r / 1000.0
 
 
@@ -135,8 +135,7 @@ def draft_can_beat_ar(ar_ms: float, level_mass, level_ms: float, per_node_ms: fl
     if not (t > 0 and math.isfinite(t)):
         raise SpecFitInputError("ar_ms", f"must be a finite number > 0 (ms), got {ar_ms!r}")
     for name, v in (("level_ms", level_ms), ("per_node_ms", per_node_ms), ("min_expert_ms", min_expert_ms)):
-        if not (float(v) >= 0 and math.isfinite(float(v))):
-            raise SpecFitInputError(name, f"must be a finite number >= 0 (ms), got {v!r}")
+        check_ms(name, v)
     gain, best = 0.0, -math.inf
     for j, a in enumerate(level_mass, 1):
         if not (float(a) >= 0 and math.isfinite(float(a))):

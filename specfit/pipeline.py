@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from specfit.core.cost import DEFAULT_PROFILE, CostModel, get_profile
-from specfit.core.errors import SpecFitInputError, check_context, check_positive_int, check_single_sequence, lookup
+from specfit.core.errors import SpecFitInputError, check_context, check_positive_int, lookup
 from specfit.core.readers import read_json
-from specfit.engine import CycleRecord, Method, SpecDecoder, TreeSettings, get_method
+from specfit.engine.decoder import CycleRecord, Method, SpecDecoder, TreeSettings, get_method, prompt_list, tau
 
 if TYPE_CHECKING:  # torch and the model code load only when a model does
     import torch
@@ -88,7 +88,7 @@ class GenerateOutput:
     @property
     def tau(self) -> float:
         """Mean committed tokens per cycle τ (accepted draft tokens + 1 bonus token; AR = 1)."""
-        return sum(c.committed for c in self.cycles) / len(self.cycles) if self.cycles else 0.0
+        return tau(self.cycles)
 
     @property
     def tokens_per_s(self) -> float:
@@ -373,24 +373,17 @@ class SpecFit:
         SpecFitInputError
             Text without a tokenizer, ids that are not integers, a batch of more than one
             sequence (``batch size 1 only``), or an empty prompt (field ``prompt``).
+
+        Returns
+        -------
+        list of int, length T >= 1
         """
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise SpecFitInputError("prompt", "the model directory has no tokenizer; give token ids")
             ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
         else:
-            import numpy as np
-
-            shape = getattr(prompt, "shape", None)
-            if shape is None and len(prompt) and all(isinstance(row, (list, tuple)) for row in prompt):
-                shape = (len(prompt), len(prompt[0]))  # a nested list: [[ids]] is (1, T)
-            if shape is not None:
-                check_single_sequence("prompt", tuple(shape))
-                prompt = np.asarray(prompt.tolist() if hasattr(prompt, "tolist") else prompt).reshape(-1)
-            try:
-                ids = [int(t) for t in prompt]
-            except (TypeError, ValueError):
-                raise SpecFitInputError("prompt", "must be text or a sequence of integer token ids") from None
+            ids = prompt_list(prompt, "prompt")
         if not ids:
             raise SpecFitInputError("prompt", "encodes to no tokens")
         return list(ids)
@@ -407,7 +400,7 @@ class SpecFit:
         Parameters
         ----------
         prompt : str or sequence of int
-            Text (needs the target's tokenizer) or (T,) token ids.
+            Text (needs the target's tokenizer) or token ids of shape (T,) or (1, T).
         method : str or Method
             ``ar``, ``eagle3-vanilla``, ``eagle3``, ``eagle3-scan``, ``specfit`` or ``oracle``.
         max_new_tokens : int

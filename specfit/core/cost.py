@@ -26,7 +26,14 @@ REFERENCE_LAYERS = 48
 QWEN3_30B_A3B_EXPERTS = 128
 
 
-def _check_ms(name: str, value) -> float:
+def check_ms(name: str, value) -> float:
+    """``value`` as a duration in ms: a finite float >= 0.
+
+    Raises
+    ------
+    SpecFitInputError
+        On ``name``, if it is not a number, not finite or negative.
+    """
     try:
         v = float(value)
     except (TypeError, ValueError):
@@ -83,19 +90,19 @@ class CostModel:
     host_level_ms: float | None = field(default=None, compare=False)
 
     def __post_init__(self):
-        object.__setattr__(self, "fixed_ms", _check_ms("cost.fixed_ms", self.fixed_ms))
-        object.__setattr__(self, "per_node_ms", _check_ms("cost.per_node_ms", self.per_node_ms))
+        object.__setattr__(self, "fixed_ms", check_ms("cost.fixed_ms", self.fixed_ms))
+        object.__setattr__(self, "per_node_ms", check_ms("cost.per_node_ms", self.per_node_ms))
         pe = self.per_expert_ms
         if isinstance(pe, (list, tuple, np.ndarray)):
             if len(pe) == 0:
                 raise SpecFitInputError("cost.per_expert_ms", "a per-layer list must not be empty")
-            pe = tuple(_check_ms(f"cost.per_expert_ms[{i}]", x) for i, x in enumerate(pe))
+            pe = tuple(check_ms(f"cost.per_expert_ms[{i}]", x) for i, x in enumerate(pe))
         else:
-            pe = _check_ms("cost.per_expert_ms", pe)
+            pe = check_ms("cost.per_expert_ms", pe)
         object.__setattr__(self, "per_expert_ms", pe)
         for name in ("draft_level_ms", "host_level_ms"):
             if getattr(self, name) is not None:
-                object.__setattr__(self, name, _check_ms(f"cost.{name}", getattr(self, name)))
+                object.__setattr__(self, name, check_ms(f"cost.{name}", getattr(self, name)))
         if self.fixed_ms + self.per_node_ms <= 0:
             raise SpecFitInputError("cost.fixed_ms", "fixed_ms + per_node_ms must be > 0 so that every cycle takes time")
 

@@ -94,14 +94,14 @@ def validate_parents(parents) -> np.ndarray:
     return arr
 
 
-def _check_path_prob(pp: np.ndarray, par: np.ndarray, start: int) -> None:
-    """Path probabilities of nodes ``start..`` must not exceed their parents' (up to :data:`PROB_TOL`)."""
-    idx = np.arange(max(start, 1), pp.shape[0])
-    up = idx[pp[idx] > pp[par[idx]] + PROB_TOL]
+def _check_path_prob(child: np.ndarray, parent: np.ndarray, first_id: int) -> None:
+    """Path probabilities ``child`` (nodes ``first_id..``) must not exceed their parents' ``parent``
+    (same shape) by more than :data:`PROB_TOL`."""
+    up = np.flatnonzero(child > parent + PROB_TOL)
     if up.size:
         i = int(up[0])
-        raise SpecFitInputError(f"path_prob[{i}]", f"must not exceed its parent's ({pp[par[i]]}), got {pp[i]}: "
-                                "path probabilities are products of q <= 1")
+        raise SpecFitInputError(f"path_prob[{first_id + i}]", f"must not exceed its parent's ({parent[i]}), "
+                                f"got {child[i]}: path probabilities are products of q <= 1")
 
 
 def _check_experts(experts, n: int, num_experts, start: int = 0) -> np.ndarray:
@@ -175,7 +175,7 @@ class DraftTree:
             pp = _as_prob_array(path_prob, "path_prob", n)
             if pp[0] != 1.0:
                 raise SpecFitInputError("path_prob[0]", f"must be 1.0 (the root is always committed), got {pp[0]}")
-            _check_path_prob(pp, par, 1)
+            _check_path_prob(pp[1:], pp[par[1:]], 1)
             # Admitted within PROB_TOL of the parent: clamp to the running minimum so that every
             # consumer (solvers, stop rule, orders by P) sees P non-increasing along paths and any
             # {v : P_v >= t} stays ancestor-closed (SPECFIT.md §3).
@@ -233,12 +233,9 @@ class DraftTree:
             i = int(np.flatnonzero((par < 0) | (par >= n))[0])
             raise SpecFitInputError(f"parents[{n + i}]", f"must be an existing node in [0, {n}), got {par[i]}")
         pp_new = _as_prob_array(path_prob, "path_prob", m)
-        up = pp_new > self._path_prob[par] + PROB_TOL  # parents are existing nodes
-        if up.any():
-            i = int(np.flatnonzero(up)[0])
-            raise SpecFitInputError(f"path_prob[{n + i}]", f"must not exceed its parent's ({self._path_prob[par[i]]}), "
-                                    f"got {pp_new[i]}: path probabilities are products of q <= 1")
-        pp_new = np.minimum(pp_new, self._path_prob[par])  # admitted near-ties: as in __init__
+        parent_pp = self._path_prob[par]  # parents are existing nodes
+        _check_path_prob(pp_new, parent_pp, n)
+        pp_new = np.minimum(pp_new, parent_pp)  # admitted near-ties: as in __init__
         if (tokens is None) != (self._tokens is None):
             raise SpecFitInputError("tokens", "give tokens for a level iff the tree has tokens")
         if (experts is None) != (self._experts is None):

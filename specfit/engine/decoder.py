@@ -12,14 +12,14 @@ is a plain autoregressive step through the same code.
 
 The engine talks to three duck-typed parts:
 
-* target — :class:`models.qwen3_moe.OffloadedQwen3Moe` or anything with ``prefill(ids)``,
+* target — :class:`specfit.models.qwen3_moe.OffloadedQwen3Moe` or anything with ``prefill(ids)``,
   ``verify(tokens, parents)`` (both returning ``logits`` (n, V), ``routing`` (n, L, k),
   ``aux_hidden`` (n, 3H)), ``commit(path)``, ``reset()``, ``cache.cached_experts()``,
   ``cache.stats()``, ``spec.num_experts`` and ``spec.top_k``;
-* drafter — :class:`models.eagle3.Eagle3Drafter` or anything with ``prefill(tokens, aux)``,
+* drafter — :class:`specfit.models.eagle3.Eagle3Drafter` or anything with ``prefill(tokens, aux)``,
   ``commit(tokens, aux)`` and ``draft_levels(root_token, top_k, max_depth)`` yielding levels with
   ``parents``, ``tokens``, ``path_prob``, ``hidden``;
-* predictor — :mod:`models.predictors` (``reset``, ``observe``, ``predict``).
+* predictor — :mod:`specfit.models.predictors` (``reset``, ``observe``, ``predict``).
 """
 
 from __future__ import annotations
@@ -194,23 +194,48 @@ class Generation:
     @property
     def tau(self) -> float:
         """Mean committed tokens per cycle (accepted draft tokens + 1 bonus), AR = 1."""
-        return sum(c.committed for c in self.cycles) / len(self.cycles) if self.cycles else 0.0
+        return tau(self.cycles)
 
     def to_json(self) -> dict:
+        """The generation as a JSON object: output ids, wall/prefill seconds and the cycle records."""
         return {"output_ids": self.output_ids, "wall_s": self.wall_s, "prefill_s": self.prefill_s,
                 "cycles": [c.to_json() for c in self.cycles]}
 
 
-def _prompt_list(prompt_ids) -> list[int]:
-    """Prompt ids of shape (T,) or (1, T) as a list of int (batch size 1 only)."""
+def prompt_list(prompt_ids, field: str = "prompt_ids") -> list[int]:
+    """Prompt ids as a list of int.
+
+    Parameters
+    ----------
+    prompt_ids : sequence of int, nested list, numpy array or tensor, shape (T,) or (1, T)
+        Batch size 1 only.
+    field : str
+        The input field named in errors.
+
+    Returns
+    -------
+    list of int, length T (possibly 0; callers refuse an empty prompt)
+
+    Raises
+    ------
+    SpecFitInputError
+        On ``field``: not integer ids, or a batch of more than one sequence (``batch size 1 only``).
+    """
     try:
         t = torch.as_tensor(prompt_ids)
     except (TypeError, ValueError, RuntimeError):
-        raise SpecFitInputError("prompt_ids", "must be integer token ids of shape (T,) or (1, T)") from None
-    check_single_sequence("prompt_ids", tuple(t.shape))
+        raise SpecFitInputError(field, "must be integer token ids of shape (T,) or (1, T)") from None
+    check_single_sequence(field, tuple(t.shape))
     if t.numel() and (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool):
-        raise SpecFitInputError("prompt_ids", f"must be integer token ids, got dtype {t.dtype}")
+        raise SpecFitInputError(field, f"must be integer token ids, got dtype {t.dtype}")
     return [int(x) for x in t.reshape(-1).tolist()]
+
+
+def tau(cycles: Sequence[CycleRecord]) -> float:
+    """Mean committed tokens per cycle τ (accepted draft tokens + 1 bonus token; AR = 1), 0 for no cycle.
+
+    Spec-Bench's convention (docs/PITFALLS.md, "Measurement")."""
+    return sum(c.committed for c in cycles) / len(cycles) if cycles else 0.0
 
 
 def _cache_mask(target, num_layers: int, num_experts: int) -> np.ndarray:
@@ -239,7 +264,7 @@ class SpecDecoder:
         Cost model used for selection (ms); for a model with fewer layers than the profile's
         target, pass ``profile.for_layers(L)``.
     predictor
-        Expert predictor (``models.predictors``); required by ``eagle3-scan`` and ``specfit``.
+        Expert predictor (``specfit.models.predictors``); required by ``eagle3-scan`` and ``specfit``.
     reference
         For ``oracle``: a second target instance on the same weights whose KV mirrors ``target``;
         it computes the true routing of each drafted tree outside the timed path.
@@ -336,7 +361,7 @@ class SpecDecoder:
             non-positive ``max_new_tokens`` or one that runs past the target's
             ``spec.max_position_embeddings`` (when the target has one).
         """
-        prompt = _prompt_list(prompt_ids)
+        prompt = prompt_list(prompt_ids)
         if not prompt:
             raise SpecFitInputError("prompt_ids", "must contain at least one token")
         check_positive_int("max_new_tokens", max_new_tokens)
@@ -480,9 +505,10 @@ class SpecDecoder:
         cal = self.acceptance
         level_ms = self.cost.level_ms if m.calibrated else 0.0
         width = ts.top_k ** 2 if m.calibrated else None  # most nodes an EAGLE level adds
-        if cal is not None and not self._gate(tree, cache):
+        root_ms = self.cost.cycle_ms(1, tree.items(cache).root_new_per_layer)  # T(root alone) = T(AR)
+        if cal is not None and not self._gate(root_ms):
             rec.decision = "ar"  # T(AR): the rate mode's running λ counts this cycle's time
-            rec.predicted_ms = self.cost.cycle_ms(1, tree.items(cache).root_new_per_layer)
+            rec.predicted_ms = root_ms
             return tree, None, None
         selection = None
         levels = self.drafter.draft_levels(root, ts.top_k, ts.depth)
@@ -502,24 +528,24 @@ class SpecDecoder:
                 experts = np.zeros((len(level.parents),) + tree.experts.shape[1:], dtype=np.int64)
             parents = level.parents.cpu().numpy().astype(np.int64, copy=False)
             # EAGLE's float32 products can differ from the parent's by an ulp; keep P non-increasing
-            raw = np.minimum(level.path_prob.double().cpu().numpy(), self._raw_pp[parents])
+            up = self._raw_pp[parents]
+            raw = np.minimum(level.path_prob.double().cpu().numpy(), up)
             pp = raw
             if cal is not None:  # calibrated conditional acceptance, multiplied along the path
-                up = self._raw_pp[parents]
                 q = np.where(up > 0, raw / np.where(up > 0, up, 1.0), 0.0)
                 pp = cal.level_path_prob(tree.path_prob, parents, q, tree.depth[parents] + 1)
             self._raw_pp = np.concatenate([self._raw_pp, raw])
             tree.add_level(parents, pp, level.tokens.cpu().numpy().astype(np.int64, copy=False), experts)
             rec.predict_ms += (time.perf_counter() - t0) * 1e3
-            if m.oracle:  # outside the timed path
+            if m.oracle:  # outside the timed path; the root's true experts change T(root alone)
                 tree.set_experts(self._true_routing(tree))
+                root_ms = self.cost.cycle_ms(1, tree.items(cache).root_new_per_layer)
             selection = None
             if m.level_by_level and rec.levels < ts.depth:
                 # The stop rule stops iff P_f <= (per_node_ms + level_ms / width) * R*. R* <= 1000 (1 + sum P) /
                 # (T(root alone) + levels drafted), as every subtree holds the root; solve only when even that
                 # bound lets the rule fire (rate mode needs no R*).
                 p_f = float(tree.path_prob[tree.last_level].max())
-                root_ms = self.cost.cycle_ms(1, tree.items(cache).root_new_per_layer)  # built once, then extended
                 bound = 1000.0 * sum(tree.path_prob.tolist()) / (root_ms + rec.levels * level_ms)
                 if should_stop(bound, p_f, self.cost, rate, level_ms=level_ms, level_width=width):
                     if rate is not None:
@@ -535,8 +561,9 @@ class SpecDecoder:
             self._min_expert_ms.append(self._cheapest_node_expert_ms(tree, cache))
         return tree, selection, tree.items(cache)
 
-    def _gate(self, tree: DraftTree, cache: np.ndarray) -> bool:
-        """The AR gate: True iff a draft may beat the AR step this cycle (:func:`draft_can_beat_ar`).
+    def _gate(self, ar_ms: float) -> bool:
+        """The AR gate: True iff a draft may beat the AR step of ``ar_ms`` (T(root alone), ms) this cycle
+        (:func:`draft_can_beat_ar`).
 
         The mass bound of depth j is ``a_j = min(a_{j-1}, w_j u_j)`` with ``u_j`` the product of the
         largest calibrated conditional acceptance at depths 1..j and ``w_j`` the drafter's level width
@@ -553,7 +580,6 @@ class SpecDecoder:
             u *= self.acceptance.max_conditional(j)
             a = min(a, ts.top_k ** min(j, 2) * u)
             mass.append(a)
-        ar_ms = cost.cycle_ms(1, tree.items(cache).root_new_per_layer)
         if draft_can_beat_ar(ar_ms, mass, cost.level_ms, cost.per_node_ms, min(self._min_expert_ms)):
             self._skips = 0
             return True
