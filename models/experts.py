@@ -431,6 +431,16 @@ class DeviceExpertCache:
                 if not was_resident:
                     self._cold[layer].add(e)
 
+    def _prefetch_ids(self, layer: int, expert_ids: Iterable[int]) -> list[int]:
+        """``expert_ids`` without repeats, in order, after checking ``layer`` and every id (see :meth:`prefetch`)."""
+        if not 0 <= layer < self.num_layers:
+            raise SpecFitInputError("layer", f"must be in [0, {self.num_layers}), got {layer}")
+        ids = list(dict.fromkeys(int(e) for e in expert_ids))
+        bad = [e for e in ids if not 0 <= e < self.store.num_experts]
+        if bad:
+            raise SpecFitInputError("expert_ids", f"must be in [0, {self.store.num_experts}), got {bad[0]}")
+        return ids
+
     def prefetch(self, layer: int, expert_ids: Iterable[int]) -> list[int]:
         """Make experts resident in ``layer`` ahead of a forward (changes timing only, never results).
 
@@ -452,12 +462,7 @@ class DeviceExpertCache:
         SpecFitInputError
             If ``layer`` or an expert id is out of range.
         """
-        if not 0 <= layer < self.num_layers:
-            raise SpecFitInputError("layer", f"must be in [0, {self.num_layers}), got {layer}")
-        ids = list(dict.fromkeys(int(e) for e in expert_ids))
-        bad = [e for e in ids if not 0 <= e < self.store.num_experts]
-        if bad:
-            raise SpecFitInputError("expert_ids", f"must be in [0, {self.store.num_experts}), got {bad[0]}")
+        ids = self._prefetch_ids(layer, expert_ids)
         if self.slots == 0:
             return []
         ids = ids[: self.slots]

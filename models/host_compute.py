@@ -129,11 +129,8 @@ class HostComputeCache(DeviceExpertCache):
     def prefetch(self, layer: int, expert_ids: Iterable[int]) -> list[int]:
         """The hot set is static: checks the arguments as :meth:`DeviceExpertCache.prefetch` does
         and moves nothing (returns ``[]``)."""
-        slots, self.slots = self.slots, 0  # with 0 slots the base prefetch validates and moves nothing
-        try:
-            return super().prefetch(layer, expert_ids)
-        finally:
-            self.slots = slots
+        self._prefetch_ids(layer, expert_ids)
+        return []
 
     def run(self, layer: int, experts: Sequence[int],
             compute: Callable[[int, torch.Tensor, torch.Tensor], int | None]) -> None:
