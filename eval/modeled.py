@@ -8,7 +8,7 @@ deployment a hardware profile describes (Qwen3-30B-A3B on one GPU, experts behin
     verify_ms = profile.for_layers(L).cycle_ms(nodes_verified, transferred)
               = fixed_ms + per_node_ms * nodes_verified + per_expert_ms * (48 / L) * sum_l transferred[l]
     draft_ms  = levels * profile.draft_level_ms
-    host_ms   = predict_ms + solve_ms          (measured here)
+    host_ms   = host_cpu_ms                    (measured here: CPU time of the engine's thread)
 
 * verify: SPECFIT.md §3's T(S) with the *measured* counts of the cycle — nodes the target
   verified (root included) and experts the runtime really copied per MoE layer. A proxy with
@@ -18,9 +18,12 @@ deployment a hardware profile describes (Qwen3-30B-A3B on one GPU, experts behin
   same scaled model.
 * draft: one EAGLE-3 head forward per draft level (the profile's ``draft_level_ms``, derived in
   :data:`specfit.core.cost.PROFILES`).
-* host: the expert predictor and the solver run on the host CPU in deployment as well, so their
-  measured wall-clock time is added as is. On the proxy they see L-layer instances (48 in
-  deployment), which understates them; they are reported separately (``solve_share``).
+* host: the expert predictor, the solver and the engine's bookkeeping (tree, calibration, gate)
+  run on the host CPU in deployment as well, so their measured time is added as is: the CPU time
+  of the engine's thread (``CycleRecord.host_cpu_ms``, ``time.thread_time``), not wall-clock time,
+  which on a shared machine swings by 10× with other processes' load (BENCHMARKS.md, issue 9).
+  On the proxy they see L-layer instances (48 in deployment), which understates them; their share
+  is reported separately (``host_share``).
 
 Not modeled: the prefill (excluded from every tokens/s figure) and the verifier's accept step
 (part of ``fixed_ms``).
@@ -53,7 +56,7 @@ def modeled_cycle_ms(cycle, cost: CostModel) -> dict[str, float]:
     Parameters
     ----------
     cycle : specfit.engine.CycleRecord
-        Uses ``nodes_verified``, ``transferred`` (length L), ``levels``, ``predict_ms``, ``solve_ms``.
+        Uses ``nodes_verified``, ``transferred`` (length L), ``levels`` and ``host_cpu_ms``.
     cost : CostModel
         The profile scaled to the model's layers, ``get_profile(name).for_layers(L)``; its
         ``draft_level_ms`` prices a draft level.
@@ -76,7 +79,7 @@ def modeled_cycle_ms(cycle, cost: CostModel) -> dict[str, float]:
     verify = cost.cycle_ms(cycle.nodes_verified, cycle.transferred)
     compute = cost.fixed_ms + cost.per_node_ms * cycle.nodes_verified
     draft = cycle.levels * cost.draft_level_ms
-    host = cycle.predict_ms + cycle.solve_ms
+    host = cycle.host_cpu_ms
     return {"compute_ms": compute, "transfer_ms": verify - compute, "draft_ms": draft, "host_ms": host,
             "total_ms": verify + draft + host}
 
@@ -92,6 +95,6 @@ def _host_cycle_ms(cycle, cost: HostProfile) -> dict[str, float]:
     verify = cost.cycle_ms(cycle.nodes_verified, experts, rows)
     compute = cost.gpu_ms(cycle.nodes_verified)
     draft = cycle.levels * cost.draft_level_ms
-    solve = cycle.predict_ms + cycle.solve_ms
+    solve = cycle.host_cpu_ms
     return {"compute_ms": compute, "transfer_ms": verify - compute, "draft_ms": draft, "host_ms": solve,
             "total_ms": verify + draft + solve}

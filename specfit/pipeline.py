@@ -28,6 +28,7 @@ from specfit.core.cost import DEFAULT_PROFILE, CostModel, get_profile
 from specfit.core.errors import SpecFitInputError, check_context, check_positive_int, lookup
 from specfit.core.readers import read_json
 from specfit.engine.decoder import CycleRecord, Method, SpecDecoder, TreeSettings, get_method, prompt_list, tau
+from specfit.engine.online import OnlineModel
 
 if TYPE_CHECKING:  # torch and the model code load only when a model does
     import torch
@@ -184,6 +185,11 @@ class SpecFit:
     Attributes
     ----------
     target, drafter, tokenizer, predictor, cost, cache_slots, eviction
+    online : dict
+        What the engine has learned online (:class:`specfit.engine.online.OnlineModel`), one per
+        setting that changes it: (method, tree settings, cache slots, eviction, temperature, top_p).
+        Every generation of that setting starts from, and adds to, the same one, as a deployment
+        serving many requests would; ``online.clear()`` forgets it.
     """
 
     def __init__(self, target, drafter=None, *, tokenizer=None, predictor=None, cost: CostModel | None = None,
@@ -192,6 +198,7 @@ class SpecFit:
         self.predictor, self.cost = predictor, cost
         self.cache_slots, self.eviction = cache_slots, eviction
         self._reference_loader, self._reference = reference, None
+        self.online: dict = {}
 
     # -- loading -----------------------------------------------------------------------------------
     @classmethod
@@ -325,7 +332,10 @@ class SpecFit:
         """A :class:`SpecDecoder` for ``method`` whose target starts with an empty expert cache.
 
         The cache gets :attr:`cache_slots` slots per MoE layer (0 for methods that run without
-        one, ``eagle3-vanilla``), so every generation is independent of the ones before.
+        one, ``eagle3-vanilla``), so every generation's output is independent of the ones before.
+        A calibrated method (``specfit``, ``oracle``) starts from what the decoders of the same
+        setting learned before (:attr:`online`): that changes which nodes are verified, never the
+        output (greedy: equal to AR's; sampling: the target's distribution).
 
         Parameters
         ----------
@@ -355,10 +365,15 @@ class SpecFit:
             self._reference = self._reference_loader()
         needs_predictor = m.needs_predictor
         self.target.reset_cache(self.cache_slots if m.uses_cache else 0, self.eviction)
-        return SpecDecoder(self.target, self.drafter if m.drafts else None, m, tree=tree or TreeSettings(),
+        tree = tree or TreeSettings()
+        online = None
+        if m.calibrated:
+            key = (m.name, tree, self.cache_slots, self.eviction, float(temperature), float(top_p))
+            online = self.online.setdefault(key, OnlineModel(tree.depth))
+        return SpecDecoder(self.target, self.drafter if m.drafts else None, m, tree=tree,
                            cost=self.cost, predictor=self.predictor if needs_predictor else None,
                            reference=self._reference if m.needs_reference else None, temperature=temperature, top_p=top_p,
-                           seed=seed, rate_mode=rate_mode)
+                           seed=seed, rate_mode=rate_mode, online=online)
 
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
         """Token ids of a text prompt (no special tokens added), or the given ids as ints.

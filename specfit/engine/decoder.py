@@ -25,18 +25,18 @@ The engine talks to three duck-typed parts:
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import asdict, dataclass, field, replace
 from typing import Sequence
 
 import numpy as np
 import torch
 
-from specfit.core.acceptance import AcceptanceCalibrator, verify_trials
+from specfit.core.acceptance import verify_trials
 from specfit.core.cost import CostModel, calibrate
 from specfit.core.errors import SpecFitInputError, check_context, check_positive_int, check_single_sequence, lookup
 from specfit.core.instance import Instance
 from specfit.core.tree import DraftTree
+from specfit.engine.online import OnlineModel
 from specfit.engine.verify import verify_greedy, verify_sampling
 from specfit.solvers import get_solver
 from specfit.solvers.base import solver_class
@@ -147,9 +147,16 @@ class CycleRecord:
     ``expected_tokens`` A(S) (with calibrated acceptance for calibrated methods), ``expected_tokens_raw``
     A(S) from the draft's raw path probabilities, ``predicted_ms`` T(S) (whole cycle for calibrated
     methods: it includes the draft levels' ``level_ms``). ``decision``: ``"draft"``, or ``"ar"`` when
-    the AR gate skipped drafting (SPECFIT.md §3, "The AR step as a candidate"). Measured wall-clock ms: ``draft_ms``,
+    the AR gate skipped drafting (SPECFIT.md §3, "The AR step as a candidate"), ``"explore"`` when it drafted
+only to measure drafting again. ``ar_step_ms``: the counterfactual AR step of this cycle, T(root alone)
+with the root's true experts against the cache at the cycle's start (ms; calibrated methods, else 0);
+``speedup_estimate``: the gate's measured speedup of drafting over AR Ŝ when it decided (None before
+any; :mod:`specfit.engine.online`). Measured wall-clock ms: ``draft_ms``,
     ``predict_ms``, ``solve_ms``, ``verify_ms`` (whole target forward), ``transfer_ms`` (H2D part of
     it, from the expert cache's timer), ``compute_ms`` (``verify_ms - transfer_ms``), ``accept_ms``.
+    ``host_cpu_ms``: CPU ms of the engine's thread spent on the host side of the cycle (expert
+    predictor, tree building, calibration, gate, solver; the head and target forwards excluded), by
+    ``time.thread_time``: unlike wall-clock ms it does not grow with other processes' load.
     ``host``: in the host offload mode (``offload="host"``), per MoE layer the experts computed on
     the host (``"computed"``) and their (token, expert) rows (``"rows"``); empty in the transfer mode.
     """
@@ -163,6 +170,8 @@ class CycleRecord:
     expected_tokens_raw: float = 1.0
     predicted_ms: float = 0.0
     decision: str = "draft"
+    ar_step_ms: float = 0.0
+    speedup_estimate: float | None = None
     predicted_new: list = field(default_factory=list)
     true_experts: list = field(default_factory=list)
     transferred: list = field(default_factory=list)
@@ -173,6 +182,7 @@ class CycleRecord:
     transfer_ms: float = 0.0
     compute_ms: float = 0.0
     accept_ms: float = 0.0
+    host_cpu_ms: float = 0.0
     host: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
@@ -282,6 +292,11 @@ class SpecDecoder:
         ``fixed_ms``, ``per_node_ms`` and ``per_expert_ms`` by NNLS (:func:`specfit.core.cost.calibrate`)
         from this decoder's measured cycles (nodes verified, experts transferred per layer, measured
         verify ms) and select with the fitted model; :attr:`calibration` holds the last fit.
+    online : OnlineModel, optional
+        Calibrated methods: what the engine has learned so far (calibrated acceptance, the
+        predictor's priced error, the AR gate's measured utility; :mod:`specfit.engine.online`),
+        shared by the decoders of one deployment so that each generation starts from it (default:
+        a fresh one). Learning never changes what is verified to be correct: output stays lossless.
 
     Raises
     ------
@@ -294,7 +309,7 @@ class SpecDecoder:
     def __init__(self, target, drafter=None, method: Method | str = "specfit", *, tree: TreeSettings = TreeSettings(),
                  cost: CostModel | None = None, predictor=None, reference=None, temperature: float = 0.0,
                  top_p: float = 1.0, seed: int = 0, rate_mode: bool = False, max_nodes: int | None = None,
-                 calibrate_every: int | None = None):
+                 calibrate_every: int | None = None, online: OnlineModel | None = None):
         self.method = get_method(method) if isinstance(method, str) else method
         m = self.method
         if m.drafts and drafter is None:
@@ -328,15 +343,12 @@ class SpecDecoder:
         self.calibrate_every = calibrate_every
         self.calibration = None
         self._measured: list[tuple[int, list[int], float]] = []
-        #: Calibrated acceptance, learned over this decoder's lifetime (calibrated methods only).
-        self.acceptance = AcceptanceCalibrator(max_depth=tree.depth) if m.calibrated else None
-        self._min_expert_ms: deque = deque(maxlen=self.GATE_WINDOW)  # per drafted cycle
-        self._skips = 0  # consecutive cycles the AR gate skipped drafting
-
-    #: AR gate: drafted cycles whose cheapest draft node's expert cost bounds the next decisions.
-    GATE_WINDOW = 4
-    #: AR gate: after this many consecutive AR steps, draft once anyway (fresh acceptance and expert data).
-    EXPLORE_EVERY = 8
+        #: What the engine learns online (calibrated methods only), and its calibrated acceptance.
+        self.online = (online if online is not None else OnlineModel(tree.depth)) if m.calibrated else None
+        self.acceptance = self.online.acceptance if self.online is not None else None
+        self._root_new = None  # this cycle's predicted uncached root experts per layer (L,)
+        self._cache = self._root_experts = None  # this cycle's cache mask and predicted root experts
+        self._unobserved: list = []  # committed (tokens, routing) the predictor has not observed yet
 
     # -- one generation ------------------------------------------------------------------------
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, eos_id: int | None = None) -> Generation:
@@ -374,6 +386,7 @@ class SpecDecoder:
             if t is not None:
                 t.reset()
         drafter_ready = False
+        self._unobserved.clear()
         if len(prompt) > 1:
             out = self.target.prefill(torch.tensor(prompt[:-1]))
             if self.reference is not None:
@@ -420,10 +433,12 @@ class SpecDecoder:
         stats0 = self.target.cache.stats()
         tree, selection, items = DraftTree([-1], path_prob=[1.0], tokens=[root]), None, None
         reference_verified = False  # oracle: did the reference already verify this cycle's tree?
+        self._cache, self._root_new, self._root_experts, self._untimed_s = None, None, None, 0.0
+        c0 = time.thread_time()
         if m.drafts and drafter_ready:
-            cache = _cache_mask(self.target, len(stats0["layers"]), self.num_experts)
-            tree, selection, items = self._draft_and_select(root, cache, rec)
+            tree, selection, items = self._draft_and_select(root, None, rec)
             reference_verified = m.needs_reference and rec.levels > 0
+        rec.host_cpu_ms = (time.thread_time() - c0 - self._untimed_s) * 1e3
         raw = tree.path_prob if selection is None else self._raw_pp  # the draft's own path probabilities
         # verify the selected subtree in one target forward
         keep = list(selection.nodes) if selection is not None else [0]
@@ -456,8 +471,8 @@ class SpecDecoder:
             self.reference.commit([keep[v] for v in acc.path])
         rec.accept_ms = (time.perf_counter() - t0) * 1e3
         routing = out.routing.numpy()
-        if self.predictor is not None:
-            self.predictor.observe(np.asarray([sub_tokens[v] for v in acc.path]), routing[acc.path], None)
+        if self.predictor is not None:  # observed when next predicted (an AR step predicts nothing)
+            self._unobserved.append((np.asarray([sub_tokens[v] for v in acc.path]), routing[acc.path]))
         stats1 = self.target.cache.stats()
         rec.transferred = (_layer_counts(stats1, "misses") - _layer_counts(stats0, "misses")).tolist()
         rec.transfer_ms = stats1["total"]["transfer_ms"] - stats0["total"]["transfer_ms"]
@@ -469,10 +484,36 @@ class SpecDecoder:
         rec.nodes_verified = len(keep)
         rec.accepted = acc.accepted
         rec.committed = len(acc.new_tokens)
+        if rec.decision == "ar":  # T(AR) of its measured counts: what the rate mode's λ counts
+            rec.predicted_ms = self.cost.cycle_ms(1, rec.transferred)
+        if self.online is not None and self._cache is not None:
+            c0 = time.thread_time()
+            self._learn(rec, self._cache, routing)
+            rec.host_cpu_ms += (time.thread_time() - c0) * 1e3
         self._lam_tokens += rec.committed
         self._lam_ms += rec.predicted_ms
         path_tokens = [sub_tokens[v] for v in acc.path]
         return rec, acc.new_tokens, out.aux_hidden[acc.path], path_tokens
+
+    def _learn(self, rec: CycleRecord, cache: np.ndarray, routing: np.ndarray) -> None:
+        """Teach the online model this cycle's outcome: the root's true against predicted uncached
+        experts, and for a drafted cycle its time (verify of the measured counts, its draft levels,
+        and its host CPU ms measured so far) against its counterfactual AR step
+        (:meth:`OnlineModel.observe`)."""
+        layer = np.arange(cache.shape[0])[:, None]
+        root_true = (~cache[layer, routing[0]]).sum(axis=1)  # (L,) the root's true uncached experts
+        rec.ar_step_ms = self.cost.cycle_ms(1, root_true)
+        if self._root_new is None:
+            return
+        if rec.decision == "ar" or rec.levels == 0:
+            self.online.observe(root_predicted_new=self._root_new, root_true_new=root_true)
+            return
+        predicted = rec.predicted_new if len(rec.predicted_new) == root_true.size else np.zeros(root_true.size)
+        self.online.observe(root_predicted_new=self._root_new, root_true_new=root_true,
+                            selected_predicted_new=predicted, transferred=rec.transferred,
+                            draft_nodes=rec.nodes_verified - 1, committed=rec.committed,
+                            cycle_ms=self.cost.cycle_ms(rec.nodes_verified, rec.transferred)
+                            + rec.levels * (self.cost.draft_level_ms or 0.0) + rec.host_cpu_ms, ar_ms=rec.ar_step_ms)
 
     def _draft_and_select(self, root: int, cache: np.ndarray, rec: CycleRecord):
         """Grow the draft tree level by level and select its verified subtree.
@@ -486,36 +527,45 @@ class SpecDecoder:
         ``(root-only tree, None, None)`` when the AR gate skipped drafting.
         """
         m, ts = self.method, self.tree
+        if self.online is not None:  # the AR gate, on measured utility first: an AR step needs nothing else
+            rec.speedup_estimate = self.online.speedup
+            rec.decision = self.online.decide(lambda: self._sound_gate(root, self._cache_now(cache)))
+            if rec.decision == "ar":
+                return DraftTree([-1], path_prob=[1.0], tokens=[root]), None, None
+        cache = self._cache_now(cache)
         rate = None
         if self.rate_mode and self._lam_ms > 0:
             rate = 1000.0 * self._lam_tokens / self._lam_ms
-        predicted = m.needs_predictor
-        experts_known = m.needs_experts  # predicted, or (oracle) the true routing
+        # every expert resident: no node brings an expert, so none is predicted (T(S) has no expert term)
+        experts_known = m.needs_experts and not cache.all()  # predicted, or (oracle) the true routing
+        predicted = m.needs_predictor and experts_known
         t0 = time.perf_counter()
         root_experts = None
-        if predicted:
-            root_experts = self.predictor.predict(np.asarray([root]), None)[:1]
+        if predicted:  # the AR gate may have predicted them already
+            root_experts = self._root_experts
+            if root_experts is None:
+                root_experts = self._predict(np.asarray([root]), None)[:1]
         elif experts_known:  # oracle: placeholder until the true routing is known
             root_experts = np.zeros((1, cache.shape[0], int(self.target.spec.top_k)), dtype=np.int64)
         rec.predict_ms += (time.perf_counter() - t0) * 1e3
         tree = DraftTree([-1], path_prob=[1.0], tokens=[root], experts=root_experts, num_experts=self.num_experts)
         self._raw_pp = tree.path_prob.copy()
         if not experts_known:  # no expert term: an empty layer axis
+            if m.needs_experts:  # all resident: the root brings none either
+                self._root_new = np.zeros(cache.shape[0], dtype=np.int64)
             cache = np.zeros((0, self.num_experts), dtype=bool)
         cal = self.acceptance
         level_ms = self.cost.level_ms if m.calibrated else 0.0
         width = ts.top_k ** 2 if m.calibrated else None  # most nodes an EAGLE level adds
-        root_ms = self.cost.cycle_ms(1, tree.items(cache).root_new_per_layer)  # T(root alone) = T(AR)
-        if cal is not None and not self._gate(root_ms):
-            rec.decision = "ar"  # T(AR): the rate mode's running λ counts this cycle's time
-            rec.predicted_ms = root_ms
-            return tree, None, None
+        cost = self._cycle_cost(tree, cache) if experts_known else self.cost
+        root_ms = cost.cycle_ms(1, tree.items(cache).root_new_per_layer)  # T(root alone) = T(AR)
         selection = None
         levels = self.drafter.draft_levels(root, ts.top_k, ts.depth)
         while True:
-            t0 = time.perf_counter()
+            t0, u0 = time.perf_counter(), time.thread_time()
             level = next(levels, None)
             rec.draft_ms += (time.perf_counter() - t0) * 1e3
+            self._untimed_s += time.thread_time() - u0  # the head forward: device work, in draft_ms
             if level is None:
                 break
             rec.levels += 1
@@ -523,7 +573,7 @@ class SpecDecoder:
             experts = None
             if predicted:
                 hidden = level.hidden.float().cpu().numpy() if level.hidden is not None else None
-                experts = self.predictor.predict(level.tokens.cpu().numpy(), hidden)
+                experts = self._predict(level.tokens.cpu().numpy(), hidden)
             elif experts_known:
                 experts = np.zeros((len(level.parents),) + tree.experts.shape[1:], dtype=np.int64)
             parents = level.parents.cpu().numpy().astype(np.int64, copy=False)
@@ -537,9 +587,11 @@ class SpecDecoder:
             self._raw_pp = np.concatenate([self._raw_pp, raw])
             tree.add_level(parents, pp, level.tokens.cpu().numpy().astype(np.int64, copy=False), experts)
             rec.predict_ms += (time.perf_counter() - t0) * 1e3
-            if m.oracle:  # outside the timed path; the root's true experts change T(root alone)
+            if m.oracle and experts_known:  # outside the timed path; the root's true experts change T(root alone)
+                u0 = time.thread_time()
                 tree.set_experts(self._true_routing(tree))
-                root_ms = self.cost.cycle_ms(1, tree.items(cache).root_new_per_layer)
+                self._untimed_s += time.thread_time() - u0
+                root_ms = cost.cycle_ms(1, tree.items(cache).root_new_per_layer)
             selection = None
             if m.level_by_level and rec.levels < ts.depth:
                 # The stop rule stops iff P_f <= (per_node_ms + level_ms / width) * R*. R* <= 1000 (1 + sum P) /
@@ -547,44 +599,70 @@ class SpecDecoder:
                 # bound lets the rule fire (rate mode needs no R*).
                 p_f = float(tree.path_prob[tree.last_level].max())
                 bound = 1000.0 * sum(tree.path_prob.tolist()) / (root_ms + rec.levels * level_ms)
-                if should_stop(bound, p_f, self.cost, rate, level_ms=level_ms, level_width=width):
+                if should_stop(bound, p_f, cost, rate, level_ms=level_ms, level_width=width):
                     if rate is not None:
                         break
-                    selection = self._select(tree, cache, rate, rec, rec.levels * level_ms)
-                    if should_stop(selection.throughput, p_f, self.cost, rate, level_ms=level_ms, level_width=width):
+                    selection = self._select(tree, cache, rate, rec, cost, rec.levels * level_ms)
+                    if should_stop(selection.throughput, p_f, cost, rate, level_ms=level_ms, level_width=width):
                         break
         levels.close()
         rec.nodes_drafted = tree.n - 1
         if selection is None:
-            selection = self._select(tree, cache, rate, rec, rec.levels * level_ms)
-        if cal is not None and tree.n > 1:
-            self._min_expert_ms.append(self._cheapest_node_expert_ms(tree, cache))
+            selection = self._select(tree, cache, rate, rec, cost, rec.levels * level_ms)
+        if self.online is not None and tree.n > 1:
+            self.online.min_expert_ms.append(self._cheapest_node_expert_ms(tree, cache))
         return tree, selection, tree.items(cache)
 
-    def _gate(self, ar_ms: float) -> bool:
-        """The AR gate: True iff a draft may beat the AR step of ``ar_ms`` (T(root alone), ms) this cycle
-        (:func:`draft_can_beat_ar`).
+    def _cache_now(self, cache: np.ndarray | None) -> np.ndarray:
+        """The expert-cache mask (L, E) at the cycle's start (read once per cycle; ``cache`` if given)."""
+        if self._cache is None:
+            self._cache = cache if cache is not None else _cache_mask(
+                self.target, len(self.target.cache.stats()["layers"]), self.num_experts)
+        return self._cache
+
+    def _predict(self, tokens: np.ndarray, hidden) -> np.ndarray:
+        """The predictor's experts (m, L, k) for ``tokens`` (m,), after it observed every committed token."""
+        if self._unobserved:
+            toks, rows = zip(*self._unobserved)
+            self.predictor.observe(np.concatenate(toks), np.concatenate(rows), None)
+            self._unobserved.clear()
+        return self.predictor.predict(tokens, hidden)
+
+    def _cycle_cost(self, tree: DraftTree, cache: np.ndarray) -> CostModel:
+        """The cost model of this cycle's selection: the engine's, with the predictor's learned error
+        priced in for calibrated methods (:meth:`OnlineModel.corrected_cost`); records the root's
+        predicted uncached experts for the online model."""
+        self._root_new = np.asarray(tree.items(cache).root_new_per_layer)
+        if self.online is None:
+            return self.cost
+        return self.online.corrected_cost(self.cost, float(self.cost.per_expert_array(cache.shape[0]) @ self._root_new))
+
+    def _sound_gate(self, root: int, cache: np.ndarray) -> bool:
+        """The AR gate's sound part: False only if no draft can beat this cycle's AR step (T(root
+        alone) with its predicted experts, under the corrected cost) within the model
+        (:func:`draft_can_beat_ar`); True before any drafted cycle.
 
         The mass bound of depth j is ``a_j = min(a_{j-1}, w_j u_j)`` with ``u_j`` the product of the
         largest calibrated conditional acceptance at depths 1..j and ``w_j`` the drafter's level width
         (``top_k`` then ``top_k**2``); ``a_{j-1}`` because one node's children's calibrated conditionals
         sum to at most 1. The expert bound is the smallest expert ms of a single draft node (beyond
-        the cache and the root) over the last :attr:`GATE_WINDOW` drafted cycles. Exploration: with
-        no drafted cycle yet, or after :attr:`EXPLORE_EVERY` consecutive AR steps, it drafts.
+        the cache and the root) over the online model's last drafted cycles.
         """
-        if not self._min_expert_ms or self._skips >= self.EXPLORE_EVERY:
-            self._skips = 0
+        online = self.online
+        if not online.min_expert_ms:
             return True
-        ts, cost, mass, a, u = self.tree, self.cost, [], 1.0, 1.0
+        if not self.method.needs_predictor or cache.all():  # oracle: root experts unknown; all resident: none
+            return True
+        experts = self._root_experts = self._predict(np.asarray([root]), None)[:1]
+        tree = DraftTree([-1], path_prob=[1.0], tokens=[root], experts=experts, num_experts=self.num_experts)
+        cost = self._cycle_cost(tree, cache)
+        ar_ms = cost.cycle_ms(1, tree.items(cache).root_new_per_layer)
+        ts, mass, a, u = self.tree, [], 1.0, 1.0
         for j in range(1, ts.depth + 1):
             u *= self.acceptance.max_conditional(j)
             a = min(a, ts.top_k ** min(j, 2) * u)
             mass.append(a)
-        if draft_can_beat_ar(ar_ms, mass, cost.level_ms, cost.per_node_ms, min(self._min_expert_ms)):
-            self._skips = 0
-            return True
-        self._skips += 1
-        return False
+        return draft_can_beat_ar(ar_ms, mass, cost.level_ms, cost.per_node_ms, min(online.min_expert_ms))
 
     def _cheapest_node_expert_ms(self, tree: DraftTree, cache: np.ndarray) -> float:
         """Smallest expert-transfer ms a single draft node of ``tree`` adds to the root's (0 without experts)."""
@@ -604,11 +682,12 @@ class SpecDecoder:
         return np.where(up > 0, raw / np.where(up > 0, up, 1.0), 0.0)
 
     def _select(self, tree: DraftTree, cache: np.ndarray, rate: float | None, rec: CycleRecord,
-                sunk_ms: float = 0.0):
-        """Solve the selection; ``sunk_ms`` (the levels drafted this cycle) is added to ``fixed_ms``: a
-        cost of the cycle that does not depend on the selection (whole-cycle objective)."""
+                cost: CostModel | None, sunk_ms: float = 0.0):
+        """Solve the selection under ``cost`` (None: a cost-blind selector); ``sunk_ms`` (the levels
+        drafted this cycle) is added to ``fixed_ms``: a cost of the cycle that does not depend on the
+        selection (whole-cycle objective)."""
         t0 = time.perf_counter()
-        cost = self.cost if self.cost is not None else CostModel(1.0, 0.0, 0.0)
+        cost = cost if cost is not None else CostModel(1.0, 0.0, 0.0)
         if sunk_ms:
             cost = replace(cost, fixed_ms=cost.fixed_ms + sunk_ms)
         inst = Instance(tree, cost, cache, max_nodes=self.max_nodes)  # the cache the tree's accounting uses

@@ -107,12 +107,16 @@ def ar_outputs(ckpt):
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_greedy_output_of_every_method_equals_ar(ckpt, ar_outputs, method):
     dec = decoder(ckpt, method, SelfDrafter(ckpt), tree=TreeSettings(total_tokens=8, depth=3, top_k=3))
-    taus = []
+    taus, cycles = [], []
     for prompt, expected in zip(PROMPTS, ar_outputs):
         gen = dec.generate(prompt, 16)
         assert gen.output_ids == expected
         taus.append(gen.tau)
-    if method != "ar":
+        cycles += gen.cycles
+    if get_method(method).calibrated:  # the AR gate may stop drafting once it measured that drafting loses
+        drafted = [c for c in cycles if c.decision != "ar"]
+        assert len(drafted) >= dec.online.MIN_DRAFTED and sum(c.accepted for c in drafted) >= 1
+    elif method != "ar":
         assert max(taus) > 1.2  # the self drafter makes speculation accept tokens
 
 
@@ -211,20 +215,42 @@ def test_configuration_errors(ckpt):
         TreeSettings(total_tokens=0)
 
 
-def test_ar_gate_takes_the_ar_step_when_no_draft_can_pay_and_explores(ckpt, ar_outputs):
+def test_ar_gate_takes_the_ar_step_when_drafting_does_not_pay_and_explores(ckpt, ar_outputs):
     dec = decoder(ckpt, "specfit", SelfDrafter(ckpt), tree=TreeSettings(8, 3, 3))
     dec.acceptance.trials[:] = 1e4  # learned: nothing the draft proposes is ever accepted
-    gen = dec.generate(PROMPTS[1], 16)
-    assert gen.output_ids == ar_outputs[1]
-    decisions = [c.decision for c in gen.cycles]
-    assert decisions[0] == "draft"  # no drafted cycle yet: the expert bound is unknown, so draft
-    assert "ar" in decisions
-    runs = "".join("a" if d == "ar" else "d" for d in decisions).split("d")
-    assert max(len(r) for r in runs) <= dec.EXPLORE_EVERY  # exploration: draft again after that many
+    online = dec.online
+    gen = dec.generate(PROMPTS[1], 40)
+    assert gen.output_ids == decoder(ckpt, "ar", None).generate(PROMPTS[1], 40).output_ids
+    decisions = "".join(c.decision[0] for c in gen.cycles)  # d(raft) / e(xplore) / a(r)
+    warm = online.MIN_DRAFTED
+    assert decisions[:warm] == "d" * warm  # Ŝ is not trusted before MIN_DRAFTED drafted cycles
+    gaps = [len(r) for r in decisions[warm:].split("e")]
+    assert len(gaps) >= 3 and "d" not in decisions[warm:]
+    first = online.EXPLORE_FIRST
+    assert gaps[:-1] == [min(first * 2 ** i, online.EXPLORE_MAX) for i in range(len(gaps) - 1)]  # doubling
+    assert online.explorations == len(gaps) - 1
     for c in gen.cycles:
         if c.decision == "ar":
             assert (c.levels, c.nodes_verified, c.committed, c.expected_tokens) == (0, 1, 1, 1.0)
-            assert c.predicted_ms >= COST.fixed_ms + COST.per_node_ms  # T(AR), counted by the rate mode's λ
+            assert c.predicted_ms == COST.cycle_ms(1, c.transferred)  # T(AR) of its counts, the rate mode's λ
+            assert c.speedup_estimate is not None and c.speedup_estimate <= 1.0
+        else:
+            assert c.ar_step_ms >= COST.fixed_ms + COST.per_node_ms  # the counterfactual AR step is known
+
+
+def test_online_state_carries_across_generations(ckpt, ar_outputs):
+    """A decoder built with another's OnlineModel starts from what that one learned."""
+    first = decoder(ckpt, "specfit", SelfDrafter(ckpt), tree=TreeSettings(8, 3, 3))
+    first.acceptance.trials[:] = 1e4
+    first.generate(PROMPTS[1], 24)
+    learned = first.online.drafted
+    assert learned >= first.online.MIN_DRAFTED
+    second = SpecDecoder(load(ckpt), SelfDrafter(ckpt), "specfit", tree=TreeSettings(8, 3, 3), cost=COST,
+                         predictor=FixedPredictor(), online=first.online)
+    gen = second.generate(PROMPTS[1], 8)
+    assert gen.output_ids == ar_outputs[1][:8]
+    assert gen.cycles[0].decision == "ar"  # learned: drafting does not pay here
+    assert second.acceptance is first.online.acceptance
 
 
 def test_calibrated_method_learns_from_its_verifies(ckpt, ar_outputs):

@@ -1,0 +1,196 @@
+"""What the engine learns online from its own verifies, across the generations of one deployment.
+
+Three things the cycle's objective needs and no datasheet gives (issue 9, SPECFIT.md §3):
+
+* **Calibrated acceptance** (:class:`specfit.core.acceptance.AcceptanceCalibrator`): draft path
+  probabilities → acceptance probabilities.
+* **The expert predictor's error, priced.** The selection prices the *predicted* experts of its nodes;
+  the verify pays for the *true* ones. Two per-layer corrections, learned from every verify:
+
+      e_l = E[ |true root experts \\ C|_l - |predicted root experts \\ C|_l ]          (the root)
+      m_l = E[ (transferred_l - |true root experts \\ C|_l)
+               - (|predicted union of S \\ C|_l - |predicted root experts \\ C|_l) ] per draft node
+
+  (C the cache at the cycle's start). The selection then uses ``fixed_ms + Σ_l w_l e_l`` (never below
+  the cost of a root with no uncached expert) and ``per_node_ms + max(0, Σ_l w_l m_l)``
+  (:meth:`OnlineModel.corrected_cost`): a draft node costs, on average, the experts the predictor
+  missed. The solver stays exact for this corrected model; the stop rule's proof needs only that
+  every node costs at least ``per_node_ms``, which the correction keeps.
+* **The AR gate's measured utility.** Every drafted cycle carries its own counterfactual: the AR step
+  of the same cycle would have verified the root alone, whose true experts the verify returns, so
+  ``T_AR = fixed_ms + per_node_ms + Σ_l w_l |true root experts \\ C|_l`` is known exactly after the
+  fact. ``T_d``, the drafted cycle's time, is its verify priced on the measured counts, its draft
+  levels and the host CPU time it measured (predictor, tree, solver). Drafting pays when the cycle's
+  τ tokens took less than τ AR steps would have:
+
+      Ŝ = Σ_d τ_d T_AR,d / Σ_d T_d        (decayed sums over drafted cycles d)
+
+  the measured speedup of drafting over AR (Cascade, arXiv 2506.20675, gates speculation by its
+  measured utility in the same way). :meth:`OnlineModel.decide` drafts for the first
+  :attr:`OnlineModel.MIN_DRAFTED` cycles, then iff Ŝ > 1, and, while it keeps
+  taking the AR step, drafts once after ``explore_after`` AR steps (4, doubling after each exploration
+  that leaves Ŝ <= 1, up to :attr:`EXPLORE_MAX`): a bounded share of exploring cycles.
+
+Decayed sums forget with factor :attr:`DECAY` per observation (an effective window of ~50 cycles), so
+the model follows a change of prompt, domain or cache pressure.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import replace
+from typing import Callable
+
+import numpy as np
+
+from specfit.core.acceptance import AcceptanceCalibrator
+from specfit.core.cost import CostModel
+
+
+class OnlineModel:
+    """The engine's online state, shared by the decoders of one deployment (module docstring).
+
+    Parameters
+    ----------
+    depth : int
+        Draft depth (the acceptance calibrator's depths).
+
+    Attributes
+    ----------
+    acceptance : AcceptanceCalibrator
+    drafted : int
+        Drafted cycles observed.
+    explorations : int
+        Cycles drafted only to explore (the gate preferred the AR step).
+    """
+
+    #: Forgetting factor of the decayed sums, per observation.
+    DECAY = 0.98
+    #: Drafted cycles measured before the gate trusts Ŝ (one unlucky cycle must not stop drafting).
+    MIN_DRAFTED = 10
+    #: AR steps before the first exploration, and the most between two explorations.
+    EXPLORE_FIRST = 4
+    EXPLORE_MAX = 128
+    #: Drafted cycles over which the sound gate's cheapest-node expert bound is taken.
+    GATE_WINDOW = 4
+
+    def __init__(self, depth: int):
+        self.acceptance = AcceptanceCalibrator(max_depth=depth)
+        self.root_error = None  # (L,) decayed sum of true - predicted uncached root experts
+        self.root_weight = 0.0
+        self.node_extra = None  # (L,) decayed sum of unpredicted experts of draft nodes
+        self.node_weight = 0.0
+        self.gain_ms = 0.0  # decayed sum of τ · T_AR over drafted cycles
+        self.spent_ms = 0.0  # decayed sum of T over drafted cycles
+        self.drafted = 0
+        self.explorations = 0
+        self.skips = 0
+        self.explore_after = self.EXPLORE_FIRST
+        self.min_expert_ms: deque = deque(maxlen=self.GATE_WINDOW)
+
+    @property
+    def speedup(self) -> float | None:
+        """Ŝ, the measured speedup of drafting over the AR step (module docstring); None before a drafted cycle."""
+        return self.gain_ms / self.spent_ms if self.spent_ms > 0 else None
+
+    def root_correction(self) -> np.ndarray | None:
+        """``e_l``, mean true minus predicted uncached root experts per layer (None before a verify)."""
+        return None if self.root_weight == 0 else self.root_error / self.root_weight
+
+    def node_correction(self) -> np.ndarray | None:
+        """``m_l``, mean unpredicted uncached experts per verified draft node and layer (None before one)."""
+        return None if self.node_weight == 0 else self.node_extra / self.node_weight
+
+    def corrected_cost(self, cost: CostModel, root_expert_ms: float) -> CostModel:
+        """``cost`` with the predictor's learned error priced in (module docstring).
+
+        Parameters
+        ----------
+        cost : CostModel
+            The engine's cost model (per-layer ``per_expert_ms`` for the model's L layers).
+        root_expert_ms : float
+            The predicted expert ms of this cycle's root, ``Σ_l w_l |predicted root experts \\ C|_l``;
+            the root correction never takes T(root alone) below ``fixed_ms + per_node_ms``.
+
+        Returns
+        -------
+        CostModel
+            ``max(0, fixed_ms + max(Σ_l w_l e_l, -root_expert_ms))`` (a cost model's ``fixed_ms`` is
+            >= 0: an over-predicting predictor's correction stops there) and
+            ``per_node_ms + max(0, Σ_l w_l m_l)``, the rest of ``cost`` unchanged.
+        """
+        e, m = self.root_correction(), self.node_correction()
+        if e is None and m is None:
+            return cost
+        n = (e if e is not None else m).size
+        w = cost.per_expert_array(n)
+        fixed = cost.fixed_ms + (max(float(w @ e), -float(root_expert_ms)) if e is not None else 0.0)
+        per_node = cost.per_node_ms + (max(0.0, float(w @ m)) if m is not None else 0.0)
+        return replace(cost, fixed_ms=max(fixed, 0.0), per_node_ms=per_node)
+
+    def observe(self, *, root_predicted_new, root_true_new, selected_predicted_new=None, transferred=None,
+                draft_nodes: int = 0, committed: int = 1, cycle_ms: float | None = None,
+                ar_ms: float | None = None) -> None:
+        """Learn from one verified cycle.
+
+        Parameters
+        ----------
+        root_predicted_new, root_true_new : array_like, shape (L,)
+            Uncached experts of the root per layer: predicted, and true (the verify's routing of
+            the root against the cache at the cycle's start).
+        selected_predicted_new, transferred : array_like, shape (L,), optional
+            Drafted cycles: the selection's predicted uncached experts, and the experts the verify
+            really copied, per layer.
+        draft_nodes : int
+            Draft nodes verified (root excluded).
+        committed : int
+            τ of the cycle (accepted draft tokens + bonus).
+        cycle_ms, ar_ms : float, optional
+            Drafted cycles: the cycle's time (verify of the measured counts + its draft levels + its
+            measured host ms) and its counterfactual AR step's (the root alone with its true experts), ms.
+        """
+        d = self.DECAY
+        err = np.asarray(root_true_new, dtype=np.float64) - np.asarray(root_predicted_new, dtype=np.float64)
+        self.root_error = err if self.root_error is None else d * self.root_error + err
+        self.root_weight = d * self.root_weight + 1.0
+        if cycle_ms is None:
+            return
+        if draft_nodes > 0:
+            extra = ((np.asarray(transferred, dtype=np.float64) - np.asarray(root_true_new, dtype=np.float64))
+                     - (np.asarray(selected_predicted_new, dtype=np.float64)
+                        - np.asarray(root_predicted_new, dtype=np.float64)))
+            self.node_extra = extra if self.node_extra is None else d * self.node_extra + extra
+            self.node_weight = d * self.node_weight + draft_nodes
+        self.gain_ms = d * self.gain_ms + committed * float(ar_ms)
+        self.spent_ms = d * self.spent_ms + float(cycle_ms)
+        self.drafted += 1
+
+    def decide(self, sound_can_draft: Callable[[], bool] = lambda: True) -> str:
+        """The AR gate's decision for this cycle (module docstring).
+
+        Parameters
+        ----------
+        sound_can_draft : callable
+            Called only when Ŝ > 1; returns False when the sound bound
+            (:func:`specfit.solvers.stop.draft_can_beat_ar`) proves that no draft beats this cycle's
+            AR step within the model.
+
+        Returns
+        -------
+        str
+            ``"draft"`` (Ŝ > 1, or fewer than :attr:`MIN_DRAFTED` drafted cycles measured), ``"explore"`` (a draft although the AR
+            step is measured better, after ``explore_after`` AR steps) or ``"ar"``.
+        """
+        s = self.speedup
+        if s is None or self.drafted < self.MIN_DRAFTED:
+            return "draft"
+        if s > 1.0 and sound_can_draft():
+            self.skips, self.explore_after = 0, self.EXPLORE_FIRST
+            return "draft"
+        if self.skips >= self.explore_after:
+            self.skips = 0
+            self.explore_after = min(2 * self.explore_after, self.EXPLORE_MAX)
+            self.explorations += 1
+            return "explore"
+        self.skips += 1
+        return "ar"

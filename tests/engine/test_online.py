@@ -1,0 +1,93 @@
+"""The engine's online model (specfit.engine.online): the predictor's error priced into the cost
+model, and the AR gate's measured speedup with bounded exploration."""
+
+import numpy as np
+import pytest
+
+from specfit.core.cost import CostModel
+from specfit.engine.online import OnlineModel
+
+COST = CostModel(6.0, 0.1, (1.0, 2.0))  # two MoE layers, per-layer expert ms
+
+
+def test_corrected_cost_prices_the_predictors_misses():
+    on = OnlineModel(depth=4)
+    assert on.corrected_cost(COST, 5.0) is COST  # nothing learned yet
+    # the root really needed one more uncached expert per layer than predicted; the selection's two draft
+    # nodes brought 3 + 1 experts the prediction did not have (per layer 0, 1)
+    on.observe(root_predicted_new=[1, 1], root_true_new=[2, 2], selected_predicted_new=[1, 2],
+               transferred=[5, 4], draft_nodes=2, committed=2, cycle_ms=30.0, ar_ms=20.0)
+    np.testing.assert_allclose(on.root_correction(), [1.0, 1.0])
+    np.testing.assert_allclose(on.node_correction(), [(5 - 2 - 0) / 2, (4 - 2 - 1) / 2])
+    c = on.corrected_cost(COST, 5.0)
+    assert c.fixed_ms == pytest.approx(6.0 + 1.0 * 1 + 2.0 * 1)
+    assert c.per_node_ms == pytest.approx(0.1 + 1.0 * 1.5 + 2.0 * 0.5)
+    assert c.per_expert_ms == COST.per_expert_ms and c.name == COST.name
+
+
+def test_corrections_never_make_a_cycle_cheaper_than_its_verified_nodes():
+    on = OnlineModel(depth=4)
+    # the predictor over-predicts: 3 predicted uncached root experts per layer, none really uncached
+    on.observe(root_predicted_new=[3, 3], root_true_new=[0, 0], selected_predicted_new=[6, 6],
+               transferred=[0, 0], draft_nodes=3, committed=1, cycle_ms=10.0, ar_ms=6.1)
+    c = on.corrected_cost(COST, root_expert_ms=2.0)  # this cycle's root: 2 ms of predicted experts
+    assert c.fixed_ms == pytest.approx(4.0)  # T(root alone) = 4 + 0.1 + 2: a root with no uncached expert
+    c = on.corrected_cost(COST, root_expert_ms=1.0 * 3 + 2.0 * 3)
+    assert c.fixed_ms == pytest.approx(0.0)  # -9 ms would make fixed_ms negative: corrected only to 0
+    assert c.fixed_ms + c.per_node_ms + 9.0 >= COST.fixed_ms + COST.per_node_ms
+    assert c.per_node_ms == pytest.approx(0.1)  # a draft node costs at least per_node_ms (stop rule's proof)
+
+
+def test_decayed_sums_follow_a_change():
+    on = OnlineModel(depth=4)
+    for _ in range(200):
+        on.observe(root_predicted_new=[0, 0], root_true_new=[4, 4])
+    for _ in range(200):
+        on.observe(root_predicted_new=[0, 0], root_true_new=[0, 0])
+    assert on.root_correction().max() < 0.1  # the old error is forgotten (DECAY per observation)
+
+
+def test_gate_drafts_until_measured_then_by_measured_speedup():
+    on = OnlineModel(depth=4)
+    assert on.speedup is None and on.decide() == "draft"
+    for _ in range(on.MIN_DRAFTED - 1):  # drafting is worse than AR: 1.2 tokens for 1.5 AR steps' time
+        on.observe(root_predicted_new=[0, 0], root_true_new=[0, 0], selected_predicted_new=[0, 0],
+                   transferred=[0, 0], draft_nodes=1, committed=1.2, cycle_ms=15.0, ar_ms=10.0)
+        assert on.decide() == "draft"  # not trusted yet
+    on.observe(root_predicted_new=[0, 0], root_true_new=[0, 0], selected_predicted_new=[0, 0],
+               transferred=[0, 0], draft_nodes=1, committed=1.2, cycle_ms=15.0, ar_ms=10.0)
+    assert on.speedup == pytest.approx(1.2 * 10 / 15)
+    seq = "".join(on.decide()[0] for _ in range(40))
+    assert seq == "aaaae" + "a" * 8 + "e" + "a" * 16 + "e" + "a" * 9
+    # an exploration that finds drafting better: the gate drafts again and exploration resets
+    for _ in range(30):
+        on.observe(root_predicted_new=[0, 0], root_true_new=[0, 0], selected_predicted_new=[0, 0],
+                   transferred=[0, 0], draft_nodes=3, committed=3, cycle_ms=15.0, ar_ms=10.0)
+    assert on.speedup > 1 and on.decide() == "draft" and on.explore_after == on.EXPLORE_FIRST
+
+
+def test_gate_respects_the_sound_bound_and_calls_it_only_when_drafting_pays():
+    on = OnlineModel(depth=4)
+    for _ in range(on.MIN_DRAFTED):
+        on.observe(root_predicted_new=[0, 0], root_true_new=[0, 0], selected_predicted_new=[0, 0],
+                   transferred=[0, 0], draft_nodes=3, committed=3, cycle_ms=15.0, ar_ms=10.0)
+    assert on.decide(lambda: False) == "ar"  # Ŝ > 1, but no draft can beat AR this cycle within the model
+
+    def boom():
+        raise AssertionError("the sound bound was computed although Ŝ <= 1")
+
+    worse = OnlineModel(depth=4)
+    for _ in range(worse.MIN_DRAFTED):
+        worse.observe(root_predicted_new=[0, 0], root_true_new=[0, 0], selected_predicted_new=[0, 0],
+                      transferred=[0, 0], draft_nodes=1, committed=1, cycle_ms=15.0, ar_ms=10.0)
+    assert worse.decide(boom) == "ar"
+
+
+def test_exploration_share_is_bounded():
+    on = OnlineModel(depth=4)
+    for _ in range(on.MIN_DRAFTED):
+        on.observe(root_predicted_new=[0, 0], root_true_new=[0, 0], selected_predicted_new=[0, 0],
+                   transferred=[0, 0], draft_nodes=1, committed=1, cycle_ms=15.0, ar_ms=10.0)
+    n = 5000
+    explored = sum(on.decide() == "explore" for _ in range(n))
+    assert explored <= n / on.EXPLORE_MAX + 8  # after the doubling, one exploration per EXPLORE_MAX AR steps
