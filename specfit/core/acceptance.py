@@ -16,7 +16,11 @@ are mutually exclusive (at most one child of a node is accepted, greedy or sampl
 the calibrated conditionals of one node's children are scaled down to sum to at most 1.
 
 Trials (SPECFIT.md §3, "Calibrated acceptance"): after a verify, every verified draft node whose
-parent lies on the accepted path is one Bernoulli trial, a success iff the node is on it.
+parent lies on the accepted path is one Bernoulli trial, a success iff the node is on it
+(:func:`verify_trials`). Under greedy verification the target's next token after every accepted node
+is known (the next accepted token, or the bonus token), so every *drafted* child of an accepted node,
+verified or not, is a trial, a success iff it carries that token (:func:`greedy_trials`): a selection
+that verifies few nodes still learns how often the nodes it left out would have been accepted.
 """
 
 from __future__ import annotations
@@ -150,3 +154,39 @@ def verify_trials(parents, path) -> tuple[np.ndarray, np.ndarray]:
     on[list(path)] = True
     nodes = np.flatnonzero((par >= 0) & on[np.maximum(par, 0)])
     return nodes, on[nodes]
+
+
+def greedy_trials(parents, tokens, path, bonus_token: int) -> tuple[np.ndarray, np.ndarray]:
+    """The Bernoulli trials of one greedy verify over the whole drafted tree (module docstring).
+
+    Parameters
+    ----------
+    parents, tokens : array-like of int, shape (n,)
+        The drafted tree (``parents[0] = -1``), verified or not.
+    path : sequence of int
+        The accepted root path as node ids of that tree (starting at the root 0).
+    bonus_token : int
+        The target's greedy token after the last accepted node.
+
+    Returns
+    -------
+    nodes : numpy.ndarray of int64
+        Every drafted child of an accepted node.
+    accepted : numpy.ndarray of bool
+        Whether it carries the target's greedy next token there (the first such sibling only).
+    """
+    par = np.asarray(parents, dtype=np.int64)
+    tok = np.asarray(tokens, dtype=np.int64)
+    path = [int(v) for v in path]
+    nxt = np.full(par.shape[0], -1, dtype=np.int64)  # the target's next token after each accepted node
+    nxt[path] = [int(tok[v]) for v in path[1:]] + [int(bonus_token)]
+    nodes = np.flatnonzero((par >= 0) & (nxt[np.maximum(par, 0)] >= 0))
+    ok = tok[nodes] == nxt[par[nodes]]
+    # equal sibling tokens: only the first is the one verification takes (specfit.engine.verify)
+    seen: set = set()
+    for i, v in enumerate(nodes.tolist()):
+        if ok[i]:
+            key = (int(par[v]), int(tok[v]))
+            ok[i] = key not in seen
+            seen.add(key)
+    return nodes, ok

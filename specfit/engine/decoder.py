@@ -31,7 +31,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from specfit.core.acceptance import verify_trials
+from specfit.core.acceptance import greedy_trials, verify_trials
 from specfit.core.cost import CostModel, calibrate
 from specfit.core.errors import SpecFitInputError, check_context, check_positive_int, check_single_sequence, lookup
 from specfit.core.instance import Instance
@@ -436,7 +436,8 @@ class SpecDecoder:
         self._cache, self._root_new, self._root_experts, self._untimed_s = None, None, None, 0.0
         c0 = time.thread_time()
         if m.drafts and drafter_ready:
-            tree, selection, items = self._draft_and_select(root, None, rec)
+            drafted, selection, items = self._draft_and_select(root, None, rec)
+            tree = drafted if drafted is not None else tree
             reference_verified = m.needs_reference and rec.levels > 0
         rec.host_cpu_ms = (time.thread_time() - c0 - self._untimed_s) * 1e3
         raw = tree.path_prob if selection is None else self._raw_pp  # the draft's own path probabilities
@@ -461,9 +462,12 @@ class SpecDecoder:
         else:
             acc = verify_greedy(sub_tokens, sub_parents, logits)
         self.target.commit(acc.path)
-        if self.acceptance is not None and len(keep) > 1:
-            nodes, ok = verify_trials(sub_parents, acc.path)
-            old = np.asarray(keep)[nodes]
+        if self.acceptance is not None and tree.n > 1:
+            if self.temperature == 0:  # every drafted child of an accepted node is a trial, verified or not
+                old, ok = greedy_trials(tree.parents, tree.tokens, [keep[v] for v in acc.path], acc.bonus_token)
+            else:
+                nodes, ok = verify_trials(sub_parents, acc.path)
+                old = np.asarray(keep)[nodes]
             self.acceptance.update(self._raw_q(tree, raw)[old], tree.depth[old], ok)
         if self.reference is not None:
             if not reference_verified:  # nothing drafted this cycle: mirror the root-only verify
@@ -524,14 +528,14 @@ class SpecDecoder:
 
         Returns ``(tree, selection, items)``: the :class:`DraftTree` drafted, the
         :class:`~specfit.solvers.Selection` and the tree's coverage accounting against ``cache``;
-        ``(root-only tree, None, None)`` when the AR gate skipped drafting.
+        ``(None, None, None)`` when the AR gate skipped drafting.
         """
         m, ts = self.method, self.tree
         if self.online is not None:  # the AR gate, on measured utility first: an AR step needs nothing else
             rec.speedup_estimate = self.online.speedup
             rec.decision = self.online.decide(lambda: self._sound_gate(root, self._cache_now(cache)))
             if rec.decision == "ar":
-                return DraftTree([-1], path_prob=[1.0], tokens=[root]), None, None
+                return None, None, None
         cache = self._cache_now(cache)
         rate = None
         if self.rate_mode and self._lam_ms > 0:

@@ -31,8 +31,9 @@ Three things the cycle's objective needs and no datasheet gives (issue 9, SPECFI
   taking the AR step, drafts once after ``explore_after`` AR steps (4, doubling after each exploration
   that leaves Ŝ <= 1, up to :attr:`EXPLORE_MAX`): a bounded share of exploring cycles.
 
-Decayed sums forget with factor :attr:`DECAY` per observation (an effective window of ~50 cycles), so
-the model follows a change of prompt, domain or cache pressure.
+Decayed sums forget with factor :attr:`OnlineModel.DECAY` per observation (an effective window of ~50
+cycles; Ŝ's with :attr:`OnlineModel.SPEEDUP_DECAY`, ~10 drafted cycles), so the model follows a change
+of prompt, domain or cache pressure.
 """
 
 from __future__ import annotations
@@ -64,8 +65,11 @@ class OnlineModel:
         Cycles drafted only to explore (the gate preferred the AR step).
     """
 
-    #: Forgetting factor of the decayed sums, per observation.
+    #: Forgetting factor of the corrections' decayed sums, per observation (~50 cycles).
     DECAY = 0.98
+    #: Forgetting factor of Ŝ's sums, per drafted cycle (~10 cycles): the gate follows what drafting
+    #: is worth now, not while acceptance was still being learned.
+    SPEEDUP_DECAY = 0.9
     #: Drafted cycles measured before the gate trusts Ŝ (one unlucky cycle must not stop drafting).
     MIN_DRAFTED = 10
     #: AR steps before the first exploration, and the most between two explorations.
@@ -161,8 +165,9 @@ class OnlineModel:
                         - np.asarray(root_predicted_new, dtype=np.float64)))
             self.node_extra = extra if self.node_extra is None else d * self.node_extra + extra
             self.node_weight = d * self.node_weight + draft_nodes
-        self.gain_ms = d * self.gain_ms + committed * float(ar_ms)
-        self.spent_ms = d * self.spent_ms + float(cycle_ms)
+        g = self.SPEEDUP_DECAY
+        self.gain_ms = g * self.gain_ms + committed * float(ar_ms)
+        self.spent_ms = g * self.spent_ms + float(cycle_ms)
         self.drafted += 1
 
     def decide(self, sound_can_draft: Callable[[], bool] = lambda: True) -> str:

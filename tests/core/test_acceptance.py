@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specfit.core.acceptance import AcceptanceCalibrator, verify_trials
+from specfit.core.acceptance import AcceptanceCalibrator, greedy_trials, verify_trials
 from specfit.core.errors import SpecFitInputError
 from specfit.core.tree import DraftTree
 
@@ -57,6 +57,31 @@ def test_verify_trials_are_children_of_the_accepted_path():
     assert nodes.tolist() == [1, 2, 3, 4, 5] and ok.tolist() == [True, False, True, False, False]
     nodes, ok = verify_trials([-1, 0, 1], [0])
     assert nodes.tolist() == [1] and ok.tolist() == [False]  # node 2's parent was rejected: no trial
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_greedy_trials_of_a_fully_verified_tree_are_its_verify_trials(data):
+    n = data.draw(st.integers(2, 12))
+    parents = [-1] + [data.draw(st.integers(0, v - 1)) for v in range(1, n)]
+    tokens = [0] + [data.draw(st.integers(0, 3)) for _ in range(1, n)]  # few tokens: equal siblings happen
+    target_next = [data.draw(st.integers(0, 3)) for _ in range(n)]  # the target's greedy token after each node
+    path = [0]  # greedy verification: follow the first child carrying the target's token
+    while True:
+        kids = [c for c in range(n) if parents[c] == path[-1] and tokens[c] == target_next[path[-1]]]
+        if not kids:
+            break
+        path.append(kids[0])
+    g_nodes, g_ok = greedy_trials(parents, tokens, path, target_next[path[-1]])
+    v_nodes, v_ok = verify_trials(parents, path)
+    assert g_nodes.tolist() == v_nodes.tolist() and g_ok.tolist() == v_ok.tolist()
+
+
+def test_greedy_trials_count_unverified_children_of_accepted_nodes():
+    # drafted: 0 -> 1 -> 3, 0 -> 2, 1 -> 4; verified {0, 1}; the target's token after 1 is 40 (node 4's)
+    parents, tokens = [-1, 0, 0, 1, 1], [7, 10, 20, 30, 40]
+    nodes, ok = greedy_trials(parents, tokens, [0, 1], bonus_token=40)
+    assert nodes.tolist() == [1, 2, 3, 4] and ok.tolist() == [True, False, False, True]
 
 
 @pytest.mark.parametrize("kwargs,field", [({"max_depth": 0}, "max_depth"), ({"prior_strength": 0.0}, "prior_strength"),

@@ -326,3 +326,37 @@ def test_recorded_draft_hidden_equals_the_drafters_depth1_hidden(tiny_target):
     head.aux_layer_ids = (1, 2, 2)
     with pytest.raises(SpecFitInputError, match="^aux_layers:"):
         record_prompt(model, ids, head=head)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_top_k_ids_equals_the_stable_full_sort(data):
+    from specfit.models.predictors import top_k_ids
+
+    m, L, E = data.draw(st.integers(1, 4)), data.draw(st.integers(1, 3)), data.draw(st.integers(1, 12))
+    k = data.draw(st.integers(1, E))
+    values = data.draw(st.lists(st.integers(0, 3), min_size=m * L * E, max_size=m * L * E))  # many ties
+    s = np.asarray(values, dtype=np.float64).reshape(m, L, E)
+    expected = np.argsort(-s, axis=-1, kind="stable")[..., :k]
+    np.testing.assert_array_equal(top_k_ids(s, k), expected)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.data())
+def test_window_push_of_a_batch_equals_pushing_its_rows_one_by_one(data):
+    """The engine batches the committed tokens of AR steps into one observe (specfit.engine.decoder)."""
+    from specfit.models.predictors import _Window
+
+    L, E, k, W = 2, 6, 2, data.draw(st.integers(1, 5))
+    batches = data.draw(st.lists(st.integers(0, 7), min_size=1, max_size=4))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    one, many = _Window(L, E, k, W), _Window(L, E, k, W)
+    for T in batches:
+        rows = np.stack([np.stack([rng.choice(E, k, replace=False) for _ in range(L)]) for _ in range(T)]) \
+            if T else np.zeros((0, L, k), np.int64)
+        many.push(rows)
+        for r in rows:
+            one.push(r[None])
+    np.testing.assert_array_equal(one.counts, many.counts)
+    np.testing.assert_array_equal(one.last, many.last)
+    assert one.step == many.step and len(one.rows) == len(many.rows) <= W
