@@ -20,8 +20,9 @@ BASELINES = ("ar", "eagle3", "eagle3-scan")
 COLUMNS = (("dataset", "dataset", "s"), ("slots", "cache_slots", "d"), ("cached", "cached_fraction", ".2f"),
            ("method", "method", "s"), ("tok/s modeled", "modeled_tokens_per_s", ".1f"),
            ("× ar", "speedup_vs_ar", ".2f"), ("× eagle3", "speedup_vs_eagle3", ".2f"),
-           ("× best baseline", "vs_best_baseline", ".2f"), ("τ", "tau", ".2f"),
-           ("hit rate", "cache_hit_rate", ".3f"), ("experts/token", "experts_per_token", ".1f"))
+           ("× best baseline", "vs_best_baseline", ".2f"), ("× oracle", "vs_oracle", ".2f"), ("τ", "tau", ".2f"),
+           ("hit rate", "cache_hit_rate", ".3f"), ("experts/token", "experts_per_token", ".1f"),
+           ("AR-step share", "ar_share", ".0%"), ("host share", "host_share", ".1%"))
 
 
 def crossover_rows(summaries: list[tuple[int, list]], num_experts: int) -> list[dict]:
@@ -41,7 +42,10 @@ def crossover_rows(summaries: list[tuple[int, list]], num_experts: int) -> list[
         One per dataset × cache size × method, ordered so: ``dataset, cache_slots,
         cached_fraction, method, modeled_tokens_per_s, speedup_vs_ar, speedup_vs_eagle3,
         vs_best_baseline`` (modeled tokens/s over the best of :data:`BASELINES` in the same run,
-        None without one), ``tau, cache_hit_rate, experts_per_token`` (H2D transfers per committed token).
+        None without one), ``vs_oracle`` (over ``oracle``'s in the same run, None without),
+        ``tau, cache_hit_rate, experts_per_token`` (H2D transfers per committed token), ``ar_share``
+        (cycles the AR gate took as AR steps; None for methods without the gate) and ``host_share``
+        (the host part of the modeled time).
     """
     out = []
     for slots, rows in summaries:
@@ -49,12 +53,16 @@ def crossover_rows(summaries: list[tuple[int, list]], num_experts: int) -> list[
         for r in rows:
             base = [b["modeled_tokens_per_s"] for b in rows
                     if b["dataset"] == r["dataset"] and b["method"] in BASELINES and b["modeled_tokens_per_s"]]
+            oracle = [b["modeled_tokens_per_s"] for b in rows
+                      if b["dataset"] == r["dataset"] and b["method"] == "oracle" and b["modeled_tokens_per_s"]]
             out.append({"dataset": r["dataset"], "cache_slots": int(slots), "cached_fraction": slots / num_experts,
                         "method": r["method"], "modeled_tokens_per_s": r["modeled_tokens_per_s"],
                         "speedup_vs_ar": r.get("speedup_vs_ar"), "speedup_vs_eagle3": r.get("speedup_vs_eagle3"),
                         "vs_best_baseline": r["modeled_tokens_per_s"] / max(base) if base else None,
+                        "vs_oracle": r["modeled_tokens_per_s"] / oracle[0] if oracle else None,
                         "tau": r["tau"], "cache_hit_rate": r["cache_hit_rate"],
-                        "experts_per_token": r["experts_per_token"]})
+                        "experts_per_token": r["experts_per_token"], "ar_share": r.get("ar_share"),
+                        "host_share": r.get("host_share", (r.get("modeled_share") or {}).get("host_ms"))})
     sets = list(dict.fromkeys(r["dataset"] for r in out))
     return sorted(out, key=lambda r: (sets.index(r["dataset"]), r["cache_slots"]))
 
@@ -67,10 +75,14 @@ def crossover_markdown(rows: list[dict], note: str = "") -> str:
     """The crossover table (Markdown), one line per dataset × cache size × method, then ``note``."""
     lines = ["# specfit eval: cache-size sweep (modeled)", "",
              "| " + " | ".join(h for h, _, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(_fmt(r[k], f) for _, k, f in COLUMNS) + " |" for r in rows]
+    lines += ["| " + " | ".join("all" if k == "cache_slots" and r["cached_fraction"] >= 1 else _fmt(r[k], f)
+                                for _, k, f in COLUMNS) + " |" for r in rows]
     lines += ["", "tok/s modeled and the ratios are modeled on the run's hardware profile (each cache size's "
               "summary.md says how); × best baseline: over the best of " + ", ".join(BASELINES) +
-              " present in the same run; experts/token: H2D expert transfers per committed token.", note, ""]
+              " present in the same run; × oracle: over oracle in the same run (same calibrated objective, "
+              "true routing instead of predicted experts); experts/token: H2D expert transfers per committed "
+              "token; AR-step share: cycles the AR gate took as plain AR steps; host share: predictor, solver "
+              "and bookkeeping CPU time over the modeled time.", note, ""]
     return "\n".join(lines)
 
 

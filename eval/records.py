@@ -202,6 +202,9 @@ class SummaryRow(_JsonRecord):
         compare with ``tau`` (None for old records).
     ar_share : float or None
         Fraction of cycles in which the AR gate skipped drafting (None for old records).
+    host_share : float
+        Host part of the modeled time (expert predictor, solver, the engine's bookkeeping: measured
+        CPU ms, :mod:`specfit.eval.modeled`) over the modeled time; issue 9's target is <= 2%.
     """
 
     dataset: str
@@ -230,6 +233,7 @@ class SummaryRow(_JsonRecord):
     predicted_tau: float | None = None
     predicted_tau_raw: float | None = None
     ar_share: float | None = None
+    host_share: float = 0.0
 
 
 # -- results.jsonl --------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ COLUMNS = (
     ("tok/s wall", "tokens_per_s", ".1f"), ("tok/s modeled", "modeled_tokens_per_s", ".1f"),
     ("× ar (modeled)", "speedup_vs_ar", ".2f"), ("× eagle3 (modeled)", "speedup_vs_eagle3", ".2f"),
     ("experts/token", "experts_per_token", ".1f"), ("hit rate", "cache_hit_rate", ".3f"),
-    ("nodes/cycle", "mean_nodes_verified", ".1f"), ("solve share", "solve_share", ".2%"),
+    ("nodes/cycle", "mean_nodes_verified", ".1f"), ("host share", "host_share", ".1%"),
     ("= ar", "equal_to_ar", "s"), ("task", "task_metric", "s"),
     ("A pred (calibrated)", "predicted_tau", ".2f"), ("A pred (raw P)", "predicted_tau_raw", ".2f"),
     ("AR-step share", "ar_share", ".0%"),
@@ -121,6 +121,7 @@ def summarise(records: list[ResultRecord], depth: int, temperature: float) -> li
             solve_share_wall=solve / wall_ms if wall_ms else 0.0,
             modeled_share={k: sum(r.modeled[k] for r in recs) / modeled_ms if modeled_ms else 0.0
                            for k in MODELED_PARTS},
+            host_share=sum(r.modeled["host_ms"] for r in recs) / modeled_ms if modeled_ms else 0.0,
             equal_to_ar=equal, first_divergence=diverge,
             acceptance_by_depth=metrics.acceptance_by_depth(accept, depth),
             task=task, task_metric=task_text, **_calibration_columns(recs),

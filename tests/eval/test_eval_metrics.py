@@ -79,7 +79,9 @@ def test_rouge_and_ptb_detokenisation():
 
 def test_modeled_cycle_ms_by_hand():
     cost = CostModel(6.0, 0.1, 0.4, draft_level_ms=0.5).for_layers(4)  # per_expert_ms 0.4 * 48/4 = 4.8
-    cycle = CycleRecord(nodes_verified=5, transferred=[1, 0, 2, 0], levels=3, predict_ms=0.2, solve_ms=0.3)
+    # host: the measured CPU ms (host_cpu_ms), not the wall-clock predict/solve ms a loaded machine inflates
+    cycle = CycleRecord(nodes_verified=5, transferred=[1, 0, 2, 0], levels=3, predict_ms=20.0, solve_ms=30.0,
+                        host_cpu_ms=0.5)
     got = modeled_cycle_ms(cycle, cost)
     assert got["compute_ms"] == pytest.approx(6.0 + 0.5)
     assert got["transfer_ms"] == pytest.approx(3 * 4.8)
@@ -125,6 +127,7 @@ def test_summary_rows_on_a_hand_made_trace():
     assert ar["cache_hit_rate"] == 0.5 and spec["cache_hit_rate"] == 0.5
     assert eagle["mean_nodes_verified"] == 9.0
     assert spec["solve_share"] == pytest.approx(1.0 / 100.0)
+    assert spec["host_share"] == 0.0 and ar["host_share"] == 0.0  # the records' modeled host part
     assert ar["equal_to_ar"] is None and eagle["equal_to_ar"] is True
     assert spec["equal_to_ar"] is False and spec["first_divergence"] == {"p": 3}
     assert eagle["acceptance_by_depth"] == [1.0, 0.0, 0.0] and spec["acceptance_by_depth"] == [1.0, 1.0, 1.0]

@@ -72,17 +72,21 @@ def test_crossover_writer_on_hand_made_rows(tmp_path):
 
     summaries = [(64, [row("gsm8k", "ar", 10.0), row("gsm8k", "eagle3", 12.0, 2.0), row("gsm8k", "specfit", 15.0, 2.0),
                        row("cnndm", "specfit", 5.0)]),
-                 (16, [row("gsm8k", "ar", 8.0), row("gsm8k", "specfit", 6.0)])]
+                 (16, [row("gsm8k", "ar", 8.0), row("gsm8k", "specfit", 6.0), row("gsm8k", "oracle", 7.5)]),
+                 (128, [row("gsm8k", "ar", 20.0)])]
     rows = crossover_rows(summaries, num_experts=128)
     assert [(r["dataset"], r["cache_slots"], r["method"]) for r in rows] == [
-        ("gsm8k", 16, "ar"), ("gsm8k", 16, "specfit"), ("gsm8k", 64, "ar"), ("gsm8k", 64, "eagle3"),
-        ("gsm8k", 64, "specfit"), ("cnndm", 64, "specfit")]
+        ("gsm8k", 16, "ar"), ("gsm8k", 16, "specfit"), ("gsm8k", 16, "oracle"), ("gsm8k", 64, "ar"),
+        ("gsm8k", 64, "eagle3"), ("gsm8k", 64, "specfit"), ("gsm8k", 128, "ar"), ("cnndm", 64, "specfit")]
+    oracle = {(r["cache_slots"], r["method"]): r["vs_oracle"] for r in rows if r["dataset"] == "gsm8k"}
+    assert oracle[(16, "specfit")] == 6.0 / 7.5 and oracle[(64, "specfit")] is None  # no oracle at 64 slots
     best = {(r["cache_slots"], r["method"], r["dataset"]): r["vs_best_baseline"] for r in rows}
     assert best[(64, "specfit", "gsm8k")] == 15.0 / 12.0 and best[(16, "specfit", "gsm8k")] == 6.0 / 8.0
     assert best[(64, "specfit", "cnndm")] is None                      # no baseline in that dataset
     assert rows[0]["cached_fraction"] == 0.125
     text, paths = write_crossover(tmp_path, rows, {"note": "hand-made"})
     table = [line for line in text.splitlines() if line.startswith("| ")]
-    assert len(table) == 1 + len(rows) and "| gsm8k | 64 | 0.50 | specfit | 15.0 | - | - | 1.25 | 2.00 |" in text
+    assert len(table) == 1 + len(rows) and "| gsm8k | 64 | 0.50 | specfit | 15.0 | - | - | 1.25 | - | 2.00 |" in text
+    assert "| gsm8k | all | 1.00 | ar |" in text  # every expert cached: printed as the CLI's "all"
     assert paths["crossover_png"].read_bytes()[:4] == b"\x89PNG"
     assert json.loads(paths["sweep_json"].read_text())["rows"] == rows
