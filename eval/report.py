@@ -232,7 +232,8 @@ def markdown(rows: list[dict], meta: dict) -> str:
         f"tok/s wall: new tokens per second of the decode loop on this machine ({meta['machine']['cpu']}, "
         f"{meta['machine']['cpu_count']} CPUs; prefill excluded). tok/s modeled: the same cycles priced on "
         f"the profile (eval/modeled.py): verify = fixed + per_node × nodes + per_expert × transferred, draft = "
-        f"levels × {meta['draft_level_ms']} ms, plus the measured predictor and solver ms. τ counts the bonus token.",
+        f"levels × {meta['draft_level_ms']} ms, plus the host CPU ms measured for the predictor, solver and "
+        f"engine bookkeeping (thread CPU time; host share). τ counts the bonus token.",
         meta["cost_scaling"],
         *([meta["offload_note"]] if meta.get("offload_note") else []),
         "",
