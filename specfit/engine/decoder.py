@@ -147,11 +147,11 @@ class CycleRecord:
     ``expected_tokens`` A(S) (with calibrated acceptance for calibrated methods), ``expected_tokens_raw``
     A(S) from the draft's raw path probabilities, ``predicted_ms`` T(S) (whole cycle for calibrated
     methods: it includes the draft levels' ``level_ms``). ``decision``: ``"draft"``, or ``"ar"`` when
-    the AR gate skipped drafting (SPECFIT.md §3, "The AR step as a candidate"), ``"explore"`` when it drafted
-only to measure drafting again. ``ar_step_ms``: the counterfactual AR step of this cycle, T(root alone)
-with the root's true experts against the cache at the cycle's start (ms; calibrated methods, else 0);
-``speedup_estimate``: the gate's measured speedup of drafting over AR Ŝ when it decided (None before
-any; :mod:`specfit.engine.online`). Measured wall-clock ms: ``draft_ms``,
+    the AR gate skipped drafting (SPECFIT.md §3, "The AR step as a candidate"), ``"explore"`` when it
+    drafted only to measure drafting again. ``ar_step_ms``: the counterfactual AR step of this cycle,
+    T(root alone) with the root's true experts against the cache at the cycle's start (ms; calibrated
+    methods, else 0); ``speedup_estimate``: the gate's measured speedup of drafting over AR Ŝ when it
+    decided (None before any; :mod:`specfit.engine.online`). Measured wall-clock ms: ``draft_ms``,
     ``predict_ms``, ``solve_ms``, ``verify_ms`` (whole target forward), ``transfer_ms`` (H2D part of
     it, from the expert cache's timer), ``compute_ms`` (``verify_ms - transfer_ms``), ``accept_ms``.
     ``host_cpu_ms``: CPU ms of the engine's thread spent on the host side of the cycle (expert

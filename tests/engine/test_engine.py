@@ -173,7 +173,10 @@ def test_root_only_selections_are_plain_ar_steps(ckpt, ar_outputs):
     assert gen.output_ids == ar_outputs[0]
     assert all(c.nodes_verified == 1 and c.committed == 1 for c in gen.cycles)
     assert gen.tau == 1.0
-    assert all(c.levels == 1 for c in gen.cycles)  # the stop rule ends drafting after the first level
+    # the stop rule ends drafting after the first level; once drafting is measured slower than AR (after
+    # OnlineModel.MIN_DRAFTED drafted cycles) the AR gate skips drafting altogether
+    assert all(c.levels == (0 if c.decision == "ar" else 1) for c in gen.cycles)
+    assert [c.decision for c in gen.cycles][dec.online.MIN_DRAFTED] == "ar"
 
 
 def test_rate_mode_is_lossless(ckpt, ar_outputs):
