@@ -130,7 +130,10 @@ class OnlineModel:
         w = cost.per_expert_array(n)
         fixed = cost.fixed_ms + (max(float(w @ e), -float(root_expert_ms)) if e is not None else 0.0)
         per_node = cost.per_node_ms + (max(0.0, float(w @ m)) if m is not None else 0.0)
-        return replace(cost, fixed_ms=max(fixed, 0.0), per_node_ms=per_node)
+        fixed = max(fixed, 0.0)
+        if fixed + per_node <= 0:  # a cost model's cycle takes time: keep the uncorrected fixed_ms
+            fixed = cost.fixed_ms
+        return replace(cost, fixed_ms=fixed, per_node_ms=per_node)
 
     def observe(self, *, root_predicted_new, root_true_new, selected_predicted_new=None, transferred=None,
                 draft_nodes: int = 0, committed: int = 1, cycle_ms: float | None = None,

@@ -91,3 +91,13 @@ def test_exploration_share_is_bounded():
     n = 5000
     explored = sum(on.decide() == "explore" for _ in range(n))
     assert explored <= n / on.EXPLORE_MAX + 8  # after the doubling, one exploration per EXPLORE_MAX AR steps
+
+
+def test_corrected_cost_stays_a_valid_cost_model():
+    """A fitted cost model may have per_node_ms = 0 (specfit.core.cost.calibrate); the root's correction
+    must not take fixed_ms to 0 with it (every cycle takes time)."""
+    fitted = CostModel(0.5, 0.0, (1.0, 2.0))
+    on = OnlineModel(depth=4)
+    on.observe(root_predicted_new=[3, 3], root_true_new=[0, 0])
+    c = on.corrected_cost(fitted, root_expert_ms=9.0)
+    assert c.fixed_ms + c.per_node_ms > 0 and c.fixed_ms == 0.5
