@@ -12,6 +12,7 @@ subject to the instance's optional budgets ``max_nodes`` and ``max_new_experts_p
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import time
@@ -155,6 +156,7 @@ def available_solvers() -> list[str]:
     return sorted(_REGISTRY)
 
 
+@functools.lru_cache(maxsize=None)  # the registry is fixed; the engine asks per cycle (Method.cost_aware)
 def solver_class(name: str) -> type[Solver]:
     """The class registered as ``name`` (imports its module, instantiates nothing).
 
