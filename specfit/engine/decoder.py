@@ -260,9 +260,10 @@ class SpecDecoder:
         The draft model; may be None for ``ar``.
     method : Method or str
     tree : TreeSettings
-    cost : CostModel
+    cost : CostModel or HostProfile
         Cost model used for selection (ms); for a model with fewer layers than the profile's
-        target, pass ``profile.for_layers(L)``.
+        target, pass ``profile.for_layers(L)``. In the host offload mode, a host-regime profile
+        (:class:`specfit.core.cost.HostProfile`) scaled the same way.
     predictor
         Expert predictor (``specfit.models.predictors``); required by ``eagle3-scan`` and ``specfit``.
     reference
@@ -580,14 +581,15 @@ class SpecDecoder:
             u *= self.acceptance.max_conditional(j)
             a = min(a, ts.top_k ** min(j, 2) * u)
             mass.append(a)
-        if draft_can_beat_ar(ar_ms, mass, cost.level_ms, cost.per_node_ms, min(self._min_expert_ms)):
+        if draft_can_beat_ar(ar_ms, mass, cost.level_ms, cost.min_node_ms, min(self._min_expert_ms)):
             self._skips = 0
             return True
         self._skips += 1
         return False
 
     def _cheapest_node_expert_ms(self, tree: DraftTree, cache: np.ndarray) -> float:
-        """Smallest expert-transfer ms a single draft node of ``tree`` adds to the root's (0 without experts)."""
+        """Smallest expert ms a single draft node of ``tree`` adds to the root's beyond the cost's
+        ``min_node_ms`` (:meth:`CostModel.node_added_ms`; 0 without experts)."""
         if tree.num_layers == 0:
             return 0.0
         exp = tree.experts
@@ -595,7 +597,8 @@ class SpecDecoder:
         layer = np.arange(exp.shape[1])[:, None]
         have[layer, exp[0]] = True  # the root's experts are paid by the AR step too
         new = (~have[layer[None], exp[1:]]).sum(axis=2)  # (n-1, L); a node's k ids per layer are distinct
-        return float((new @ self.cost.per_expert_array(exp.shape[1])).min())
+        rows = (~cache[layer[None], exp[1:]]).sum(axis=2)  # (n-1, L): each node's uncached experts
+        return float(self.cost.node_added_ms(tree.items(cache).root_new_per_layer, new, rows).min())
 
     @staticmethod
     def _raw_q(tree: DraftTree, raw: np.ndarray) -> np.ndarray:
@@ -610,7 +613,7 @@ class SpecDecoder:
         t0 = time.perf_counter()
         cost = self.cost if self.cost is not None else CostModel(1.0, 0.0, 0.0)
         if sunk_ms:
-            cost = replace(cost, fixed_ms=cost.fixed_ms + sunk_ms)
+            cost = cost.plus_ms(sunk_ms)
         inst = Instance(tree, cost, cache, max_nodes=self.max_nodes)  # the cache the tree's accounting uses
         sel = self.solver.solve(inst, rate=rate)
         rec.solve_ms += (time.perf_counter() - t0) * 1e3
