@@ -12,8 +12,9 @@ Fairness and reproducibility:
   forward), the others with ``cache_slots`` slots per MoE layer;
 * every generation starts with an empty expert cache, warmed by its own prefill, so each result
   is independent of the order of runs and of interruptions;
-* the selection of the cost-aware methods uses ``get_profile(profile).for_layers(L)``, the cost
-  model the modeled times use (:mod:`eval.modeled`);
+* the selection of the cost-aware methods uses ``get_profile(profile).for_layers(L)`` (with
+  ``offload="host"``: ``get_host_profile(host_profile).for_layers(L)``), the cost model the modeled
+  times use (:mod:`eval.modeled`);
 * the sampling verifier (temperature > 0) is seeded per prompt from ``seed`` and the prompt id;
 * each method first decodes 2 tokens after a short prompt untimed, so one-time costs (lazy
   imports, allocator warm-up) do not land in the first prompt's wall-clock time.

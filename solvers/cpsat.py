@@ -32,6 +32,19 @@ true maximum of ``F_λ``, and at the end of Dinkelbach no set S has ratio above
 i.e. a relative error of order 1e-7 in the worst case; in practice the returned value agrees with
 an exact rational optimum to float precision unless two sets are within that margin.
 
+Host-compute regime
+-------------------
+An instance whose cost is a :class:`~specfit.core.cost.HostProfile` has, per MoE layer l, the time
+``c · max(g(|S|), h_l(S)) + c · sync_ms · [u_l > 0]`` (c = R / L; SPECFIT.md §3). The model adds a
+Boolean ``y_i`` per uncached item the root does not need (``x_v -> y_i`` for every node v needing
+it), an integer ``t_l`` with ``t_l >= g`` (linear in the ``x``) and ``t_l >= h_l`` (``y`` for the
+union, ``x`` times the node's rows for the rows), and a Boolean ``z_l`` with ``y_i -> z_l`` for the
+sync of a layer the root does not already pay; the objective subtracts ``λ c t_l`` and
+``λ c sync_ms z_l``, so at the optimum ``t_l`` is the max exactly and ``z_l`` the indicator. The
+``max_new_experts_per_layer`` budget bounds the ``y`` of each layer. Because the constraints carry
+λ, the model is rebuilt for each Dinkelbach step; ``t_l`` is measured in the objective's integer
+unit (1/s tokens), so every coefficient is rounded once, with the tolerance above.
+
 Status
 ------
 ``optimal`` only when every CP-SAT step ended OPTIMAL (within the tolerance above); otherwise

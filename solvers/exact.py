@@ -42,6 +42,7 @@ SPECFIT.md §3 (the problem and what is known about it).
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Sequence
 
 import numpy as np
@@ -311,8 +312,10 @@ class ExactSolver(Solver):
 
     def select(self, instance: Instance, rate: float | None):
         deadline = None if self.time_limit_s is None else time.perf_counter() + self.time_limit_s
-        if instance.cost.regime == "host":  # per-layer max: branch and bound (specfit.solvers.exact_host)
-            return select_host(instance, rate, best_prefix(instance), self.tol, deadline)
+        if instance.cost.regime == "host":
+            if instance.items.union(range(instance.n)):  # per-layer max: branch and bound (specfit.solvers.exact_host)
+                return select_host(instance, rate, best_prefix(instance), self.tol, deadline)
+            instance = replace(instance, cost=instance.cost.gpu_only())  # nothing on the host: T linear in |S|
         cov = coverage(instance)
         budgeted = instance.has_budget
         status = "optimal"

@@ -390,6 +390,11 @@ class HostProfile:
         """This profile with ``ms`` added to every T outside the per-layer max (``extra_ms``)."""
         return replace(self, extra_ms=self.extra_ms + ms)
 
+    def gpu_only(self) -> CostModel:
+        """The transfer-regime model equal to this profile when nothing runs on the host (every
+        ``u_l = r_l = 0``): T = ``extra_ms + gpu.fixed_ms + gpu.per_node_ms * n``, linear in n."""
+        return CostModel(self.gpu.fixed_ms + self.extra_ms, self.gpu.per_node_ms, 0.0, name=f"{self.name}:gpu-only")
+
     def check_layers(self, num_layers: int) -> None:
         """Check that the profile can price an instance with ``num_layers`` MoE layers.
 

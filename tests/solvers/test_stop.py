@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -77,7 +76,7 @@ def test_stop_rule_rejects_bad_arguments(args, field):
 def _with_fixed(inst: Instance, m: int, extra_ms: float) -> Instance:
     """Nodes 0..m-1 of ``inst`` with ``extra_ms`` added to fixed_ms (the levels drafted: a cost of the cycle)."""
     sub, _ = inst.tree.subtree(range(m))
-    return Instance(sub, replace(inst.cost, fixed_ms=inst.cost.fixed_ms + extra_ms), inst.cache, inst.max_nodes,
+    return Instance(sub, inst.cost.plus_ms(extra_ms), inst.cache, inst.max_nodes,
                     inst.max_new_experts_per_layer)
 
 
