@@ -14,7 +14,8 @@ from specfit.core.errors import SpecFitInputError, check_positive_int
 
 
 def should_stop(best_throughput_tok_s: float, frontier_max_path_prob: float, cost: CostModel | HostProfile,
-                rate: float | None = None, *, level_ms: float = 0.0, level_width: int | None = None) -> bool:
+                rate: float | None = None, *, level_ms: float = 0.0, level_width: int | None = None,
+                min_node_ms: float | None = None) -> bool:
     """True iff no deeper draft tree can beat the best selection of the tree drafted so far.
 
     Parameters
@@ -37,6 +38,9 @@ def should_stop(best_throughput_tok_s: float, frontier_max_path_prob: float, cos
     level_width : int, optional
         Most nodes one further draft level can add (EAGLE: ``top_k ** 2``); None: unbounded, and
         the level cost cannot be spread over the nodes (it is then not used).
+    min_node_ms : float, optional
+        A per-node lower bound of T that holds for this cycle (e.g. ``cost.min_node_ms_for(cache)``,
+        which knows the cycle's expert cache); default ``cost.min_node_ms``.
 
     Returns
     -------
@@ -69,7 +73,9 @@ def should_stop(best_throughput_tok_s: float, frontier_max_path_prob: float, cos
     at least the smaller of the GPU part's increment and its own host rows' time, which is 0 for a
     node whose experts are all cached where the host part binds, so ``min_node_ms`` = 0 and the rule
     becomes ``P_f <= (level_ms / w) * R*`` (with no level cost: stop only when P_f = 0). The proof
-    holds with per_node_ms replaced by 0 (T is monotone in S: new nodes add >= 0).
+    holds with per_node_ms replaced by 0 (T is monotone in S: new nodes add >= 0). Given the
+    cycle's cache the bound can be positive: a layer whose every expert is cached never computes
+    on the host, so there each node adds the GPU part's increment (``HostProfile.min_node_ms_for``).
 
     Whole-cycle objective (SPECFIT.md §3). T(S) above is then the whole cycle: it includes the D ms of
     the levels drafted so far (a constant of the cycle, in R*'s denominator too), and a tree k >= 1
@@ -93,7 +99,7 @@ def should_stop(best_throughput_tok_s: float, frontier_max_path_prob: float, cos
         r = float(rate)
         if not (r >= 0.0 and math.isfinite(r)):
             raise SpecFitInputError("rate", f"must be a finite number >= 0 (tokens/s), got {rate!r}")
-    per_node = cost.min_node_ms
+    per_node = cost.min_node_ms if min_node_ms is None else check_ms("min_node_ms", min_node_ms)
     if level_width is not None:
         check_positive_int("level_width", level_width)
         per_node += check_ms("level_ms", level_ms) / level_width

@@ -152,6 +152,11 @@ class CostModel:
         (:mod:`specfit.solvers.stop`)."""
         return self.per_node_ms
 
+    def min_node_ms_for(self, cache: np.ndarray) -> float:
+        """:attr:`min_node_ms` given the expert cache of the cycle (shape (L, num_experts)): the same
+        ``per_node_ms`` whatever the cache."""
+        return self.per_node_ms
+
     def plus_ms(self, ms: float) -> "CostModel":
         """This model with ``ms`` added to every T(S) (a cost of the cycle that does not depend on S,
         e.g. the draft levels already paid): ``fixed_ms + ms``."""
@@ -385,6 +390,25 @@ class HostProfile:
         cached has ``r_v,l = 0``, and where the host part binds (``h_l >= g`` after the node) it adds
         nothing: no positive bound holds for every S and v (SPECFIT.md §3)."""
         return 0.0
+
+    def min_node_ms_for(self, cache: np.ndarray) -> float:
+        """:attr:`min_node_ms` given the expert cache of the cycle, ``cache`` of shape (L, num_experts):
+        a layer whose every expert is cached computes nothing on the host (h_l = 0 for every S), so
+        there the GPU part binds and each node adds ``c * gpu.per_node_ms / R``; other layers add
+        >= 0. With every layer full this is ``gpu.per_node_ms``, the transfer regime's bound; with no
+        expert layer (L = 0) T is ``extra_ms + gpu_ms(n)`` and the bound is ``gpu.per_node_ms``.
+
+        Raises
+        ------
+        SpecFitInputError
+            If the cache's layers do not match a profile scaled to other layers.
+        """
+        cache = np.asarray(cache, dtype=bool)
+        L = cache.shape[0]
+        if L == 0:
+            return self.gpu.per_node_ms
+        self.check_layers(L)
+        return self.gpu.per_node_ms * int(cache.all(axis=1).sum()) / L
 
     def plus_ms(self, ms: float) -> "HostProfile":
         """This profile with ``ms`` added to every T outside the per-layer max (``extra_ms``)."""

@@ -506,6 +506,7 @@ class SpecDecoder:
         cal = self.acceptance
         level_ms = self.cost.level_ms if m.calibrated else 0.0
         width = ts.top_k ** 2 if m.calibrated else None  # most nodes an EAGLE level adds
+        node_ms = self.cost.min_node_ms_for(cache) if m.level_by_level else None  # per-node bound of T this cycle
         root_ms = self.cost.cycle_ms(1, tree.items(cache).root_new_per_layer)  # T(root alone) = T(AR)
         if cal is not None and not self._gate(root_ms):
             rec.decision = "ar"  # T(AR): the rate mode's running λ counts this cycle's time
@@ -548,11 +549,12 @@ class SpecDecoder:
                 # bound lets the rule fire (rate mode needs no R*).
                 p_f = float(tree.path_prob[tree.last_level].max())
                 bound = 1000.0 * sum(tree.path_prob.tolist()) / (root_ms + rec.levels * level_ms)
-                if should_stop(bound, p_f, self.cost, rate, level_ms=level_ms, level_width=width):
+                if should_stop(bound, p_f, self.cost, rate, level_ms=level_ms, level_width=width, min_node_ms=node_ms):
                     if rate is not None:
                         break
                     selection = self._select(tree, cache, rate, rec, rec.levels * level_ms)
-                    if should_stop(selection.throughput, p_f, self.cost, rate, level_ms=level_ms, level_width=width):
+                    if should_stop(selection.throughput, p_f, self.cost, rate, level_ms=level_ms, level_width=width,
+                                   min_node_ms=node_ms):
                         break
         levels.close()
         rec.nodes_drafted = tree.n - 1

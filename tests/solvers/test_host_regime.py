@@ -97,7 +97,21 @@ def test_stop_rule_uses_the_host_per_node_bound_of_zero():
     assert brute.solve(inst).throughput > best.throughput
     assert inst.cost.min_node_ms == 0.0
     assert not should_stop(best.throughput, 0.01, inst.cost)
+    assert not should_stop(best.throughput, 0.01, inst.cost, min_node_ms=inst.cost.min_node_ms_for(inst.cache))
     assert should_stop(best.throughput, 0.0, inst.cost)
+
+
+def test_min_node_ms_given_the_cache_counts_only_full_layers():
+    inst = _host_chain(0.5)
+    prof = HostProfile("t", CostModel(1.0, 0.4, 0.0, reference_layers=48), 80.0, 1.0, 0.1, 0.0).for_layers(4)
+    cache = np.zeros((4, 8), dtype=bool)
+    assert prof.min_node_ms_for(cache) == 0.0
+    cache[:2] = True  # two of four layers hold every expert
+    assert prof.min_node_ms_for(cache) == pytest.approx(0.2)
+    cache[:] = True
+    assert prof.min_node_ms_for(cache) == pytest.approx(0.4)  # nothing on the host: the GPU's per_node_ms
+    assert inst.cost.min_node_ms_for(inst.cache) == 0.0 and CostModel(1.0, 0.3, 0.1).min_node_ms_for(cache) == 0.3
+    assert prof.min_node_ms_for(np.zeros((0, 8), dtype=bool)) == 0.4
 
 
 @pytest.mark.parametrize("budget", BUDGETS)
@@ -105,7 +119,9 @@ def test_stop_rule_uses_the_host_per_node_bound_of_zero():
 @settings(max_examples=40, deadline=None)
 @given(data=st.data())
 def test_stop_rule_is_sound_on_host_instances(budget, mode, data):
+    """With the cache-aware per-node bound the engine passes (``min_node_ms_for(cache)``)."""
     inst, ends = data.draw(level_instances(budget=budget, host=True))
+    node_ms = inst.cost.min_node_ms_for(inst.cache)
     rate = data.draw(st.floats(0.0, 800.0)) if mode == "rate" else None
     level_ms = data.draw(st.sampled_from([0.0]) | st.floats(0.0, 20.0))
     width = max(b - a for a, b in zip(ends, ends[1:])) if len(ends) > 1 else 1
@@ -113,7 +129,8 @@ def test_stop_rule_is_sound_on_host_instances(budget, mode, data):
     best = [brute.solve(_with_fixed(inst, m, d * level_ms), rate) for d, m in enumerate(ends)]
     for d, m in enumerate(ends[:-1]):
         p_f = float(inst.tree.path_prob[ends[d - 1] if d else 0:m].max())
-        if should_stop(best[d].throughput, p_f, inst.cost, rate, level_ms=level_ms, level_width=width):
+        if should_stop(best[d].throughput, p_f, inst.cost, rate, level_ms=level_ms, level_width=width,
+                       min_node_ms=node_ms):
             deeper = max(b.objective for b in best[d + 1:])
             assert deeper <= best[d].objective + 1e-9 * max(1.0, abs(best[d].objective)), (d, deeper, best[d].objective)
 
