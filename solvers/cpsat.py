@@ -205,17 +205,7 @@ class CPSATSolver(Solver):
                 model.add_hint(x[v], v in chosen)
             for g, (own, _, _) in enumerate(groups):
                 model.add_hint(y[g], any(v in chosen for v in own))
-            left = self.time_limit_s - (time.perf_counter() - t0)
-            if left <= 0:
-                return None, False
-            solver.parameters.max_time_in_seconds = left
-            status = solver.solve(model)
-            if status == cp_model.MODEL_INVALID:
-                raise RuntimeError(f"cpsat: invalid model: {model.validate()}")
-            if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-                return None, False
-            nodes = [0] + [v for v in range(1, n) if solver.boolean_value(x[v])]
-            return nodes, status == cp_model.OPTIMAL
+            return _run(solver, model, x, self.time_limit_s - (time.perf_counter() - t0))
 
         def terms(nodes) -> tuple[float, float]:
             return instance.tree.path_prob[nodes[1:]].sum() + 1.0, instance.cost.cycle_ms(
@@ -235,23 +225,29 @@ class CPSATSolver(Solver):
         solver.parameters.random_seed = 0
 
         def best_for(lam: float, hint: Sequence[int]) -> tuple[list[int] | None, bool]:
-            left = self.time_limit_s - (time.perf_counter() - t0)
-            if left <= 0:
-                return None, False
-            model, x = _host_model(instance, lam, self.precision_bits, hint)
-            solver.parameters.max_time_in_seconds = left
-            status = solver.solve(model)
-            if status == cp_model.MODEL_INVALID:
-                raise RuntimeError(f"cpsat: invalid model: {model.validate()}")
-            if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-                return None, False
-            return [0] + [v for v in range(1, n) if solver.boolean_value(x[v])], status == cp_model.OPTIMAL
+            return _run(solver, *_host_model(instance, lam, self.precision_bits, hint),
+                        self.time_limit_s - (time.perf_counter() - t0))
 
         def terms(nodes) -> tuple[float, float]:
             ev = evaluate(instance, nodes)
             return ev.expected_tokens, ev.predicted_ms
 
         return _dinkelbach(best_for, terms, rate)
+
+
+def _run(solver, model, x: list, left_s: float) -> tuple[list[int] | None, bool]:
+    """Solve ``model`` within ``left_s`` seconds; ``(selected nodes or None, proven optimal)``."""
+    from ortools.sat.python import cp_model
+
+    if left_s <= 0:
+        return None, False
+    solver.parameters.max_time_in_seconds = left_s
+    status = solver.solve(model)
+    if status == cp_model.MODEL_INVALID:
+        raise RuntimeError(f"cpsat: invalid model: {model.validate()}")
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None, False
+    return [0] + [v for v in range(1, len(x)) if solver.boolean_value(x[v])], status == cp_model.OPTIMAL
 
 
 def _dinkelbach(best_for, terms, rate: float | None) -> tuple[list[int], str]:

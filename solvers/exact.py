@@ -314,7 +314,7 @@ class ExactSolver(Solver):
         deadline = None if self.time_limit_s is None else time.perf_counter() + self.time_limit_s
         if instance.cost.regime == "host":
             if instance.items.union(range(instance.n)):  # per-layer max: branch and bound (specfit.solvers.exact_host)
-                return select_host(instance, rate, best_prefix(instance), self.tol, deadline)
+                return select_host(instance, rate, [0], self.tol, deadline)  # {root}: cheaper than a prefix scan here
             instance = replace(instance, cost=instance.cost.gpu_only())  # nothing on the host: T linear in |S|
         cov = coverage(instance)
         budgeted = instance.has_budget

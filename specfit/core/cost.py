@@ -485,21 +485,9 @@ class HostProfile:
     def node_added_ms(self, root_new_per_layer, node_new, node_rows) -> np.ndarray:
         """Per draft node v, what verifying v beside the root adds to T(root alone), ms:
         ``T({root, v}) - T({root})`` (beyond :attr:`min_node_ms` = 0). T is monotone in S, so any
-        selection holding v costs at least T(root) plus this.
-
-        Parameters
-        ----------
-        root_new_per_layer : array-like of int, shape (L,)
-            Uncached experts of the root per layer (also its rows).
-        node_new : numpy.ndarray of int, shape (m, L)
-            Per node, its experts neither cached nor the root's, per layer.
-        node_rows : numpy.ndarray of int, shape (m, L)
-            Per node, its uncached experts per layer (its rows).
-
-        Returns
-        -------
-        numpy.ndarray of float64, shape (m,)
-        """
+        selection holding v costs at least T(root) plus this. Arguments and shapes as
+        :meth:`CostModel.node_added_ms` (the root's uncached experts are also its rows); float64 of
+        shape (m,)."""
         root = np.asarray(root_new_per_layer)
         base = self.cycle_ms(1, root)
         return np.array([self.cycle_ms(2, root + new, root + rows) - base
