@@ -214,8 +214,9 @@ class CostModel:
         return {"fixed_ms": self.fixed_ms, "per_node_ms": self.per_node_ms, "per_expert_ms": pe}
 
     @classmethod
-    def from_json(cls, obj, name: str = "custom") -> "CostModel":
-        """Build from the instance JSON's ``cost`` object.
+    def from_json(cls, obj, name: str = "custom") -> "CostModel | HostProfile":
+        """Build from the instance JSON's ``cost`` object; one with ``"regime": "host"`` is a
+        :class:`HostProfile` (:meth:`HostProfile.from_json`).
 
         Raises
         ------
@@ -224,11 +225,13 @@ class CostModel:
         """
         if not isinstance(obj, dict):
             raise SpecFitInputError("cost", "must be an object with fixed_ms, per_node_ms, per_expert_ms")
+        if "regime" in obj and obj["regime"] != "transfer":  # the host-compute regime's object
+            return HostProfile.from_json(obj)
         keys = {"fixed_ms", "per_node_ms", "per_expert_ms"}
         for k in keys:
             if k not in obj:
                 raise SpecFitInputError(f"cost.{k}", "is required")
-        extra = set(obj) - keys
+        extra = set(obj) - keys - {"regime"}
         if extra:
             raise SpecFitInputError(f"cost.{sorted(extra)[0]}", "is not a known cost field")
         return cls(obj["fixed_ms"], obj["per_node_ms"], obj["per_expert_ms"], name=name)
@@ -494,10 +497,46 @@ class HostProfile:
                          for new, rows in zip(np.asarray(node_new), np.asarray(node_rows))], dtype=np.float64)
 
     def to_json(self) -> dict:
-        """The profile's constants (for run metadata; not an instance JSON ``cost`` object)."""
+        """The profile's constants: run metadata, and the instance JSON's ``cost`` object of the host
+        regime (SPECFIT.md §4; :meth:`from_json` reads it back)."""
         return {"regime": "host", "name": self.name, "gpu": self.gpu.to_json(), "dram_gb_per_s": self.dram_gb_per_s,
                 "host_per_expert_ms": self.host_per_expert_ms, "host_per_row_ms": self.host_per_row_ms,
-                "sync_ms": self.sync_ms}
+                "sync_ms": self.sync_ms, "reference_layers": self.reference_layers, "num_layers": self.num_layers,
+                "extra_ms": self.extra_ms}
+
+    _JSON_REQUIRED = ("regime", "gpu", "host_per_expert_ms", "host_per_row_ms", "sync_ms")
+    _JSON_OPTIONAL = ("name", "dram_gb_per_s", "reference_layers", "num_layers", "extra_ms")
+
+    @classmethod
+    def from_json(cls, obj) -> "HostProfile":
+        """Build from a host-regime ``cost`` object (:meth:`to_json`; SPECFIT.md §4).
+
+        Raises
+        ------
+        SpecFitInputError
+            If a key is missing or unknown, ``regime`` is not ``"host"``, or a value is bad.
+        """
+        for k in cls._JSON_REQUIRED:
+            if k not in obj:
+                raise SpecFitInputError(f"cost.{k}", "is required in a host-regime cost object")
+        extra = set(obj) - set(cls._JSON_REQUIRED) - set(cls._JSON_OPTIONAL)
+        if extra:
+            raise SpecFitInputError(f"cost.{sorted(extra)[0]}", "is not a known host-regime cost field")
+        if obj["regime"] != "host":
+            raise SpecFitInputError("cost.regime", f"must be 'host' (or absent for the transfer regime), got {obj['regime']!r}")
+        ref = obj.get("reference_layers")
+        gpu = CostModel.from_json(obj["gpu"])
+        if ref is not None:
+            gpu = replace(gpu, reference_layers=check_positive_int("cost.reference_layers", ref))
+        layers = obj.get("num_layers")
+        if layers is not None:
+            check_positive_int("cost.num_layers", layers)
+        try:
+            dram = float(obj.get("dram_gb_per_s", 0.0))
+        except (TypeError, ValueError):
+            raise SpecFitInputError("cost.dram_gb_per_s", f"must be a number (GB/s), got {obj['dram_gb_per_s']!r}") from None
+        return cls(str(obj.get("name", "custom")), gpu, dram, obj["host_per_expert_ms"],
+                   obj["host_per_row_ms"], obj["sync_ms"], layers, obj.get("extra_ms", 0.0))
 
 
 def _host_profile(host: str, gpu: str) -> HostProfile:

@@ -103,3 +103,23 @@ def test_growing_selection_tracks_the_host_objective_and_t_is_monotone(data):
         assert grow.t == pytest.approx(predicted_ms(inst, grow.nodes()), rel=1e-12, abs=1e-12)
         assert grow.t - before == pytest.approx(step, rel=1e-9, abs=1e-9)
         assert step >= -1e-12  # T is monotone in S
+
+
+def test_host_instance_json_round_trips(tmp_path):
+    from specfit.core.instance import load_instance, save_instance
+
+    inst = Instance(star().tree, HOST.for_layers(2).plus_ms(0.7), star().cache, max_nodes=2)
+    save_instance(inst, tmp_path / "host.json")
+    back = load_instance(tmp_path / "host.json")
+    assert back.cost == inst.cost and back.cost.extra_ms == 0.7 and back.cost.reference_layers == 48
+    assert predicted_ms(back, [0, 1]) == predicted_ms(inst, [0, 1])
+    obj = inst.to_json()
+    for bad, field in (({"regime": "cpu"}, "cost.regime"), ({"sync_ms": -1.0}, "cost.sync_ms"),
+                       ({"surprise": 1}, "cost.surprise"), ({"num_layers": 0}, "cost.num_layers")):
+        with pytest.raises(SpecFitInputError, match=field):
+            Instance.from_json({**obj, "cost": {**obj["cost"], **bad}})
+    del obj["cost"]["gpu"]
+    with pytest.raises(SpecFitInputError, match="cost.gpu"):
+        Instance.from_json(obj)
+    transfer = {**obj, "cost": {"regime": "transfer", "fixed_ms": 1.0, "per_node_ms": 0.1, "per_expert_ms": 0.2}}
+    assert Instance.from_json(transfer).cost == CostModel(1.0, 0.1, 0.2)
