@@ -371,6 +371,11 @@ class HostProfile:
         return self.gpu.reference_layers or REFERENCE_LAYERS
 
     @property
+    def num_experts(self) -> int | None:
+        """Experts per MoE layer of the deployed target (the GPU side's)."""
+        return self.gpu.num_experts
+
+    @property
     def draft_level_ms(self) -> float | None:
         return self.gpu.draft_level_ms
 
