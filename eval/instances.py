@@ -23,7 +23,7 @@ from typing import Iterator
 
 import numpy as np
 
-from specfit.core.cost import PROFILES, get_profile
+from specfit.core.cost import PROFILES, get_host_profile, get_profile
 from specfit.core.errors import SpecFitInputError, check_nonnegative_int, lookup
 from specfit.core.instance import Instance
 from specfit.core.tree import DraftTree
@@ -56,6 +56,10 @@ class InstanceSpec:
         Support size of the Dirichlet draft distribution.
     profile : str
         Cost profile name in :data:`specfit.core.cost.PROFILES`.
+    host_profile : str, optional
+        A host-regime profile of :data:`specfit.core.cost.HOST_PROFILES`: the instances' cost is
+        then that profile scaled to ``layers`` (SPECFIT.md §3, "Host-compute regime") instead of
+        ``profile``.
     max_nodes, max_new_experts_per_layer : int or None
         Budgets written into every instance.
 
@@ -76,6 +80,7 @@ class InstanceSpec:
     alpha: float = 0.03
     vocab: int = 32
     profile: str = "qwen3-30b-a3b-pcie4"
+    host_profile: str | None = None
     max_nodes: int | None = None
     max_new_experts_per_layer: int | None = None
 
@@ -97,6 +102,8 @@ class InstanceSpec:
         if self.cache_policy not in ("popular", "random"):
             raise SpecFitInputError("cache_policy", f"must be 'popular' or 'random', got {self.cache_policy!r}")
         get_profile(self.profile)
+        if self.host_profile is not None:
+            get_host_profile(self.host_profile)
 
 
 #: Named generator settings. ``qwen3-30b-a3b``: Qwen3-30B-A3B routing shape (48 MoE layers, 128
@@ -211,7 +218,7 @@ def generate_instance(n: int, spec: InstanceSpec, rng: np.random.Generator) -> I
     -------
     Instance
         Experts of shape (n, spec.layers, spec.top_k); cache of shape (layers, experts); cost from
-        ``spec.profile``; the spec's budgets.
+        ``spec.profile`` (or ``spec.host_profile``); the spec's budgets.
 
     Raises
     ------
@@ -226,7 +233,8 @@ def generate_instance(n: int, spec: InstanceSpec, rng: np.random.Generator) -> I
         ids = np.argsort(-logp[l])[:size] if spec.cache_policy == "popular" else rng.choice(spec.experts, size, replace=False)
         cache[l, ids] = True
     tree = DraftTree(parents, path_prob=prob, experts=experts, num_experts=spec.experts)
-    return Instance(tree, PROFILES[spec.profile], cache, spec.max_nodes, spec.max_new_experts_per_layer)
+    cost = PROFILES[spec.profile] if spec.host_profile is None else get_host_profile(spec.host_profile).for_layers(spec.layers)
+    return Instance(tree, cost, cache, spec.max_nodes, spec.max_new_experts_per_layer)
 
 
 def generate_instances(spec: InstanceSpec, sizes, count: int, seed: int = 0) -> Iterator[tuple[int, int, Instance]]:

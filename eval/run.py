@@ -12,8 +12,9 @@ Fairness and reproducibility:
   forward), the others with ``cache_slots`` slots per MoE layer;
 * every generation starts with an empty expert cache, warmed by its own prefill, so each result
   is independent of the order of runs and of interruptions;
-* the selection of the cost-aware methods uses ``get_profile(profile).for_layers(L)``, the cost
-  model the modeled times use (:mod:`eval.modeled`);
+* the selection of the cost-aware methods uses ``get_profile(profile).for_layers(L)`` (with
+  ``offload="host"``: ``get_host_profile(host_profile).for_layers(L)``), the cost model the modeled
+  times use (:mod:`eval.modeled`);
 * the sampling verifier (temperature > 0) is seeded per prompt from ``seed`` and the prompt id;
 * each method first decodes 2 tokens after a short prompt untimed, so one-time costs (lazy
   imports, allocator warm-up) do not land in the first prompt's wall-clock time.
@@ -101,8 +102,8 @@ class EvalConfig:
     offload : str
         ``transfer`` (default): uncached experts are copied host-to-device; ``host``: computed on
         the CPU, the device cache holding a static hot set (:mod:`specfit.models.host_compute`).
-        With ``host`` the cycles are priced on ``host_profile`` (modeled); the selection still uses
-        ``profile``, whose objective does not model the host regime yet.
+        With ``host`` the cycles are priced on ``host_profile`` (modeled), and the selection, stop
+        rule and AR gate of the cost-aware methods use it too (SPECFIT.md §3, "Host-compute regime").
     host_profile : str
         Host-regime profile of :data:`specfit.core.cost.HOST_PROFILES` that prices ``host`` runs.
     threads : int
@@ -297,6 +298,7 @@ def load_models(p: Plan):
                                    admission=c.admission,
                                    device=c.device, predictor=c.predictor if needs_predictor else None,
                                    predictor_trace=p.trace_path, profile=c.profile, offload=c.offload,
+                                   host_profile=c.host_profile,
                                    max_len=kv_tokens_needed(longest, c.max_new_tokens, _tree(c)))
 
 
@@ -306,8 +308,8 @@ _HOST_NOTE = ("Offload host: experts outside the device cache were computed on t
               "tok/s modeled prices the cycles on the host-regime profile {profile} (modeled: per MoE layer "
               "max(GPU part, host experts x per-expert + rows x per-row) + sync; specfit.core.cost.HostProfile). "
               "experts/token and hit rate count the experts computed on the host as the uncached ones. "
-              "The selection of eagle3-scan/specfit still uses the transfer-regime objective: it does not yet "
-              "model the host regime (issue 13).")
+              "The selection, stop rule and AR gate of eagle3-scan/specfit use the same host-regime profile "
+              "(SPECFIT.md §3, \"Host-compute regime\").")
 
 
 def _tree(c: EvalConfig) -> TreeSettings:
@@ -423,7 +425,7 @@ def _run(p: Plan, progress: bool) -> dict:
     todo = [(pr, ids, m) for pr, ids in p.prompts for m in p.methods if (pr.id, pr.dataset, m.name) not in done]
     skipped = len(p.prompts) * len(p.methods) - len(todo)
     eos = models.eos_token_id
-    pricing = get_host_profile(config.host_profile).for_layers(num_layers) if config.offload == "host" else models.cost
+    pricing = models.cost  # host mode: the host profile, which also drives the selection
     with open(results_path, "a", encoding="utf-8") as f, torch.no_grad():
         for m in dict.fromkeys(m for _, _, m in todo):  # untimed warm-up: first-call costs stay out of wall_s
             models.decoder(m, tree=_tree(config), **_sampling(config, 0)).generate(todo[0][1][-WARMUP_TOKENS:], 2)

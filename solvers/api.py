@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import networkx as nx
 
-from specfit.core.cost import CostModel, get_profile
+from specfit.core.cost import HOST_PROFILES, CostModel, HostProfile, get_host_profile, get_profile
 from specfit.core.errors import SpecFitInputError
 from specfit.core.instance import Instance, cache_mask
 from specfit.core.tree import DraftTree
@@ -36,10 +36,11 @@ def select(tree, cost=None, cache=None, *, solver: str = "exact", num_experts: i
         the k expert ids the node is predicted to route to in MoE layer l; optional — without it
         there is no expert term) and optionally ``token``; node labels may be any hashable
         (:meth:`DraftTree.from_networkx`).
-    cost : CostModel or str
+    cost : CostModel, HostProfile or str
         The cycle-time model in ms (SPECFIT.md §3), or the name of a hardware profile of
-        :data:`specfit.core.cost.PROFILES` (e.g. ``"qwen3-30b-a3b-pcie4"``), used as is. Required
-        unless ``tree`` is an Instance.
+        :data:`specfit.core.cost.PROFILES` (e.g. ``"qwen3-30b-a3b-pcie4"``) or of the host-compute
+        regime's :data:`specfit.core.cost.HOST_PROFILES`, used as is (a host profile counts each of the
+        tree's layers for R / L real ones). Required unless ``tree`` is an Instance.
     cache : list of list of int, optional
         ``cache[l]``: the experts of MoE layer l resident on the device (empty cache if None).
     solver : str
@@ -90,11 +91,12 @@ def select(tree, cost=None, cache=None, *, solver: str = "exact", num_experts: i
         return get_solver(solver, **options).solve(replace(tree, **budgets), rate=rate)
     profile = None
     if cost is None:
-        raise SpecFitInputError("cost", "is required: a CostModel or a hardware profile name")
+        raise SpecFitInputError("cost", "is required: a CostModel, a HostProfile or a hardware profile name")
     if isinstance(cost, str):
-        profile = cost = get_profile(cost)
-    elif not isinstance(cost, CostModel):
-        raise SpecFitInputError("cost", f"must be a CostModel or a hardware profile name, got {type(cost).__name__}")
+        profile = cost = get_host_profile(cost) if cost in HOST_PROFILES else get_profile(cost)
+    elif not isinstance(cost, (CostModel, HostProfile)):
+        raise SpecFitInputError("cost", "must be a CostModel, a HostProfile or a hardware profile name, got "
+                                f"{type(cost).__name__}")
     if isinstance(tree, nx.DiGraph):
         if num_experts is None:
             num_experts = tree.graph.get("num_experts", profile.num_experts if profile is not None else None)

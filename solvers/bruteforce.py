@@ -22,7 +22,10 @@ class BruteForceSolver(Solver):
     included only when its parent is; a node whose inclusion breaks a budget is skipped with its
     whole subtree, which loses nothing because |S| and the coverage only grow with S.
     ``A`` is carried down the recursion and ``T`` recomputed from integer counts at each leaf,
-    so no rounding accumulates. Ties keep the first set found (fewer, lower-index nodes).
+    so no rounding accumulates. Ties keep the first set found (fewer, lower-index nodes). In the
+    host-compute regime (a :class:`~specfit.core.cost.HostProfile` cost) the leaf prices its counts
+    with the profile's own :meth:`~specfit.core.cost.HostProfile.cycle_ms` (uncached experts and
+    rows per layer), the function :func:`specfit.core.objective.evaluate` uses.
 
     Raises
     ------
@@ -42,8 +45,13 @@ class BruteForceSolver(Solver):
         par = instance.tree.parents.tolist()
         prob = instance.tree.path_prob.tolist()
         items = [instance.node_items[v].tolist() for v in range(n)]
-        pe = instance.cost.per_expert_array(L)
-        fixed, per_node = instance.cost.fixed_ms, instance.cost.per_node_ms
+        cost = instance.cost
+        host = cost.regime == "host"
+        if not host:
+            pe = cost.per_expert_array(L)
+            fixed, per_node = cost.fixed_ms, cost.per_node_ms
+        rows = instance.items.rows
+        layer_rows = np.zeros(L, dtype=np.int64)
         max_nodes = instance.max_nodes if instance.max_nodes is not None else n
         cap = instance.max_new_experts_per_layer
         lam = None if rate is None else rate / 1000.0
@@ -61,7 +69,10 @@ class BruteForceSolver(Solver):
                     layer_new[it // E] += sign
 
         def leaf(a: float) -> None:
-            t = fixed + per_node * len(stack) + float(pe @ layer_new)
+            if host:
+                t = cost.cycle_ms(len(stack), layer_new, layer_rows)
+            else:
+                t = fixed + per_node * len(stack) + float(pe @ layer_new)
             value = a / t if lam is None else a - lam * t
             if value > best[0]:
                 best[0], best[1] = value, tuple(stack)
@@ -76,12 +87,15 @@ class BruteForceSolver(Solver):
                 if cap is None or L == 0 or layer_new.max() <= cap:
                     chosen[i] = True
                     stack.append(i)
+                    layer_rows[:] += rows[i]
                     rec(i + 1, a + prob[i])
+                    layer_rows[:] -= rows[i]
                     stack.pop()
                     chosen[i] = False
                 cover(i, -1)
 
         chosen[0] = True
         cover(0, +1)
+        layer_rows += rows[0]
         rec(1, 1.0)
         return best[1], "optimal"

@@ -32,6 +32,19 @@ true maximum of ``F_λ``, and at the end of Dinkelbach no set S has ratio above
 i.e. a relative error of order 1e-7 in the worst case; in practice the returned value agrees with
 an exact rational optimum to float precision unless two sets are within that margin.
 
+Host-compute regime
+-------------------
+An instance whose cost is a :class:`~specfit.core.cost.HostProfile` has, per MoE layer l, the time
+``c · max(g(|S|), h_l(S)) + c · sync_ms · [u_l > 0]`` (c = R / L; SPECFIT.md §3). The model adds a
+Boolean ``y_i`` per uncached item the root does not need (``x_v -> y_i`` for every node v needing
+it), an integer ``t_l`` with ``t_l >= g`` (linear in the ``x``) and ``t_l >= h_l`` (``y`` for the
+union, ``x`` times the node's rows for the rows), and a Boolean ``z_l`` with ``y_i -> z_l`` for the
+sync of a layer the root does not already pay; the objective subtracts ``λ c t_l`` and
+``λ c sync_ms z_l``, so at the optimum ``t_l`` is the max exactly and ``z_l`` the indicator. The
+``max_new_experts_per_layer`` budget bounds the ``y`` of each layer. Because the constraints carry
+λ, the model is rebuilt for each Dinkelbach step; ``t_l`` is measured in the objective's integer
+unit (1/s tokens), so every coefficient is rounded once, with the tolerance above.
+
 Status
 ------
 ``optimal`` only when every CP-SAT step ended OPTIMAL (within the tolerance above); otherwise
@@ -55,6 +68,7 @@ import numpy as np
 from specfit.solvers.base import Solver
 from specfit.core.errors import SpecFitInputError
 from specfit.core.instance import Instance
+from specfit.core.objective import evaluate
 
 #: Dinkelbach steps before giving up (status ``feasible``); ratios strictly increase, so the loop
 #: normally ends after a handful of steps.
@@ -142,6 +156,8 @@ class CPSATSolver(Solver):
         from ortools.sat.python import cp_model
 
         t0 = time.perf_counter()
+        if instance.cost.regime == "host":
+            return self._select_host(instance, rate, t0)
         n, L = instance.n, instance.num_layers
         if n == 1:
             return [0], "optimal"
@@ -189,38 +205,158 @@ class CPSATSolver(Solver):
                 model.add_hint(x[v], v in chosen)
             for g, (own, _, _) in enumerate(groups):
                 model.add_hint(y[g], any(v in chosen for v in own))
-            left = self.time_limit_s - (time.perf_counter() - t0)
-            if left <= 0:
-                return None, False
-            solver.parameters.max_time_in_seconds = left
-            status = solver.solve(model)
-            if status == cp_model.MODEL_INVALID:
-                raise RuntimeError(f"cpsat: invalid model: {model.validate()}")
-            if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-                return None, False
-            nodes = [0] + [v for v in range(1, n) if solver.boolean_value(x[v])]
-            return nodes, status == cp_model.OPTIMAL
+            return _run(solver, model, x, self.time_limit_s - (time.perf_counter() - t0))
 
         def terms(nodes) -> tuple[float, float]:
             return instance.tree.path_prob[nodes[1:]].sum() + 1.0, instance.cost.cycle_ms(
                 len(nodes), instance.items.new_per_layer(nodes))
 
-        if rate is not None:
-            nodes, proven = best_for(rate / 1000.0, [0])
-            return (nodes, "optimal" if proven else "feasible") if nodes else ([0], "feasible")
+        return _dinkelbach(best_for, terms, rate)
 
-        current = [0]
-        a, t = terms(current)
-        lam = a / t
-        for _ in range(MAX_STEPS):
-            nodes, proven = best_for(lam, current)
-            if nodes is None:
+    def _select_host(self, instance: Instance, rate: float | None, t0: float) -> tuple[Sequence[int], str]:
+        """The host-regime model (module docstring), rebuilt for each λ: its max constraints carry λ."""
+        from ortools.sat.python import cp_model
+
+        n = instance.n
+        if n == 1:
+            return [0], "optimal"
+        solver = cp_model.CpSolver()
+        solver.parameters.num_workers = self.workers
+        solver.parameters.random_seed = 0
+
+        def best_for(lam: float, hint: Sequence[int]) -> tuple[list[int] | None, bool]:
+            return _run(solver, *_host_model(instance, lam, self.precision_bits, hint),
+                        self.time_limit_s - (time.perf_counter() - t0))
+
+        def terms(nodes) -> tuple[float, float]:
+            ev = evaluate(instance, nodes)
+            return ev.expected_tokens, ev.predicted_ms
+
+        return _dinkelbach(best_for, terms, rate)
+
+
+def _run(solver, model, x: list, left_s: float) -> tuple[list[int] | None, bool]:
+    """Solve ``model`` within ``left_s`` seconds; ``(selected nodes or None, proven optimal)``."""
+    from ortools.sat.python import cp_model
+
+    if left_s <= 0:
+        return None, False
+    solver.parameters.max_time_in_seconds = left_s
+    status = solver.solve(model)
+    if status == cp_model.MODEL_INVALID:
+        raise RuntimeError(f"cpsat: invalid model: {model.validate()}")
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None, False
+    return [0] + [v for v in range(1, len(x)) if solver.boolean_value(x[v])], status == cp_model.OPTIMAL
+
+
+def _dinkelbach(best_for, terms, rate: float | None) -> tuple[list[int], str]:
+    """Rate mode: one step at λ = rate / 1000. Ratio mode: Dinkelbach's loop from {root} (module
+    docstring). ``best_for(lam, hint)`` returns ``(nodes or None, proven optimal)``, ``terms(nodes)``
+    returns ``(A, T)``."""
+    if rate is not None:
+        nodes, proven = best_for(rate / 1000.0, [0])
+        return (nodes, "optimal" if proven else "feasible") if nodes else ([0], "feasible")
+
+    current = [0]
+    a, t = terms(current)
+    lam = a / t
+    for _ in range(MAX_STEPS):
+        nodes, proven = best_for(lam, current)
+        if nodes is None:
+            return current, "feasible"
+        a, t = terms(nodes)
+        if a / t > lam:
+            current, lam = nodes, a / t
+            if not proven:  # a better set, but the search did not finish: stop here
                 return current, "feasible"
-            a, t = terms(nodes)
-            if a / t > lam:
-                current, lam = nodes, a / t
-                if not proven:  # a better set, but the search did not finish: stop here
-                    return current, "feasible"
-            else:
-                return current, "optimal" if proven else "feasible"
-        return current, "feasible"
+        else:
+            return current, "optimal" if proven else "feasible"
+    return current, "feasible"
+
+
+def _host_model(instance: Instance, lam: float, precision_bits: int, hint: Sequence[int]):
+    """CP-SAT model of max A(S) - λT(S) in the host-compute regime (module docstring).
+
+    Returns ``(model, x)`` with ``x[v]`` the Boolean of node v (``x[0]`` None: the root is in).
+    Written from ``Instance.node_items`` and the profile's constants alone (not from the exact
+    solver's code): rows are counted here from the node's item ids.
+    """
+    from ortools.sat.python import cp_model
+
+    cost = instance.cost
+    n, L, E = instance.n, instance.num_layers, max(instance.num_experts, 1)
+    par = instance.tree.parents
+    prob = instance.tree.path_prob
+    R = cost.reference_layers
+    model = cp_model.CpModel()
+    x = [None] + [model.new_bool_var(f"x{v}") for v in range(1, n)]
+    for v in range(2, n):
+        if par[v]:
+            model.add_implication(x[v], x[int(par[v])])
+    if instance.max_nodes is not None:
+        model.add(sum(x[1:]) <= instance.max_nodes - 1)
+    if L == 0:  # T = extra_ms + fixed_ms + per_node_ms * |S|: a linear objective
+        w = prob[1:] - lam * cost.gpu.per_node_ms
+        s = 2.0 ** precision_bits / max(float(np.abs(w).max(initial=0.0)), 1e-12)
+        model.maximize(sum(int(round(s * wv)) * xv for wv, xv in zip(w, x[1:])))
+        for v in range(1, n):
+            model.add_hint(x[v], v in set(hint))
+        return model, x
+    c = R / L
+    root = set(instance.node_items[0].tolist())
+    rows = np.zeros((n, L), dtype=np.int64)
+    needers: dict[int, list[int]] = defaultdict(list)  # item (not the root's) -> nodes that need it
+    for v in range(n):
+        its = instance.node_items[v]
+        rows[v] = np.bincount(its // E, minlength=L)
+        if v:
+            for it in its.tolist():
+                if it not in root:
+                    needers[it].append(v)
+    root_u = np.bincount(np.asarray(sorted(root), dtype=np.int64) // E, minlength=L)
+    # weights in tokens (k = λ c converts ms of one real layer into tokens); scale s makes them integers
+    k = lam * c
+    g_root, g_node = k * (cost.gpu.fixed_ms + cost.gpu.per_node_ms) / R, k * cost.gpu.per_node_ms / R
+    w_exp, w_row, w_sync = k * cost.host_per_expert_ms, k * cost.host_per_row_ms, k * cost.sync_ms
+    h_root = w_exp * root_u + w_row * rows[0]
+    mag = max(float(prob.max()), g_root, g_node, w_exp, w_row * float(rows.max(initial=0)), w_sync,
+              float(h_root.max(initial=0.0)))
+    s = 2.0 ** precision_bits / max(mag, 1e-12)
+
+    def q(w: float) -> int:
+        return int(round(s * w))
+
+    y = {it: model.new_bool_var(f"y{it}") for it in needers}
+    for it, vs in needers.items():
+        for v in vs:
+            model.add_implication(x[v], y[it])
+    if instance.max_new_experts_per_layer is not None:
+        for l in range(L):
+            layer = [y[it] for it in y if it // E == l]
+            if layer:
+                model.add(sum(layer) <= instance.max_new_experts_per_layer - int(root_u[l]))
+    objective = [q(p) * xv for p, xv in zip(prob[1:], x[1:])]
+    for l in range(L):
+        layer = [y[it] for it in y if it // E == l]
+        gpu = [q(g_root)] + [q(g_node) * xv for xv in x[1:]]
+        host = [q(h_root[l])] + [q(w_exp) * yi for yi in layer] + [q(w_row * rows[v, l]) * x[v]
+                                                                  for v in range(1, n) if rows[v, l]]
+        ub = max(q(g_root) + q(g_node) * (n - 1), q(h_root[l]) + q(w_exp) * len(layer)
+                 + sum(q(w_row * rows[v, l]) for v in range(1, n)))
+        t = model.new_int_var(0, ub, f"t{l}")  # max(g, h_l) of layer l, in objective units
+        model.add(t >= sum(gpu))
+        model.add(t >= sum(host))
+        objective.append(-t)
+        if layer and not root_u[l]:  # the sync is paid iff some host expert is computed in layer l
+            z = model.new_bool_var(f"z{l}")
+            for yi in layer:
+                model.add_implication(yi, z)
+            objective.append(-q(w_sync) * z)
+    model.maximize(sum(objective))
+    chosen = set(hint)
+    for v in range(1, n):
+        model.add_hint(x[v], v in chosen)
+    for it, vs in needers.items():
+        model.add_hint(y[it], any(v in chosen for v in vs))
+    return model, x

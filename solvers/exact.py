@@ -42,6 +42,7 @@ SPECFIT.md §3 (the problem and what is known about it).
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Sequence
 
 import numpy as np
@@ -49,6 +50,7 @@ import numpy as np
 from specfit.core.coverage import Coverage, at_least_twice, coverage
 from specfit.core.instance import Instance
 from specfit.solvers.base import Solver
+from specfit.solvers.exact_host import select_host
 from specfit.solvers.greedy import best_prefix
 
 _INF = float("inf")
@@ -296,7 +298,9 @@ class ExactSolver(Solver):
         Only the budgeted branch and bound can be slow; past this limit it returns the best
         selection found with status ``"feasible"``. Default: no limit.
 
-    See the module docstring for the algorithm and why it is exact.
+    See the module docstring for the algorithm and why it is exact. An instance of the
+    host-compute regime (cost a :class:`~specfit.core.cost.HostProfile`) is solved by
+    :mod:`specfit.solvers.exact_host` (Dinkelbach over an exact branch and bound), also exact.
     """
 
     name = "exact"
@@ -307,8 +311,12 @@ class ExactSolver(Solver):
         self.time_limit_s = time_limit_s
 
     def select(self, instance: Instance, rate: float | None):
-        cov = coverage(instance)
         deadline = None if self.time_limit_s is None else time.perf_counter() + self.time_limit_s
+        if instance.cost.regime == "host":
+            if instance.items.union(range(instance.n)):  # per-layer max: branch and bound (specfit.solvers.exact_host)
+                return select_host(instance, rate, [0], self.tol, deadline)  # {root}: cheaper than a prefix scan here
+            instance = replace(instance, cost=instance.cost.gpu_only())  # nothing on the host: T linear in |S|
+        cov = coverage(instance)
         budgeted = instance.has_budget
         status = "optimal"
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import math
 
-from specfit.core.cost import CostModel, check_ms
+from specfit.core.cost import CostModel, HostProfile, check_ms
 from specfit.core.errors import SpecFitInputError, check_positive_int
 
 
-def should_stop(best_throughput_tok_s: float, frontier_max_path_prob: float, cost: CostModel,
-                rate: float | None = None, *, level_ms: float = 0.0, level_width: int | None = None) -> bool:
+def should_stop(best_throughput_tok_s: float, frontier_max_path_prob: float, cost: CostModel | HostProfile,
+                rate: float | None = None, *, level_ms: float = 0.0, level_width: int | None = None,
+                min_node_ms: float | None = None) -> bool:
     """True iff no deeper draft tree can beat the best selection of the tree drafted so far.
 
     Parameters
@@ -26,8 +27,9 @@ def should_stop(best_throughput_tok_s: float, frontier_max_path_prob: float, cos
     frontier_max_path_prob : float
         P_f, the largest path probability among the nodes whose descendants may still be drafted
         (for EAGLE-style drafting, the nodes of the last level); 0 when none remain.
-    cost : CostModel
-        Only ``per_node_ms`` is used.
+    cost : CostModel or HostProfile
+        Only ``min_node_ms`` is used: a lower bound on what one more verified node adds to T(S) for
+        any S (transfer regime: ``per_node_ms``; host-compute regime: 0, see below).
     rate : float, optional
         Rate mode: the long-run rate λ in tokens/s; the objective is ``A - (λ/1000) T``.
     level_ms : float
@@ -36,11 +38,14 @@ def should_stop(best_throughput_tok_s: float, frontier_max_path_prob: float, cos
     level_width : int, optional
         Most nodes one further draft level can add (EAGLE: ``top_k ** 2``); None: unbounded, and
         the level cost cannot be spread over the nodes (it is then not used).
+    min_node_ms : float, optional
+        A per-node lower bound of T that holds for this cycle (e.g. ``cost.min_node_ms_for(cache)``,
+        which knows the cycle's expert cache); default ``cost.min_node_ms``.
 
     Returns
     -------
     bool
-        Ratio mode: ``P_f <= (per_node_ms + level_ms / level_width) * R*/1000``. Rate mode: the
+        Ratio mode: ``P_f <= (min_node_ms + level_ms / level_width) * R*/1000``. Rate mode: the
         same with λ for R*.
 
     Raises
@@ -61,6 +66,16 @@ def should_stop(best_throughput_tok_s: float, frontier_max_path_prob: float, cos
     whenever P_f <= per_node_ms R*: no deeper tree beats R*.
     Rate mode: A(S) - λT(S) <= A(S_0) - λT(S_0) + |N| (P_f - λ per_node_ms) <= A(S*) - λT(S*)
     whenever P_f <= λ per_node_ms.
+
+    The proof needs of T only that each new node adds at least ``per_node_ms`` whatever the
+    selection it joins; it reads that bound from ``cost.min_node_ms``. Host-compute regime
+    (:class:`~specfit.core.cost.HostProfile`, T = Σ_l max(g, h_l) + sync): a node adds to each layer
+    at least the smaller of the GPU part's increment and its own host rows' time, which is 0 for a
+    node whose experts are all cached where the host part binds, so ``min_node_ms`` = 0 and the rule
+    becomes ``P_f <= (level_ms / w) * R*`` (with no level cost: stop only when P_f = 0). The proof
+    holds with per_node_ms replaced by 0 (T is monotone in S: new nodes add >= 0). Given the
+    cycle's cache the bound can be positive: a layer whose every expert is cached never computes
+    on the host, so there each node adds the GPU part's increment (``HostProfile.min_node_ms_for``).
 
     Whole-cycle objective (SPECFIT.md §3). T(S) above is then the whole cycle: it includes the D ms of
     the levels drafted so far (a constant of the cycle, in R*'s denominator too), and a tree k >= 1
@@ -84,7 +99,7 @@ def should_stop(best_throughput_tok_s: float, frontier_max_path_prob: float, cos
         r = float(rate)
         if not (r >= 0.0 and math.isfinite(r)):
             raise SpecFitInputError("rate", f"must be a finite number >= 0 (tokens/s), got {rate!r}")
-    per_node = cost.per_node_ms
+    per_node = cost.min_node_ms if min_node_ms is None else check_ms("min_node_ms", min_node_ms)
     if level_width is not None:
         check_positive_int("level_width", level_width)
         per_node += check_ms("level_ms", level_ms) / level_width
@@ -106,9 +121,13 @@ def draft_can_beat_ar(ar_ms: float, level_mass, level_ms: float, per_node_ms: fl
     level_ms : float
         ms of drafting one level (:attr:`CostModel.level_ms`).
     per_node_ms : float
+        A lower bound on what each draft node adds (the cost's ``min_node_ms``: ``per_node_ms`` in
+        the transfer regime, 0 in the host-compute regime).
     min_expert_ms : float
-        A lower bound on the expert-transfer ms that any non-empty set of draft nodes adds to the
-        root's (experts neither cached nor the root's).
+        A lower bound on the ms that any non-empty set N of draft nodes adds to T(AR) beyond
+        ``|N| per_node_ms``. Transfer regime: the transfer of experts neither cached nor the root's.
+        Host-compute regime: ``min_v T({root, v}) - T({root})`` over the nodes v that can be drafted
+        (``HostProfile.node_added_ms``).
 
     Returns
     -------
@@ -130,6 +149,10 @@ def draft_can_beat_ar(ar_ms: float, level_mass, level_ms: float, per_node_ms: fl
     min_expert_ms. A cycle that drafts but selects the root alone (N empty) has A = 1 and
     T >= ar_ms + level_ms: never better. So when the function returns False no drafted cycle beats
     AR within the model (SPECFIT.md §3, "The AR step as a candidate").
+
+    Host-compute regime: T is monotone in S, so for any v in N the verify costs at least
+    T({root, v}) = ar_ms + (T({root, v}) - T({root})) >= ar_ms + X with X the smallest such increment,
+    and per_node_ms = 0: T >= ar_ms + J level_ms + X, and the argument above goes through.
     """
     t = float(ar_ms)
     if not (t > 0 and math.isfinite(t)):

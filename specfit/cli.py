@@ -140,6 +140,8 @@ def _add_compare_solvers(sub) -> None:
     p.add_argument("--cache-policy", choices=["popular", "random"], help="which experts the cache holds")
     p.add_argument("--branch", type=int, help="EAGLE top_k of the generated draft trees")
     p.add_argument("--profile", help="cost profile (default: the preset's)")
+    p.add_argument("--host-profile", help="price the instances on this host-compute regime profile instead "
+                   "(e.g. qwen3-30b-a3b-pcie4+host-ddr5-5600-2ch)")
     p.add_argument("--max-nodes", type=int,
                    help="max_nodes budget for every instance (an integer >= 1: the root is always verified)")
     p.add_argument("--max-new-experts-per-layer", type=int, help="expert budget for every generated instance")
@@ -163,7 +165,7 @@ def _run_compare_solvers(args) -> int:
     spec = with_options(get_preset(args.preset), layers=args.layers, experts=args.experts, top_k=args.top_k,
                         skew=args.skew, sharing=args.sharing, cache_fraction=args.cache_fraction,
                         cache_policy=args.cache_policy, branch=args.branch, profile=args.profile,
-                        max_new_experts_per_layer=args.max_new_experts_per_layer)
+                        host_profile=args.host_profile, max_new_experts_per_layer=args.max_new_experts_per_layer)
     options = {"cpsat": {"time_limit_s": args.time_limit_s}, "eagle": {"total_tokens": args.total_tokens}}
     text, paths = compare_solvers(solvers=names, out=args.out, instances_dir=args.instances, spec=spec,
                                   sizes=parse_sizes(args.sizes), count=args.count, seed=args.seed,

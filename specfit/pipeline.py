@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from specfit.core.cost import DEFAULT_PROFILE, CostModel, get_profile
+from specfit.core.cost import DEFAULT_HOST_PROFILE, DEFAULT_PROFILE, CostModel, HostProfile, get_host_profile, get_profile
 from specfit.core.errors import SpecFitInputError, check_context, check_positive_int, lookup
 from specfit.core.readers import read_json
 from specfit.engine.decoder import CycleRecord, Method, SpecDecoder, TreeSettings, get_method, prompt_list, tau
@@ -207,7 +207,8 @@ class SpecFit:
                         eviction: str = "lru", device: str = "cpu", dtype: "str | torch.dtype | None" = None,
                         predictor: str | Any | None = "frequency", predictor_trace: str | Path | None = None,
                         profile: str | CostModel = DEFAULT_PROFILE, max_len: int = DEFAULT_MAX_LEN,
-                        admission: str = "all", offload: str = "transfer") -> "SpecFit":
+                        admission: str = "all", offload: str = "transfer",
+                        host_profile: str | HostProfile = DEFAULT_HOST_PROFILE) -> "SpecFit":
         """Load a Qwen3-MoE checkpoint with offloaded experts and, optionally, its EAGLE-3 head.
 
         Parameters
@@ -254,8 +255,13 @@ class SpecFit:
             holds a static hot set, the most frequently routed experts of the routing trace
             (``predictor_trace``, default ``target_dir/routing_trace.npz``; without a trace the
             cache stays empty). Outputs equal the transfer mode's
-            (:mod:`specfit.models.host_compute`). The selection's cost model is the same in both
-            modes (it does not yet model host compute).
+            (:mod:`specfit.models.host_compute`). In this mode the selection, the stop rule and
+            the AR gate use ``host_profile`` instead of ``profile``.
+        host_profile : str or HostProfile
+            ``offload="host"`` only: the cost model of the selection, a host-regime profile name of
+            :data:`specfit.core.cost.HOST_PROFILES` (scaled to this target's MoE layers with
+            :meth:`HostProfile.for_layers`) or a :class:`HostProfile` used as given (SPECFIT.md §3,
+            "Host-compute regime").
 
         Returns
         -------
@@ -265,7 +271,8 @@ class SpecFit:
         ------
         SpecFitInputError
             Both or bad ``cache_slots``/``gpu_memory_bytes``, a budget too small, a bad
-            ``eviction``, ``admission``, ``dtype``, ``profile``, ``predictor``, ``max_len`` or ``offload``, a missing head or
+            ``eviction``, ``admission``, ``dtype``, ``profile``, ``predictor``, ``max_len``, ``offload`` or
+            ``host_profile``, a missing head or
             routing trace, a head that does not fit the target.
         CheckpointError
             A missing or malformed target checkpoint (names the file and the tensor).
@@ -281,6 +288,10 @@ class SpecFit:
         check_positive_int("max_len", max_len)
         check_offload(offload)
         cost = profile if isinstance(profile, CostModel) else get_profile(profile)
+        given = isinstance(profile, CostModel)
+        if offload == "host":
+            given = isinstance(host_profile, HostProfile)
+            cost = host_profile if given else get_host_profile(host_profile)
         target_dir = Path(target_dir)
         if not target_dir.is_dir():
             raise SpecFitInputError("target_dir", f"{target_dir} is not a folder" if target_dir.exists()
@@ -317,7 +328,7 @@ class SpecFit:
             return OffloadedQwen3Moe.from_pretrained(target_dir, cache_slots="all", **load)
 
         return cls(target, drafter, tokenizer=load_tokenizer(target_dir), predictor=built,
-                   cost=cost if isinstance(profile, CostModel) else cost.for_layers(L),
+                   cost=cost if given else cost.for_layers(L),
                    cache_slots=slots, eviction=eviction, reference=reference)
 
     # -- decoding ----------------------------------------------------------------------------------

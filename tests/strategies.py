@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import strategies as st
 
-from specfit.core.cost import CostModel
+from specfit.core.cost import CostModel, HostProfile
 from specfit.core.instance import Instance
 from specfit.core.tree import PROB_TOL, DraftTree
 
@@ -36,6 +36,19 @@ def costs(draw, layers: int, per_expert_zero: bool = False) -> CostModel:
     else:
         per_expert = draw(st.floats(0.0, 3.0))
     return CostModel(fixed, per_node, per_expert)
+
+
+@st.composite
+def host_costs(draw, layers: int) -> HostProfile:
+    """A host-regime profile for ``layers`` MoE layers: a GPU side as :func:`costs` (its per-expert
+    term unused) standing for R in [max(layers, 1), 8] reference layers, host ms per expert in [0, 3],
+    per row in [0, 1], sync in [0, 1] and a sunk extra in [0, 5] ms, so that either side of the
+    per-layer max can bind."""
+    ref = draw(st.integers(max(layers, 1), 8))
+    gpu = CostModel(draw(st.floats(0.5, 20.0)), draw(st.floats(0.0, 3.0)), 0.0, reference_layers=ref)
+    prof = HostProfile("drawn", gpu, 80.0, draw(st.floats(0.0, 3.0)), draw(st.floats(0.0, 1.0)),
+                       draw(st.floats(0.0, 1.0)), extra_ms=draw(st.sampled_from([0.0]) | st.floats(0.0, 5.0)))
+    return prof.for_layers(layers) if layers else prof
 
 
 @st.composite
@@ -63,7 +76,7 @@ def _with_budgets(draw, tree: DraftTree, cost: CostModel, cache, budget: str) ->
 
 @st.composite
 def instances(draw, min_nodes: int = 1, max_nodes: int = 12, budget: str = "none",
-              per_expert_zero: bool = False) -> Instance:
+              per_expert_zero: bool = False, host: bool = False) -> Instance:
     """A random instance with ``min_nodes..max_nodes`` nodes, 0-3 layers, 1-6 experts, top-1..3.
 
     Parameters
@@ -73,6 +86,8 @@ def instances(draw, min_nodes: int = 1, max_nodes: int = 12, budget: str = "none
         (always feasible for the root).
     per_expert_zero : bool
         Force ``per_expert_ms = 0`` (no expert term).
+    host : bool
+        Draw a host-compute regime cost (:func:`host_costs`) instead of a transfer one.
     """
     n = draw(st.integers(min_nodes, max_nodes))
     parents = [-1] + [draw(st.integers(0, i - 1)) for i in range(1, n)]
@@ -81,17 +96,21 @@ def instances(draw, min_nodes: int = 1, max_nodes: int = 12, budget: str = "none
     num_experts = draw(st.integers(1, 6))
     experts, cache = draw(_experts_and_cache(n, layers, num_experts))
     tree = DraftTree(parents, q=q, experts=experts, num_experts=num_experts)
-    return _with_budgets(draw, tree, draw(costs(layers, per_expert_zero)), cache, budget)
+    cost = draw(host_costs(layers)) if host else draw(costs(layers, per_expert_zero))
+    return _with_budgets(draw, tree, cost, cache, budget)
 
 
 @st.composite
-def level_instances(draw, max_total: int = 14, budget: str = "none") -> tuple[Instance, list[int]]:
+def level_instances(draw, max_total: int = 14, budget: str = "none",
+                    host: bool = False) -> tuple[Instance, list[int]]:
     """A tree drafted level by level and the node count after each level.
 
     Returns
     -------
     instance : Instance
         Nodes in BFS order; the nodes of level d+1 all have parents in level d.
+    host : bool
+        Draw a host-compute regime cost (:func:`host_costs`).
     ends : list of int
         ``ends[d]``: number of nodes in levels 0..d, so nodes ``range(ends[d])`` are the tree
         drafted after level d (``ends[0] == 1``, ``ends[-1] == n``).
@@ -115,7 +134,8 @@ def level_instances(draw, max_total: int = 14, budget: str = "none") -> tuple[In
     num_experts = draw(st.integers(1, 6))
     experts, cache = draw(_experts_and_cache(n, layers, num_experts))
     tree = DraftTree(parents, q=q, experts=experts, num_experts=num_experts)
-    return _with_budgets(draw, tree, draw(costs(layers)), cache, budget), ends
+    cost = draw(host_costs(layers)) if host else draw(costs(layers))
+    return _with_budgets(draw, tree, cost, cache, budget), ends
 
 
 @st.composite

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from specfit import SpecFit
+from specfit.core.cost import DEFAULT_HOST_PROFILE, DEFAULT_PROFILE, get_host_profile, get_profile
 from specfit.core.errors import SpecFitInputError
 from specfit.models.proxy import paths
 from specfit.models.traces import RoutingTrace
@@ -23,6 +24,9 @@ def test_host_offload_places_the_trace_hot_set_and_decodes_like_transfer(proxy):
     trace = RoutingTrace.load(proxy["target"] / "routing_trace.npz")
     host = SpecFit.from_pretrained(proxy["target"], proxy["eagle3"], cache_slots=16, offload="host")
     transfer = SpecFit.from_pretrained(proxy["target"], proxy["eagle3"], cache_slots=16)
+    L = len(host.target.spec.moe_layers)
+    assert host.cost == get_host_profile(DEFAULT_HOST_PROFILE).for_layers(L)  # the host objective selects
+    assert transfer.cost == get_profile(DEFAULT_PROFILE).for_layers(L)
     for layer, ids in enumerate(host.target.cache.cached_experts()):
         counts = np.bincount(trace.routing[:, layer].ravel(), minlength=trace.num_experts)
         assert len(ids) == 16 and counts[ids].min() >= np.sort(counts)[::-1][15]   # the 16 most frequent

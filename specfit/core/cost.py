@@ -11,8 +11,8 @@ resident in the device expert cache. ``|S|`` counts the root.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Sequence
+from dataclasses import dataclass, field, replace
+from typing import ClassVar, Sequence
 
 import numpy as np
 
@@ -80,6 +80,9 @@ class CostModel:
         If any constant is negative, NaN or infinite.
     """
 
+    #: The offload regime whose verify time the model prices (:class:`HostProfile`: ``"host"``).
+    regime: ClassVar[str] = "transfer"
+
     fixed_ms: float
     per_node_ms: float
     per_expert_ms: float | tuple[float, ...]
@@ -126,11 +129,59 @@ class CostModel:
             return np.asarray(self.per_expert_ms, dtype=np.float64)
         return np.full(num_layers, float(self.per_expert_ms))
 
+    def check_layers(self, num_layers: int) -> None:
+        """Check that the model can price an instance with ``num_layers`` MoE layers.
+
+        Raises
+        ------
+        SpecFitInputError
+            If a per-layer ``per_expert_ms`` list does not have ``num_layers`` entries.
+        """
+        self.per_expert_array(num_layers)
+
     def cycle_ms(self, num_nodes: int, new_experts_per_layer: Sequence[int] | np.ndarray) -> float:
         """Predicted cycle time in ms for ``num_nodes`` verified nodes (root included) and the
         given count of uncached experts per layer, shape (L,). SPECFIT.md §3, T(S)."""
         m = np.asarray(new_experts_per_layer, dtype=np.float64)
         return self.fixed_ms + self.per_node_ms * num_nodes + float(self.per_expert_array(m.shape[0]) @ m)
+
+    @property
+    def min_node_ms(self) -> float:
+        """A lower bound (ms) on what one more verified node adds to T(S) for any S: ``per_node_ms``
+        (the expert term only grows with S). The stop rule and the AR gate rely on it
+        (:mod:`specfit.solvers.stop`)."""
+        return self.per_node_ms
+
+    def min_node_ms_for(self, cache: np.ndarray) -> float:
+        """:attr:`min_node_ms` given the expert cache of the cycle (shape (L, num_experts)): the same
+        ``per_node_ms`` whatever the cache."""
+        return self.per_node_ms
+
+    def plus_ms(self, ms: float) -> "CostModel":
+        """This model with ``ms`` added to every T(S) (a cost of the cycle that does not depend on S,
+        e.g. the draft levels already paid): ``fixed_ms + ms``."""
+        return replace(self, fixed_ms=self.fixed_ms + ms)
+
+    def node_added_ms(self, root_new_per_layer, node_new, node_rows) -> np.ndarray:
+        """Per draft node v, a lower bound (ms) on what verifying v beside the root adds to T(root
+        alone) beyond :attr:`min_node_ms`: the transfer of v's experts that neither the cache nor the
+        root holds.
+
+        Parameters
+        ----------
+        root_new_per_layer : array-like of int, shape (L,)
+            Uncached experts of the root per layer (unused here).
+        node_new : numpy.ndarray of int, shape (m, L)
+            Per node, its experts neither cached nor the root's, per layer.
+        node_rows : numpy.ndarray of int, shape (m, L)
+            Per node, its uncached experts per layer (unused here).
+
+        Returns
+        -------
+        numpy.ndarray of float64, shape (m,)
+        """
+        new = np.asarray(node_new)
+        return new @ self.per_expert_array(new.shape[1])
 
     def for_layers(self, num_layers: int, reference_layers: int | None = None) -> "CostModel":
         """This model for a target with ``num_layers`` MoE layers standing in for one with
@@ -163,8 +214,9 @@ class CostModel:
         return {"fixed_ms": self.fixed_ms, "per_node_ms": self.per_node_ms, "per_expert_ms": pe}
 
     @classmethod
-    def from_json(cls, obj, name: str = "custom") -> "CostModel":
-        """Build from the instance JSON's ``cost`` object.
+    def from_json(cls, obj, name: str = "custom") -> "CostModel | HostProfile":
+        """Build from the instance JSON's ``cost`` object; one with ``"regime": "host"`` is a
+        :class:`HostProfile` (:meth:`HostProfile.from_json`).
 
         Raises
         ------
@@ -173,11 +225,13 @@ class CostModel:
         """
         if not isinstance(obj, dict):
             raise SpecFitInputError("cost", "must be an object with fixed_ms, per_node_ms, per_expert_ms")
+        if "regime" in obj and obj["regime"] != "transfer":  # the host-compute regime's object
+            return HostProfile.from_json(obj)
         keys = {"fixed_ms", "per_node_ms", "per_expert_ms"}
         for k in keys:
             if k not in obj:
                 raise SpecFitInputError(f"cost.{k}", "is required")
-        extra = set(obj) - keys
+        extra = set(obj) - keys - {"regime"}
         if extra:
             raise SpecFitInputError(f"cost.{sorted(extra)[0]}", "is not a known cost field")
         return cls(obj["fixed_ms"], obj["per_node_ms"], obj["per_expert_ms"], name=name)
@@ -261,12 +315,15 @@ class HostProfile:
 
     with ``u_l`` the experts computed on the host (the union of the uncached experts the nodes need:
     each is read from DRAM once per verify), ``r_l`` their (token, expert) rows and ``R`` the
-    profile's reference layers (48); T = sum_l T_l. With nothing on the host T equals the GPU
-    profile's ``fixed_ms + per_node_ms * n``. A proxy with L < R MoE layers stands for the deployed
-    target as in :meth:`CostModel.for_layers`: each of its layers counts for R / L real ones.
+    profile's reference layers (48); T = extra_ms + sum_l T_l. With nothing on the host T equals the
+    GPU profile's ``fixed_ms + per_node_ms * n``. A proxy with L < R MoE layers stands for the
+    deployed target as in :meth:`CostModel.for_layers`: each of its layers counts for R / L real ones.
 
-    This is a data entry for pricing recorded cycles (eval, labelled modeled); the selection and
-    the solvers do not use it (their objective does not model the host regime yet).
+    The selection's cost model in the host regime (SPECFIT.md §3, "Host-compute regime"): an
+    :class:`~specfit.core.instance.Instance` with this cost has T(S) = :meth:`cycle_ms` of
+    ``|S|``, ``u_l(S) = |(union_v E[v][l]) \\ C[l]|`` and ``r_l(S) = sum_v |E[v][l] \\ C[l]|``, and the
+    solvers, the stop rule and the AR gate use it (T is monotone in S but, through the max, not a
+    closure objective). It also prices recorded cycles in eval (labelled modeled).
 
     Parameters
     ----------
@@ -283,7 +340,18 @@ class HostProfile:
         Per MoE layer with host experts (:data:`HOST_SYNC_MS`).
     num_layers : int, optional
         MoE layers of the model whose counts are priced (default: the reference layers).
+    extra_ms : float
+        ms added to every T outside the per-layer max (:meth:`plus_ms`: the draft levels of the
+        cycle already paid, whole-cycle objective); 0 for a profile.
+
+    Raises
+    ------
+    SpecFitInputError
+        If a time is negative or not finite.
     """
+
+    #: The offload regime whose verify time the profile prices.
+    regime: ClassVar[str] = "host"
 
     name: str
     gpu: CostModel
@@ -292,14 +360,84 @@ class HostProfile:
     host_per_row_ms: float
     sync_ms: float
     num_layers: int | None = None
+    extra_ms: float = 0.0
+
+    def __post_init__(self):
+        for name in ("host_per_expert_ms", "host_per_row_ms", "sync_ms", "extra_ms"):
+            object.__setattr__(self, name, check_ms(f"cost.{name}", getattr(self, name)))
 
     @property
     def reference_layers(self) -> int:
         return self.gpu.reference_layers or REFERENCE_LAYERS
 
     @property
+    def num_experts(self) -> int | None:
+        """Experts per MoE layer of the deployed target (the GPU side's)."""
+        return self.gpu.num_experts
+
+    @property
     def draft_level_ms(self) -> float | None:
         return self.gpu.draft_level_ms
+
+    @property
+    def host_level_ms(self) -> float | None:
+        return self.gpu.host_level_ms
+
+    @property
+    def level_ms(self) -> float:
+        """ms paid per draft level (the GPU side's :attr:`CostModel.level_ms`)."""
+        return self.gpu.level_ms
+
+    @property
+    def min_node_ms(self) -> float:
+        """A lower bound (ms) on what one more verified node adds to T(S) for any S: **0**.
+
+        Per layer a node raises ``g`` by ``gpu.per_node_ms / R`` and ``h_l`` by at least
+        ``host_per_row_ms * r_v,l``, so ``max(g, h_l)`` grows by at least the smaller of the two
+        (``max(a + x, b + y) - max(a, b) >= min(x, y)`` for x, y >= 0). A node whose experts are all
+        cached has ``r_v,l = 0``, and where the host part binds (``h_l >= g`` after the node) it adds
+        nothing: no positive bound holds for every S and v (SPECFIT.md §3)."""
+        return 0.0
+
+    def min_node_ms_for(self, cache: np.ndarray) -> float:
+        """:attr:`min_node_ms` given the expert cache of the cycle, ``cache`` of shape (L, num_experts):
+        a layer whose every expert is cached computes nothing on the host (h_l = 0 for every S), so
+        there the GPU part binds and each node adds ``c * gpu.per_node_ms / R``; other layers add
+        >= 0. With every layer full this is ``gpu.per_node_ms``, the transfer regime's bound; with no
+        expert layer (L = 0) T is ``extra_ms + gpu_ms(n)`` and the bound is ``gpu.per_node_ms``.
+
+        Raises
+        ------
+        SpecFitInputError
+            If the cache's layers do not match a profile scaled to other layers.
+        """
+        cache = np.asarray(cache, dtype=bool)
+        L = cache.shape[0]
+        if L == 0:
+            return self.gpu.per_node_ms
+        self.check_layers(L)
+        return self.gpu.per_node_ms * int(cache.all(axis=1).sum()) / L
+
+    def plus_ms(self, ms: float) -> "HostProfile":
+        """This profile with ``ms`` added to every T outside the per-layer max (``extra_ms``)."""
+        return replace(self, extra_ms=self.extra_ms + ms)
+
+    def gpu_only(self) -> CostModel:
+        """The transfer-regime model equal to this profile when nothing runs on the host (every
+        ``u_l = r_l = 0``): T = ``extra_ms + gpu.fixed_ms + gpu.per_node_ms * n``, linear in n."""
+        return CostModel(self.gpu.fixed_ms + self.extra_ms, self.gpu.per_node_ms, 0.0, name=f"{self.name}:gpu-only")
+
+    def check_layers(self, num_layers: int) -> None:
+        """Check that the profile can price an instance with ``num_layers`` MoE layers.
+
+        Raises
+        ------
+        SpecFitInputError
+            If the profile was scaled (:meth:`for_layers`) to another number of layers.
+        """
+        if num_layers and self.num_layers is not None and num_layers != self.num_layers:
+            raise SpecFitInputError("cost", f"the host profile is scaled to {self.num_layers} MoE layers but the "
+                                    f"instance has {num_layers}")
 
     def for_layers(self, num_layers: int) -> "HostProfile":
         """This profile pricing a model with ``num_layers`` MoE layers (each counts for R / L real ones).
@@ -310,15 +448,17 @@ class HostProfile:
             If ``num_layers`` is not a positive integer.
         """
         check_positive_int("num_layers", num_layers)
-        return HostProfile(self.name, self.gpu, self.dram_gb_per_s, self.host_per_expert_ms, self.host_per_row_ms,
-                           self.sync_ms, num_layers)
+        return replace(self, num_layers=num_layers)
 
     def gpu_ms(self, num_nodes: int) -> float:
         """The GPU forward without host experts, ``gpu.fixed_ms + gpu.per_node_ms * n``, ms."""
         return self.gpu.fixed_ms + self.gpu.per_node_ms * num_nodes
 
-    def cycle_ms(self, num_nodes: int, host_experts_per_layer, host_rows_per_layer) -> float:
+    def cycle_ms(self, num_nodes: int, host_experts_per_layer, host_rows_per_layer=None) -> float:
         """Modeled verify ms (class docstring) for counts of shape (L,) each.
+
+        ``host_rows_per_layer`` defaults to ``host_experts_per_layer``: one row per host expert, as
+        for a single node (the AR step).
 
         Raises
         ------
@@ -326,22 +466,82 @@ class HostProfile:
             If the two count arrays differ in length.
         """
         u = np.asarray(host_experts_per_layer, dtype=np.float64)
-        r = np.asarray(host_rows_per_layer, dtype=np.float64)
+        r = u if host_rows_per_layer is None else np.asarray(host_rows_per_layer, dtype=np.float64)
         if u.shape != r.shape:
             raise SpecFitInputError("host_rows_per_layer", f"must have the shape of the expert counts {u.shape}")
-        if u.size == 0:
-            return self.gpu_ms(num_nodes)
-        R = self.reference_layers
-        g = self.gpu_ms(num_nodes) / R
-        h = self.host_per_expert_ms * u + self.host_per_row_ms * r
-        per_layer = np.maximum(g, h) + self.sync_ms * (u > 0)
-        return float(per_layer.sum() * R / u.size)
+        return self.layers_ms(num_nodes, u.reshape(-1).tolist(), r.reshape(-1).tolist())[0]
+
+    def layers_ms(self, num_nodes: int, host_experts: Sequence[float], host_rows: Sequence[float]) -> tuple[float, int]:
+        """:meth:`cycle_ms` on plain per-layer lists (no checks; the solvers' inner loop), and the
+        bitmask of the layers where the GPU part binds (bit l set iff ``g >= h_l``)."""
+        if not host_experts:
+            return self.extra_ms + self.gpu_ms(num_nodes), 0
+        g = self.gpu_ms(num_nodes) / self.reference_layers
+        pe, pr, sync = self.host_per_expert_ms, self.host_per_row_ms, self.sync_ms
+        total, gpu_bound = 0.0, 0
+        for l, (u, r) in enumerate(zip(host_experts, host_rows)):
+            h = pe * u + pr * r
+            if g >= h:
+                total += g
+                gpu_bound |= 1 << l
+            else:
+                total += h
+            if u:
+                total += sync
+        return self.extra_ms + total * self.reference_layers / len(host_experts), gpu_bound
+
+    def node_added_ms(self, root_new_per_layer, node_new, node_rows) -> np.ndarray:
+        """Per draft node v, what verifying v beside the root adds to T(root alone), ms:
+        ``T({root, v}) - T({root})`` (beyond :attr:`min_node_ms` = 0). T is monotone in S, so any
+        selection holding v costs at least T(root) plus this. Arguments and shapes as
+        :meth:`CostModel.node_added_ms` (the root's uncached experts are also its rows); float64 of
+        shape (m,)."""
+        root = np.asarray(root_new_per_layer)
+        base = self.cycle_ms(1, root)
+        return np.array([self.cycle_ms(2, root + new, root + rows) - base
+                         for new, rows in zip(np.asarray(node_new), np.asarray(node_rows))], dtype=np.float64)
 
     def to_json(self) -> dict:
-        """The profile's constants (for run metadata; not an instance JSON ``cost`` object)."""
+        """The profile's constants: run metadata, and the instance JSON's ``cost`` object of the host
+        regime (SPECFIT.md §4; :meth:`from_json` reads it back)."""
         return {"regime": "host", "name": self.name, "gpu": self.gpu.to_json(), "dram_gb_per_s": self.dram_gb_per_s,
                 "host_per_expert_ms": self.host_per_expert_ms, "host_per_row_ms": self.host_per_row_ms,
-                "sync_ms": self.sync_ms}
+                "sync_ms": self.sync_ms, "reference_layers": self.reference_layers, "num_layers": self.num_layers,
+                "extra_ms": self.extra_ms}
+
+    _JSON_REQUIRED = ("regime", "gpu", "host_per_expert_ms", "host_per_row_ms", "sync_ms")
+    _JSON_OPTIONAL = ("name", "dram_gb_per_s", "reference_layers", "num_layers", "extra_ms")
+
+    @classmethod
+    def from_json(cls, obj) -> "HostProfile":
+        """Build from a host-regime ``cost`` object (:meth:`to_json`; SPECFIT.md §4).
+
+        Raises
+        ------
+        SpecFitInputError
+            If a key is missing or unknown, ``regime`` is not ``"host"``, or a value is bad.
+        """
+        for k in cls._JSON_REQUIRED:
+            if k not in obj:
+                raise SpecFitInputError(f"cost.{k}", "is required in a host-regime cost object")
+        extra = set(obj) - set(cls._JSON_REQUIRED) - set(cls._JSON_OPTIONAL)
+        if extra:
+            raise SpecFitInputError(f"cost.{sorted(extra)[0]}", "is not a known host-regime cost field")
+        if obj["regime"] != "host":
+            raise SpecFitInputError("cost.regime", f"must be 'host' (or absent for the transfer regime), got {obj['regime']!r}")
+        ref = obj.get("reference_layers")
+        gpu = CostModel.from_json(obj["gpu"])
+        if ref is not None:
+            gpu = replace(gpu, reference_layers=check_positive_int("cost.reference_layers", ref))
+        layers = obj.get("num_layers")
+        if layers is not None:
+            check_positive_int("cost.num_layers", layers)
+        try:
+            dram = float(obj.get("dram_gb_per_s", 0.0))
+        except (TypeError, ValueError):
+            raise SpecFitInputError("cost.dram_gb_per_s", f"must be a number (GB/s), got {obj['dram_gb_per_s']!r}") from None
+        return cls(str(obj.get("name", "custom")), gpu, dram, obj["host_per_expert_ms"],
+                   obj["host_per_row_ms"], obj["sync_ms"], layers, obj.get("extra_ms", 0.0))
 
 
 def _host_profile(host: str, gpu: str) -> HostProfile:

@@ -59,6 +59,9 @@ class ItemSets:
         ``above[v]``: the items a proper ancestor of v needs (the root's included); ``above[0] = 0``.
     own : list of int
         ``own[v] = need[v] & ~above[v]``; ``own[0] = 0`` (the root's items are paid up front).
+    rows : numpy.ndarray of int64, shape (n, L)
+        ``rows[v, l] = |E[v][l] \\ C[l]|``: node v's (token, uncached expert) rows in layer l, the
+        per-node term of the host-compute regime (:class:`specfit.core.cost.HostProfile`).
 
     Notes
     -----
@@ -72,6 +75,7 @@ class ItemSets:
         self.need: list[int] = []
         self.above: list[int] = []
         self.own: list[int] = []
+        self.rows = np.zeros((0, self.num_layers), dtype=np.int64)
         self._mask = (1 << self.num_experts) - 1
 
     def __len__(self) -> int:
@@ -103,8 +107,12 @@ class ItemSets:
             self.need += [0] * m
             self.above += [0] * m
             self.own += [0] * m
+            self.rows = np.concatenate([self.rows, np.zeros((m, self.num_layers), dtype=np.int64)])
             return
-        packed = np.packbits(self.need_mask(experts), axis=1, bitorder="little")
+        mask = self.need_mask(experts)
+        rows = mask.reshape(mask.shape[0], self.num_layers, self.num_experts).sum(axis=2, dtype=np.int64)
+        self.rows = np.concatenate([self.rows, rows])
+        packed = np.packbits(mask, axis=1, bitorder="little")
         for p, row in zip(parents, packed):
             bits = int.from_bytes(row.tobytes(), "little")
             if p < 0:
@@ -130,6 +138,12 @@ class ItemSets:
     def new_per_layer(self, nodes: Iterable[int]) -> np.ndarray:
         """``|(union_{v in nodes} E[v][l]) \\ C[l]|`` for each layer l; int64 of shape (L,)."""
         return np.asarray(self.per_layer(self.union(nodes)), dtype=np.int64).reshape(self.num_layers)
+
+    def rows_per_layer(self, nodes: Iterable[int]) -> np.ndarray:
+        """``r_l = sum_{v in nodes} |E[v][l] \\ C[l]|``, the (token, uncached expert) rows per layer;
+        int64 of shape (L,)."""
+        idx = np.fromiter(nodes, dtype=np.int64)
+        return self.rows[idx].sum(axis=0, dtype=np.int64).reshape(self.num_layers)
 
     @property
     def root_new_per_layer(self) -> list[int]:
@@ -261,7 +275,9 @@ class GrowingSelection:
 
     The selection starts as the root; :meth:`add` adds a node whose parent is in it. ``covered``
     is the bitset of the uncached items the selection transfers; a node adds one node's time plus
-    the items it needs that are not covered yet (SPECFIT.md §3, T(S)).
+    the items it needs that are not covered yet (SPECFIT.md §3, T(S)). In the host-compute regime
+    (a :class:`specfit.core.cost.HostProfile` cost) T is the profile's per-layer maximum, recomputed
+    from the covered items and the selection's rows as it grows.
 
     Parameters
     ----------
@@ -281,14 +297,19 @@ class GrowingSelection:
     def __init__(self, instance: "Instance"):
         self.inst = instance
         self.items = instance.items
-        self.layer_ms, self.uniform_ms = _layer_ms(instance)
+        self.host = instance.cost.regime == "host"
+        self.layer_ms, self.uniform_ms = ([], None) if self.host else _layer_ms(instance)
         self.cap = instance.max_new_experts_per_layer if instance.num_layers else None
         self.max_nodes = instance.max_nodes
-        self.per_node_ms = instance.cost.per_node_ms
+        self.cost = instance.cost
+        # host regime: the selection's host experts and rows per layer, and every node's rows
+        self.host_u, self.host_r = [0] * instance.num_layers, [0] * instance.num_layers
+        self.host_rows = self.items.rows.tolist() if self.host else None
         self.prob = instance.tree.path_prob
         self.covered = 0
         self.in_set = np.zeros(instance.n, dtype=bool)
-        self.size, self.a, self.t = 0, 0.0, instance.cost.fixed_ms
+        self.size, self.a = 0, 0.0
+        self.t = 0.0 if self.host else instance.cost.fixed_ms
         self.add(0)
 
     def bits_ms(self, bits: int) -> float:
@@ -311,15 +332,27 @@ class GrowingSelection:
             return True
         return max(self.items.per_layer(self.covered | self.items.need[v]), default=0) <= self.cap
 
+    def _host_step(self, v: int) -> tuple[list[int], list[int], float]:
+        """Host regime: the per-layer host experts and rows, and T, of the selection with v added."""
+        u = [a + b for a, b in zip(self.host_u, self.items.per_layer(self.new_bits(v)))]
+        r = [a + b for a, b in zip(self.host_r, self.host_rows[v])]
+        return u, r, self.cost.layers_ms(self.size + 1, u, r)[0]
+
     def step_ms(self, v: int) -> float:
-        """Time (ms) adding v would add: one node plus the experts it newly needs."""
-        return self.per_node_ms + self.bits_ms(self.new_bits(v))
+        """Time (ms) adding v would add: one node plus the experts it newly needs (host regime:
+        T(S + v) - T(S))."""
+        if self.host:
+            return self._host_step(v)[2] - self.t
+        return self.cost.per_node_ms + self.bits_ms(self.new_bits(v))
 
     def add(self, v: int) -> None:
         """Add node v (its parent must already be in the selection)."""
         new = self.new_bits(v)
         self.a += 1.0 if v == 0 else float(self.prob[v])
-        self.t += self.per_node_ms + self.bits_ms(new)
+        if self.host:
+            self.host_u, self.host_r, self.t = self._host_step(v)
+        else:
+            self.t += self.cost.per_node_ms + self.bits_ms(new)
         self.covered |= new
         self.in_set[v] = True
         self.size += 1

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specfit.core.cost import CostModel
+from specfit.core.cost import CostModel, HostProfile
 from specfit.core.coverage import ItemSets, item_ids
 from specfit.core.errors import SpecFitInputError
 from specfit.core.readers import read_text
@@ -73,8 +73,10 @@ class Instance:
     tree : DraftTree
         The draft tree; ``tree.experts`` (shape (n, L, k)) are the predicted experts. A tree
         without experts has no expert term (L = 0).
-    cost : CostModel
-        Constants of T(S) in ms.
+    cost : CostModel or HostProfile
+        Constants of T(S) in ms: a :class:`CostModel` (transfer regime, SPECFIT.md §3) or a
+        :class:`~specfit.core.cost.HostProfile` scaled to the tree's layers (host-compute regime:
+        per layer the larger of the GPU and host parts, plus a sync).
     cache : numpy.ndarray of bool, shape (L, num_experts), optional
         ``cache[l, e]`` is True iff expert e of layer l is resident on the device.
     max_nodes : int, optional
@@ -90,7 +92,7 @@ class Instance:
     """
 
     tree: DraftTree
-    cost: CostModel
+    cost: CostModel | HostProfile
     cache: np.ndarray | None = None
     max_nodes: int | None = None
     max_new_experts_per_layer: int | None = None
@@ -106,7 +108,7 @@ class Instance:
         object.__setattr__(self, "max_new_experts_per_layer",
                            _check_budget("max_new_experts_per_layer", self.max_new_experts_per_layer, 0,
                                          "uncached experts per layer"))
-        self.cost.per_expert_array(L)  # validates a per-layer list against L
+        self.cost.check_layers(L)  # a per-layer list, or a scaled host profile, must fit L
         if self.max_new_experts_per_layer is not None and L:
             root_new = self.items.new_per_layer([0])
             if root_new.max() > self.max_new_experts_per_layer:
@@ -147,7 +149,8 @@ class Instance:
 
     @cached_property
     def item_weight(self) -> np.ndarray:
-        """Transfer time of each item id ``l * num_experts + e`` in ms, float64 of shape (L * num_experts,)."""
+        """Transfer time of each item id ``l * num_experts + e`` in ms, float64 of shape (L * num_experts,)
+        (transfer regime only: in the host regime an item has no time of its own)."""
         return np.repeat(self.cost.per_expert_array(self.num_layers), self.num_experts)
 
     # --- JSON ---------------------------------------------------------------------------------

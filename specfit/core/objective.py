@@ -4,6 +4,11 @@
     T(S) = fixed_ms + per_node_ms |S| + sum_l per_expert_ms[l] |(U_{v in S} E[v][l]) \\ C[l]|
     throughput = 1000 * A(S) / T(S)                             tokens/s
 
+In the host-compute regime (the instance's cost a :class:`specfit.core.cost.HostProfile`),
+T(S) = extra_ms + (R / L) sum_l [max(g(|S|), h_l(S)) + sync_ms [u_l(S) > 0]] with u_l(S) the union
+above, r_l(S) = sum_{v in S} |E[v][l] \\ C[l]| and h_l = host_per_expert_ms u_l + host_per_row_ms r_l
+(:meth:`HostProfile.cycle_ms`).
+
 A(S) is the expected number of committed tokens (accepted draft tokens + the bonus token) by
 linearity of expectation over the nodes of S, assuming Pr[v accepted] = P_v (the calibration
 assumption of EAGLE-2, Li et al. 2024, §3).
@@ -53,10 +58,18 @@ def expected_tokens(instance: Instance, nodes: Iterable[int]) -> float:
     return 1.0 + float(instance.tree.path_prob[list(s[1:])].sum()) if len(s) > 1 else 1.0
 
 
+def _cycle_ms(instance: Instance, s: tuple[int, ...], new: np.ndarray) -> float:
+    """T(S) from the uncached experts per layer ``new``; the host regime also reads the rows."""
+    if instance.cost.regime == "host":
+        return instance.cost.cycle_ms(len(s), new, instance.items.rows_per_layer(s))
+    return instance.cost.cycle_ms(len(s), new)
+
+
 def predicted_ms(instance: Instance, nodes: Iterable[int]) -> float:
-    """T(S): predicted cycle time in ms, counting each uncached expert once per layer."""
+    """T(S): predicted cycle time in ms, counting each uncached expert once per layer (host
+    regime: SPECFIT.md §3, "Host-compute regime")."""
     s = _check_nodes(instance, nodes)
-    return instance.cost.cycle_ms(len(s), instance.items.new_per_layer(s))
+    return _cycle_ms(instance, s, instance.items.new_per_layer(s))
 
 
 def evaluate(instance: Instance, nodes: Iterable[int]) -> Evaluation:
@@ -70,7 +83,7 @@ def evaluate(instance: Instance, nodes: Iterable[int]) -> Evaluation:
     s = _check_nodes(instance, nodes)
     a = 1.0 + float(instance.tree.path_prob[list(s[1:])].sum()) if len(s) > 1 else 1.0
     new = instance.items.new_per_layer(s)
-    t = instance.cost.cycle_ms(len(s), new)
+    t = _cycle_ms(instance, s, new)
     return Evaluation(s, a, t, 1000.0 * a / t if t > 0 else float("inf"), new)
 
 

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from specfit.core.acceptance import greedy_trials, verify_trials
-from specfit.core.cost import CostModel, calibrate
+from specfit.core.cost import CostModel, HostProfile, calibrate
 from specfit.core.errors import SpecFitInputError, check_context, check_positive_int, check_single_sequence, lookup
 from specfit.core.instance import Instance
 from specfit.core.tree import DraftTree
@@ -270,9 +270,10 @@ class SpecDecoder:
         The draft model; may be None for ``ar``.
     method : Method or str
     tree : TreeSettings
-    cost : CostModel
+    cost : CostModel or HostProfile
         Cost model used for selection (ms); for a model with fewer layers than the profile's
-        target, pass ``profile.for_layers(L)``.
+        target, pass ``profile.for_layers(L)``. In the host offload mode, a host-regime profile
+        (:class:`specfit.core.cost.HostProfile`) scaled the same way.
     predictor
         Expert predictor (``specfit.models.predictors``); required by ``eagle3-scan`` and ``specfit``.
     reference
@@ -303,7 +304,7 @@ class SpecDecoder:
     SpecFitInputError
         If the method needs a drafter, predictor or reference that is missing, or the drafter's
         ``aux_layer_ids`` differ from the target's ``aux_layers`` (the head would read the wrong
-        features).
+        features), or ``calibrate_every`` is given with a host-regime profile.
     """
 
     def __init__(self, target, drafter=None, method: Method | str = "specfit", *, tree: TreeSettings = TreeSettings(),
@@ -340,6 +341,9 @@ class SpecDecoder:
         self._lam_ms = 0.0
         if calibrate_every is not None:
             check_positive_int("calibrate_every", calibrate_every)
+            if isinstance(cost, HostProfile):
+                raise SpecFitInputError("calibrate_every", "fits a transfer-regime cost model (nodes, copied experts, "
+                                        "verify ms); it is not available with a host-regime profile")
         self.calibrate_every = calibrate_every
         self.calibration = None
         self._measured: list[tuple[int, list[int], float]] = []
@@ -489,7 +493,7 @@ class SpecDecoder:
         rec.accepted = acc.accepted
         rec.committed = len(acc.new_tokens)
         if rec.decision == "ar":  # T(AR) of its measured counts: what the rate mode's λ counts
-            rec.predicted_ms = self.cost.cycle_ms(1, rec.transferred)
+            rec.predicted_ms = self._measured_ms(1, *self._uncached(rec))
         if self.online is not None and self._cache is not None:
             c0 = time.thread_time()
             self._learn(rec, self._cache, routing)
@@ -506,18 +510,34 @@ class SpecDecoder:
         (:meth:`OnlineModel.observe`)."""
         layer = np.arange(cache.shape[0])[:, None]
         root_true = (~cache[layer, routing[0]]).sum(axis=1)  # (L,) the root's true uncached experts
-        rec.ar_step_ms = self.cost.cycle_ms(1, root_true)
+        rec.ar_step_ms = self._measured_ms(1, root_true, root_true)  # one token: a row per uncached expert
         if self._root_new is None:
             return
         if rec.decision == "ar" or rec.levels == 0:
             self.online.observe(root_predicted_new=self._root_new, root_true_new=root_true)
             return
         predicted = rec.predicted_new if len(rec.predicted_new) == root_true.size else np.zeros(root_true.size)
+        experts, rows = self._uncached(rec)
         self.online.observe(root_predicted_new=self._root_new, root_true_new=root_true,
-                            selected_predicted_new=predicted, transferred=rec.transferred,
+                            selected_predicted_new=predicted, transferred=experts,
                             draft_nodes=rec.nodes_verified - 1, committed=rec.committed,
-                            cycle_ms=self.cost.cycle_ms(rec.nodes_verified, rec.transferred)
+                            cycle_ms=self._measured_ms(rec.nodes_verified, experts, rows)
                             + rec.levels * (self.cost.draft_level_ms or 0.0) + rec.host_cpu_ms, ar_ms=rec.ar_step_ms)
+
+    @staticmethod
+    def _uncached(rec: CycleRecord) -> tuple[list, list]:
+        """The verify's uncached experts per layer and their (token, expert) rows: the experts copied
+        (transfer mode; rows unused) or computed on the host (host mode)."""
+        if rec.host:
+            return rec.host["computed"], rec.host["rows"]
+        return rec.transferred, rec.transferred
+
+    def _measured_ms(self, nodes: int, experts, rows) -> float:
+        """T (ms) of a verify of ``nodes`` nodes with measured uncached ``experts`` and ``rows`` per layer
+        under the engine's cost model (a host-regime profile prices the rows too)."""
+        if isinstance(self.cost, HostProfile):
+            return self.cost.cycle_ms(nodes, experts, rows)
+        return self.cost.cycle_ms(nodes, experts)
 
     def _draft_and_select(self, root: int, cache: np.ndarray, rec: CycleRecord):
         """Grow the draft tree level by level and select its verified subtree.
@@ -562,6 +582,7 @@ class SpecDecoder:
         level_ms = self.cost.level_ms if m.calibrated else 0.0
         width = ts.top_k ** 2 if m.calibrated else None  # most nodes an EAGLE level adds
         cost = self._cycle_cost(tree, cache) if experts_known else self.cost
+        node_ms = cost.min_node_ms_for(cache) if m.level_by_level else None  # per-node bound of T this cycle
         root_ms = cost.cycle_ms(1, tree.items(cache).root_new_per_layer)  # T(root alone) = T(AR)
         selection = None
         levels = self.drafter.draft_levels(root, ts.top_k, ts.depth)
@@ -603,11 +624,12 @@ class SpecDecoder:
                 # bound lets the rule fire (rate mode needs no R*).
                 p_f = float(tree.path_prob[tree.last_level].max())
                 bound = 1000.0 * sum(tree.path_prob.tolist()) / (root_ms + rec.levels * level_ms)
-                if should_stop(bound, p_f, cost, rate, level_ms=level_ms, level_width=width):
+                if should_stop(bound, p_f, cost, rate, level_ms=level_ms, level_width=width, min_node_ms=node_ms):
                     if rate is not None:
                         break
                     selection = self._select(tree, cache, rate, rec, cost, rec.levels * level_ms)
-                    if should_stop(selection.throughput, p_f, cost, rate, level_ms=level_ms, level_width=width):
+                    if should_stop(selection.throughput, p_f, cost, rate, level_ms=level_ms, level_width=width,
+                                   min_node_ms=node_ms):
                         break
         levels.close()
         rec.nodes_drafted = tree.n - 1
@@ -634,10 +656,11 @@ class SpecDecoder:
 
     def _cycle_cost(self, tree: DraftTree, cache: np.ndarray) -> CostModel:
         """The cost model of this cycle's selection: the engine's, with the predictor's learned error
-        priced in for calibrated methods (:meth:`OnlineModel.corrected_cost`); records the root's
-        predicted uncached experts for the online model."""
+        priced in for calibrated methods in the transfer regime (:meth:`OnlineModel.corrected_cost`;
+        a host-regime profile is used as it is); records the root's predicted uncached experts for the
+        online model."""
         self._root_new = np.asarray(tree.items(cache).root_new_per_layer)
-        if self.online is None:
+        if self.online is None or not isinstance(self.cost, CostModel):  # host regime: not corrected
             return self.cost
         return self.online.corrected_cost(self.cost, float(self.cost.per_expert_array(cache.shape[0]) @ self._root_new))
 
@@ -666,10 +689,11 @@ class SpecDecoder:
             u *= self.acceptance.max_conditional(j)
             a = min(a, ts.top_k ** min(j, 2) * u)
             mass.append(a)
-        return draft_can_beat_ar(ar_ms, mass, cost.level_ms, cost.per_node_ms, min(online.min_expert_ms))
+        return draft_can_beat_ar(ar_ms, mass, cost.level_ms, cost.min_node_ms, min(online.min_expert_ms))
 
     def _cheapest_node_expert_ms(self, tree: DraftTree, cache: np.ndarray) -> float:
-        """Smallest expert-transfer ms a single draft node of ``tree`` adds to the root's (0 without experts)."""
+        """Smallest expert ms a single draft node of ``tree`` adds to the root's beyond the cost's
+        ``min_node_ms`` (:meth:`CostModel.node_added_ms`; 0 without experts)."""
         if tree.num_layers == 0:
             return 0.0
         exp = tree.experts
@@ -677,7 +701,8 @@ class SpecDecoder:
         layer = np.arange(exp.shape[1])[:, None]
         have[layer, exp[0]] = True  # the root's experts are paid by the AR step too
         new = (~have[layer[None], exp[1:]]).sum(axis=2)  # (n-1, L); a node's k ids per layer are distinct
-        return float((new @ self.cost.per_expert_array(exp.shape[1])).min())
+        rows = (~cache[layer[None], exp[1:]]).sum(axis=2)  # (n-1, L): each node's uncached experts
+        return float(self.cost.node_added_ms(tree.items(cache).root_new_per_layer, new, rows).min())
 
     @staticmethod
     def _raw_q(tree: DraftTree, raw: np.ndarray) -> np.ndarray:
@@ -693,7 +718,7 @@ class SpecDecoder:
         t0 = time.perf_counter()
         cost = cost if cost is not None else CostModel(1.0, 0.0, 0.0)
         if sunk_ms:
-            cost = replace(cost, fixed_ms=cost.fixed_ms + sunk_ms)
+            cost = cost.plus_ms(sunk_ms)
         inst = Instance(tree, cost, cache, max_nodes=self.max_nodes)  # the cache the tree's accounting uses
         sel = self.solver.solve(inst, rate=rate)
         rec.solve_ms += (time.perf_counter() - t0) * 1e3

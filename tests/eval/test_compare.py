@@ -149,3 +149,23 @@ def test_compare_solvers_bad_input_exits_2(argv, field, tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith(f"specfit compare-solvers: error: {field}") and err.count("\n") == 1
     assert not (tmp_path / "o").exists()
+
+
+def test_compare_solvers_on_host_regime_instances(tmp_path, capsys):
+    from specfit.core.cost import DEFAULT_HOST_PROFILE, HostProfile
+
+    inst = generate_instance(6, with_options(get_preset("small"), host_profile=DEFAULT_HOST_PROFILE),
+                             np.random.default_rng(0))
+    assert isinstance(inst.cost, HostProfile) and inst.cost.num_layers == get_preset("small").layers
+    out = tmp_path / "host"
+    rc = main(["compare-solvers", "--preset", "small", "--sizes", "5,9", "--count", "3", "--host-profile",
+               DEFAULT_HOST_PROFILE, "--solvers", "exact,bruteforce,cpsat,scan", "--out", str(out), "--no-progress"])
+    assert rc == 0
+    report = json.loads((out / "compare_solvers.json").read_text())
+    assert report["meta"]["settings"]["host_profile"] == DEFAULT_HOST_PROFILE
+    rows = {(r["solver"], r["n"]): r for r in report["summary"]}
+    for name in ("bruteforce", "cpsat"):
+        assert rows[name, "all"]["agreement"] == 1.0 and rows[name, "all"]["max_gap_pct"] <= 1e-7
+    rc = main(["compare-solvers", "--preset", "small", "--sizes", "4", "--count", "1", "--host-profile", "nope",
+               "--out", str(tmp_path / "bad"), "--no-progress"])
+    assert rc == 2 and "host_profile" in capsys.readouterr().err

@@ -57,6 +57,22 @@ def test_select_takes_a_profile_name_and_num_experts_from_graph_or_profile():
     assert err.value.field == "graph.nodes['b'].experts[0]"
 
 
+def test_select_takes_a_host_regime_profile_by_name_or_object():
+    from specfit.core.cost import DEFAULT_HOST_PROFILE, get_host_profile
+
+    g = nx.DiGraph()
+    g.add_node("r", path_prob=1.0, experts=[[0, 1]])
+    g.add_node("a", path_prob=0.9, experts=[[0, 1]])
+    g.add_node("b", path_prob=0.1, experts=[[2, 3]])
+    g.add_edges_from([("r", "a"), ("r", "b")])
+    host = get_host_profile(DEFAULT_HOST_PROFILE)
+    sel = select(g, DEFAULT_HOST_PROFILE, cache=[[0, 1]])  # num_experts from the profile's GPU side (128)
+    assert sel.nodes == ("r", "a")
+    assert sel.predicted_ms == pytest.approx(host.cycle_ms(2, [0], [0]))  # both nodes cached: the GPU forward
+    g.graph["num_experts"] = 4  # an object, unlike a name, brings no num_experts
+    assert select(g, host.for_layers(1), cache=[[0, 1]]).predicted_ms == pytest.approx(sel.predicted_ms)
+
+
 def test_select_accepts_a_draft_tree_and_returns_ids():
     t = DraftTree([-1, 0, 0], path_prob=[1.0, 0.5, 0.4], experts=[[[0]], [[0]], [[1]]], num_experts=2)
     assert select(t, "qwen3-30b-a3b-h200", [[0]], solver="scan").nodes == (0, 1, 2)

@@ -50,11 +50,13 @@ def check_selection(inst: Instance, sel, rate) -> None:
     assert sel.mode == ("ratio" if rate is None else "rate")
 
 
+@pytest.mark.parametrize("host", [False, True])
 @pytest.mark.parametrize("budget", BUDGETS)
 @settings(max_examples=100, deadline=None)
 @given(data=st.data(), rate=RATES)
-def test_exact_solvers_agree_on_the_optimum(budget, data, rate):
-    inst = data.draw(instances(budget=budget))
+def test_exact_solvers_agree_on_the_optimum(budget, host, data, rate):
+    """Transfer and host-compute regime (a HostProfile cost: per layer max(GPU, host) + sync)."""
+    inst = data.draw(instances(budget=budget, host=host))
     ref = get_solver("bruteforce").solve(inst, rate)
     for name in EXACT:
         sel = get_solver(name).solve(inst, rate)
@@ -63,11 +65,12 @@ def test_exact_solvers_agree_on_the_optimum(budget, data, rate):
         assert close(sel.objective, ref.objective), (name, sel.objective, ref.objective, sel.nodes, ref.nodes)
 
 
+@pytest.mark.parametrize("host", [False, True])
 @pytest.mark.parametrize("budget", BUDGETS)
 @settings(max_examples=40, deadline=None)
 @given(data=st.data(), rate=RATES)
-def test_heuristics_are_valid_and_never_beat_exact(budget, data, rate):
-    inst = data.draw(instances(budget=budget))
+def test_heuristics_are_valid_and_never_beat_exact(budget, host, data, rate):
+    inst = data.draw(instances(budget=budget, host=host))
     best = get_solver("exact").solve(inst, rate)
     for name in HEURISTICS:
         sel = get_solver(name).solve(inst, rate)

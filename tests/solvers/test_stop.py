@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -77,18 +77,21 @@ def test_stop_rule_rejects_bad_arguments(args, field):
 def _with_fixed(inst: Instance, m: int, extra_ms: float) -> Instance:
     """Nodes 0..m-1 of ``inst`` with ``extra_ms`` added to fixed_ms (the levels drafted: a cost of the cycle)."""
     sub, _ = inst.tree.subtree(range(m))
-    return Instance(sub, replace(inst.cost, fixed_ms=inst.cost.fixed_ms + extra_ms), inst.cache, inst.max_nodes,
+    return Instance(sub, inst.cost.plus_ms(extra_ms), inst.cache, inst.max_nodes,
                     inst.max_new_experts_per_layer)
 
 
+@pytest.mark.parametrize("host", [False, True])
 @pytest.mark.parametrize("budget", BUDGETS)
 @pytest.mark.parametrize("mode", ["ratio", "rate"])
 @settings(max_examples=40, deadline=None)
 @given(data=st.data())
-def test_stop_rule_with_level_cost_is_sound(budget, mode, data):
+def test_stop_rule_with_level_cost_is_sound(budget, mode, host, data):
     """Whole-cycle objective: a tree drafted d levels deep pays d * level_ms; when the rule (with the
-    next levels' cost spread over at most ``width`` nodes a level) stops, no deeper tree is better."""
-    inst, ends = data.draw(level_instances(budget=budget))
+    next levels' cost spread over at most ``width`` nodes a level) stops, no deeper tree is better.
+    Both regimes, with the per-node bound the engine passes (``min_node_ms_for`` the cache)."""
+    inst, ends = data.draw(level_instances(budget=budget, host=host))
+    node_ms = inst.cost.min_node_ms_for(inst.cache)
     rate = data.draw(st.floats(0.0, 800.0)) if mode == "rate" else None
     level_ms = data.draw(st.floats(0.0, 20.0))
     width = max(b - a for a, b in zip(ends, ends[1:])) if len(ends) > 1 else 1
@@ -96,7 +99,8 @@ def test_stop_rule_with_level_cost_is_sound(budget, mode, data):
     best = [brute.solve(_with_fixed(inst, m, d * level_ms), rate) for d, m in enumerate(ends)]
     for d, m in enumerate(ends[:-1]):
         p_f = float(inst.tree.path_prob[ends[d - 1] if d else 0:m].max())
-        if should_stop(best[d].throughput, p_f, inst.cost, rate, level_ms=level_ms, level_width=width):
+        if should_stop(best[d].throughput, p_f, inst.cost, rate, level_ms=level_ms, level_width=width,
+                       min_node_ms=node_ms):
             deeper = max(b.objective for b in best[d + 1:])
             assert deeper <= best[d].objective + 1e-9 * max(1.0, abs(best[d].objective)), (d, deeper, best[d].objective)
 
@@ -111,25 +115,29 @@ def test_level_cost_lets_the_rule_stop_earlier():
 
 
 def _gate_inputs(inst: Instance, ends: list[int], level_ms: float):
-    """The AR gate's inputs with the tightest bounds the drawn tree allows."""
-    tree, cost = inst.tree, inst.cost
-    ar_ms = cost.cycle_ms(1, inst.items.root_new_per_layer)
+    """The AR gate's inputs with the tightest bounds the drawn tree allows: T(AR), the level masses and
+    the cheapest single node's cost beyond ``min_node_ms`` (``node_added_ms``, either regime)."""
+    tree, cost, items = inst.tree, inst.cost, inst.items
+    ar_ms = cost.cycle_ms(1, items.root_new_per_layer)
     mass = [float(tree.path_prob[a:b].sum()) for a, b in zip(ends, ends[1:])]
-    cheapest = min((cost.cycle_ms(0, inst.items.new_per_layer([0, v])) - cost.cycle_ms(0, inst.items.root_new_per_layer)
-                    for v in range(1, tree.n)), default=0.0)
-    return ar_ms, mass, max(cheapest, 0.0)
+    new = np.array([items.per_layer(items.need[v] & ~items.need[0]) for v in range(1, tree.n)],
+                   dtype=np.int64).reshape(tree.n - 1, inst.num_layers)
+    added = cost.node_added_ms(items.root_new_per_layer, new, items.rows[1:])
+    return ar_ms, mass, max(float(added.min()), 0.0) if added.size else 0.0
 
 
+@pytest.mark.parametrize("host", [False, True])
 @pytest.mark.parametrize("budget", BUDGETS)
 @settings(max_examples=60, deadline=None)
 @given(data=st.data())
-def test_ar_gate_skips_only_when_no_draft_beats_ar(budget, data):
+def test_ar_gate_skips_only_when_no_draft_beats_ar(budget, host, data):
     """Whenever the gate says no draft can beat AR, no subtree of any drafted depth (paying its levels)
-    beats the AR step's 1 token in T(root alone) — brute force over every subtree."""
-    inst, ends = data.draw(level_instances(budget=budget))
+    beats the AR step's 1 token in T(root alone) — brute force over every subtree. Host regime: the
+    per-node bound is ``min_node_ms`` = 0 and the cheapest node's cost T({root, v}) - T({root})."""
+    inst, ends = data.draw(level_instances(budget=budget, host=host))
     level_ms = data.draw(st.floats(0.0, 20.0))
     ar_ms, mass, cheapest = _gate_inputs(inst, ends, level_ms)
-    if draft_can_beat_ar(ar_ms, mass, level_ms, inst.cost.per_node_ms, cheapest):
+    if draft_can_beat_ar(ar_ms, mass, level_ms, inst.cost.min_node_ms, cheapest):
         return
     brute = get_solver("bruteforce")
     for d, m in enumerate(ends[1:], 1):
