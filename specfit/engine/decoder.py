@@ -436,13 +436,12 @@ class SpecDecoder:
         m, rec = self.method, CycleRecord()
         stats0 = self.target.cache.stats()
         tree, selection, items = DraftTree([-1], path_prob=[1.0], tokens=[root]), None, None
-        reference_verified = False  # oracle: did the reference already verify this cycle's tree?
+        self._reference_verified = False  # oracle: did the reference already verify this cycle's tree?
         self._cache, self._root_new, self._root_experts, self._untimed_s = None, None, None, 0.0
         c0 = time.thread_time()
         if m.drafts and drafter_ready:
             drafted, selection, items = self._draft_and_select(root, None, rec)
             tree = drafted if drafted is not None else tree
-            reference_verified = m.needs_reference and rec.levels > 0
         rec.host_cpu_ms = (time.thread_time() - c0 - self._untimed_s) * 1e3
         raw = tree.path_prob if selection is None else self._raw_pp  # the draft's own path probabilities
         # verify the selected subtree in one target forward
@@ -474,9 +473,11 @@ class SpecDecoder:
                 old = np.asarray(keep)[nodes]
             self.acceptance.update(self._raw_q(tree, raw)[old], tree.depth[old], ok)
         if self.reference is not None:
-            if not reference_verified:  # nothing drafted this cycle: mirror the root-only verify
+            if self._reference_verified:  # it verified the whole drafted tree: commit in its node ids
+                self.reference.commit([keep[v] for v in acc.path])
+            else:  # an AR step, or every expert resident (no true routing needed): mirror the verify
                 self.reference.verify(torch.tensor(sub_tokens), sub_parents)
-            self.reference.commit([keep[v] for v in acc.path])
+                self.reference.commit(acc.path)
         rec.accept_ms = (time.perf_counter() - t0) * 1e3
         routing = out.routing.numpy()
         if self.predictor is not None:  # observed when next predicted (an AR step predicts nothing)
@@ -615,6 +616,7 @@ class SpecDecoder:
             if m.oracle and experts_known:  # outside the timed path; the root's true experts change T(root alone)
                 u0 = time.thread_time()
                 tree.set_experts(self._true_routing(tree))
+                self._reference_verified = True
                 self._untimed_s += time.thread_time() - u0
                 root_ms = cost.cycle_ms(1, tree.items(cache).root_new_per_layer)
             selection = None

@@ -263,3 +263,17 @@ def test_calibrated_method_learns_from_its_verifies(ckpt, ar_outputs):
     drafted = [c for c in gen.cycles if c.nodes_verified > 1]
     assert drafted and dec.acceptance.trials.sum() >= sum(c.nodes_verified - 1 for c in drafted[:1])
     assert dec.acceptance.accepted.sum() == sum(c.accepted for c in gen.cycles)  # one success per accepted node
+
+
+def test_oracle_with_every_expert_resident_keeps_its_reference_in_step(ckpt):
+    """With every expert cached the oracle needs no true routing, so its reference target has not verified
+    the drafted tree: it must mirror the verify of the selected subtree (its node ids, not the tree's)."""
+    target, ref = load(ckpt, slots="all"), load(ckpt, slots="all")
+    dec = SpecDecoder(target, SelfDrafter(ckpt), "oracle", cost=COST, reference=ref, tree=TreeSettings(8, 3, 3))
+    expected = decoder(ckpt, "ar", None).generate(PROMPTS[1], 24).output_ids
+    dec.generate(PROMPTS[0], 24)  # warms the cache
+    from specfit.engine.decoder import _cache_mask
+    assert _cache_mask(target, LAYERS, EXPERTS).all()  # every expert resident from here on
+    gen = dec.generate(PROMPTS[1], 24)
+    assert gen.output_ids == expected
+    assert any(c.nodes_verified > 1 for c in gen.cycles)  # the mirrored verify had draft nodes in it
