@@ -12,14 +12,16 @@ Three things the cycle's objective needs and no datasheet gives (issue 9, SPECFI
                - (|predicted union of S \\ C|_l - |predicted root experts \\ C|_l) ] per draft node
 
   (C the cache at the cycle's start). The selection then uses ``fixed_ms + Σ_l w_l e_l`` (never below
-  the cost of a root with no uncached expert) and ``per_node_ms + max(0, Σ_l w_l m_l)``
+  the cost of a root with no uncached expert, nor below 0) and ``per_node_ms + max(0, Σ_l w_l m_l)``
   (:meth:`OnlineModel.corrected_cost`): a draft node costs, on average, the experts the predictor
   missed. The solver stays exact for this corrected model; the stop rule's proof needs only that
-  every node costs at least ``per_node_ms``, which the correction keeps.
+  every node costs at least ``per_node_ms``, which the correction keeps. A host-regime profile
+  (``offload="host"``) is used uncorrected.
 * **The AR gate's measured utility.** Every drafted cycle carries its own counterfactual: the AR step
   of the same cycle would have verified the root alone, whose true experts the verify returns, so
   ``T_AR = fixed_ms + per_node_ms + Σ_l w_l |true root experts \\ C|_l`` is known exactly after the
-  fact. ``T_d``, the drafted cycle's time, is its verify priced on the measured counts, its draft
+  fact (in the host regime the host-regime profile prices the root's experts and rows instead).
+  ``T_d``, the drafted cycle's time, is its verify priced on the measured counts, its draft
   levels and the host CPU time it measured (predictor, tree, solver). Drafting pays when the cycle's
   τ tokens took less than τ AR steps would have:
 
