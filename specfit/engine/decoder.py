@@ -24,6 +24,7 @@ The engine talks to three duck-typed parts:
 
 from __future__ import annotations
 
+import inspect
 import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Sequence
@@ -335,7 +336,10 @@ class SpecDecoder:
         self.generator = torch.Generator().manual_seed(seed)  # moved to the logits' device at first use
         self.solver = None
         if m.selector:  # a selector blind to the cost verifies a fixed-size tree: EAGLE's total_tokens
-            self.solver = get_solver(m.selector, **({} if m.cost_aware else {"total_tokens": tree.total_tokens}))
+            options = {} if m.cost_aware else {"total_tokens": tree.total_tokens}
+            if "time_limit_s" in inspect.signature(solver_class(m.selector)).parameters:
+                options["time_limit_s"] = self.SOLVE_TIME_LIMIT_S
+            self.solver = get_solver(m.selector, **options)
         self.num_experts = int(target.spec.num_experts)
         self._lam_tokens = 0.0
         self._lam_ms = 0.0
@@ -353,6 +357,11 @@ class SpecDecoder:
         self._root_new = None  # this cycle's predicted uncached root experts per layer (L,)
         self._cache = self._root_experts = None  # this cycle's cache mask and predicted root experts
         self._unobserved: list = []  # committed (tokens, routing) the predictor has not observed yet
+
+    #: Per solve, for selectors that take a time limit: only a branch and bound can be slow (the exact
+    #: solver under budgets or in the host regime, where rare trees took seconds in the grid); past it the
+    #: selector returns the best selection found so far (SPECFIT.md §3). A verify is 3-100 ms.
+    SOLVE_TIME_LIMIT_S = 0.005
 
     # -- one generation ------------------------------------------------------------------------
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, eos_id: int | None = None) -> Generation:

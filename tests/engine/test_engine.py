@@ -277,3 +277,12 @@ def test_oracle_with_every_expert_resident_keeps_its_reference_in_step(ckpt):
     gen = dec.generate(PROMPTS[1], 24)
     assert gen.output_ids == expected
     assert any(c.nodes_verified > 1 for c in gen.cycles)  # the mirrored verify had draft nodes in it
+
+
+def test_the_engine_bounds_each_solve_in_time(ckpt):
+    """A branch and bound (host regime, budgets) can take seconds on rare trees; the engine's exact
+    selector stops at SOLVE_TIME_LIMIT_S with the best selection found (cost-blind selectors take none)."""
+    spec = SpecDecoder(load(ckpt), SelfDrafter(ckpt), "specfit", cost=COST, predictor=FixedPredictor())
+    assert spec.solver.time_limit_s == SpecDecoder.SOLVE_TIME_LIMIT_S > 0
+    eagle = SpecDecoder(load(ckpt), SelfDrafter(ckpt), "eagle3", cost=COST)
+    assert not hasattr(eagle.solver, "time_limit_s")
