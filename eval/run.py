@@ -265,6 +265,11 @@ def _fingerprint(d: Path | None) -> str | None:
     return f"{zlib.crc32(repr(stamp).encode()):08x}"
 
 
+#: Identity fields that only some methods need (the head, the predictor's routing trace): a run of
+#: other methods into the same folder leaves them None, and adding a method that needs them resumes.
+_OPTIONAL_PARTS = ("draft", "draft_files", "predictor_trace")
+
+
 def _check_out(out: Path, identity: dict) -> None:
     cfg = out / "config.json"
     if out.exists() and not out.is_dir():
@@ -275,8 +280,8 @@ def _check_out(out: Path, identity: dict) -> None:
         old = read_json(cfg)
     except SpecFitInputError as exc:
         raise SpecFitInputError("out", f"{exc.field}: {exc.rule}; use another out folder") from None
-    for k, v in identity.items():
-        if k in old and old[k] != v and not (k.startswith("draft") and (old[k] is None or v is None)):
+    for k, v in identity.items():  # a head or trace only some methods need may be missing on one side
+        if k in old and old[k] != v and not (k in _OPTIONAL_PARTS and (old[k] is None or v is None)):
             raise SpecFitInputError("out", f"{out} holds results with {k}={old[k]!r}, this run has {k}={v!r}; "
                                              "use another out folder")
 
@@ -418,7 +423,7 @@ def _run(p: Plan, progress: bool) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     cfg_path = out / "config.json"
     old = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
-    identity = {**p.identity, **{k: p.identity[k] or old.get(k) for k in ("draft", "draft_files")}}
+    identity = {**p.identity, **{k: p.identity[k] or old.get(k) for k in _OPTIONAL_PARTS}}
     atomic_write_text(cfg_path, json.dumps(identity, indent=1) + "\n")
     results_path = out / "results.jsonl"
     done = {r.key for r in read_results(results_path, repair=True)}

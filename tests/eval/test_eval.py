@@ -133,6 +133,22 @@ def test_resume_refuses_a_different_configuration(tiny, first_run, tmp_path, cap
     assert (out / "results.jsonl").read_bytes() == before
 
 
+def test_adding_a_method_to_a_run_resumes_it(tiny, tmp_path, capsys):
+    """A first run of ar alone needs no head or routing trace; adding specfit (which needs both) to the
+    same folder resumes it instead of refusing the trace as a changed setting (newcomer finding)."""
+    out = tmp_path / "out"
+    args = eval_args(tiny, out, "--dataset", "gsm8k")
+    methods = args.index("--methods") + 1
+    args[methods] = "ar"
+    assert main(args) == 0
+    args[methods] = "ar,specfit"
+    assert main(args) == 0
+    recs = read_results(out / "results.jsonl")
+    assert sorted(r["method"] for r in recs) == ["ar", "specfit"]
+    args[methods] = "ar"  # and back: the folder keeps the trace it knows
+    assert main(args) == 0 and "predictor_trace" in (out / "config.json").read_text()
+
+
 @pytest.mark.parametrize("change, field", [
     (["--dataset", "nosuch"], "--dataset"),
     (["--methods", "ar,medusa"], "method"),
