@@ -10,8 +10,11 @@ Fairness and reproducibility:
 * every method runs the same target weights, tokenizer, prompt ids, ``max_new_tokens`` and EOS;
   ``eagle3-vanilla`` runs the target with ``cache_slots=0`` (every needed expert transferred each
   forward), the others with ``cache_slots`` slots per MoE layer;
-* every generation starts with an empty expert cache, warmed by its own prefill, so each result
-  is independent of the order of runs and of interruptions;
+* every generation starts with an empty expert cache, warmed by its own prefill, so each output
+  is independent of the order of runs and of interruptions; ``specfit`` and ``oracle`` carry what
+  they learned online (acceptance, predictor corrections, the AR gate's measurement) from one
+  prompt to the next within a run (:attr:`specfit.pipeline.SpecFit.online`), so their *speed* on a
+  prompt depends on the prompts before it, and a resumed run starts that learning afresh;
 * the selection of the cost-aware methods uses ``get_profile(profile).for_layers(L)`` (with
   ``offload="host"``: ``get_host_profile(host_profile).for_layers(L)``), the cost model the modeled
   times use (:mod:`eval.modeled`);
