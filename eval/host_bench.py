@@ -20,17 +20,15 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from specfit.core.cost import calibrate
-from specfit.eval.machine import machine
+from specfit.eval.machine import command_line, machine, publish
 
 #: Qwen3-30B-A3B expert shape (hidden, expert intermediate); SPECFIT.md §5.
 HIDDEN, INTERMEDIATE = 2048, 768
@@ -145,14 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     dtypes = [getattr(torch, d.strip()) for d in args.dtypes.split(",")]
     with torch.no_grad():
         result = {"dtypes": [bench_dtype(dt, args.repeats) for dt in dtypes], "bandwidth": copy_bandwidth()}
-    result.update(machine=machine(), command=" ".join(["python -m specfit.eval.host_bench",
-                                                       *(sys.argv[1:] if argv is None else argv)]))
-    print(json.dumps(result["machine"]))
-    print(format_table(result))
-    if args.json:
-        from specfit.core.io import atomic_write_text
-
-        atomic_write_text(Path(args.json), json.dumps(result, indent=1) + "\n")
+    result.update(machine=machine(), command=command_line("specfit.eval.host_bench", argv))
+    publish(result, format_table(result), args.json)
     return 0
 
 

@@ -58,3 +58,24 @@ def machine(one_core: bool | None = None, device: str | None = None) -> dict:
         info["pinned_to_one_core"] = one_core
     info["date_utc"] = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return info
+
+
+def command_line(module: str, argv=None) -> str:
+    """The command that reproduces a report: ``python -m <module>`` and its arguments
+    (``sys.argv[1:]`` when ``argv`` is None)."""
+    import sys
+
+    return " ".join(["python -m " + module, *(sys.argv[1:] if argv is None else argv)])
+
+
+def publish(result: dict, table: str, json_path=None) -> None:
+    """Print a benchmark's machine line (``result["machine"]``) and its table, and write ``result``
+    as JSON to ``json_path`` if given (atomically: a temporary file renamed)."""
+    import json
+
+    print(json.dumps(result["machine"]))
+    print(table)
+    if json_path:
+        from specfit.core.io import atomic_write_text
+
+        atomic_write_text(Path(json_path), json.dumps(result, indent=1) + "\n")

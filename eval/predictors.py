@@ -41,6 +41,7 @@ from specfit.models.traces import RoutingTrace, record_prompt
 from specfit.core.errors import SpecFitInputError
 from specfit.core.readers import read_json
 from specfit.core.io import atomic_write_text
+from specfit.eval.machine import command_line
 
 #: Predictors reported: label → (registry name, options, online). ``online`` False: never observes.
 VARIANTS = {
@@ -250,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
                      device=args.device, probe_epochs=args.probe_epochs, depth=args.depth,
                      save_traces=args.save_traces)
     report["model"] = str(args.model) if args.model else f"synthetic:{args.synthetic} (random weights)"
-    report["command"] = " ".join(["python -m specfit.eval.predictors", *(sys.argv[1:] if argv is None else argv)])
+    report["command"] = command_line("specfit.eval.predictors", argv)
     write_json(args.out, report)
     print(markdown(report))
     print(f"\nwritten: {args.out}")

@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from specfit.core.errors import SpecFitInputError, check_positive_int
+from specfit.eval.machine import command_line
 
 #: Overlap lags reported.
 LAGS = (1, 2, 8)
@@ -416,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(max(1, args.threads))
     report = run(args.model, args.draft, n_train=args.train_prompts, n_eval=args.eval_prompts, max_tokens=args.max_tokens,
                  tau_prompts=args.tau_prompts, max_new_tokens=args.max_new_tokens, device=args.device)
-    report["command"] = " ".join(["python -m specfit.eval.realism", *(sys.argv[1:] if argv is None else argv)])
+    report["command"] = command_line("specfit.eval.realism", argv)
     write_json(args.out, report)
     print(markdown(report) + f"\nwritten: {args.out}")
     return 0

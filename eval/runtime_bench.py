@@ -38,7 +38,7 @@ from specfit.models.devices import resolve_device
 from specfit.models.qwen3_moe import OffloadedQwen3Moe, read_spec
 from specfit.models.qwen3_moe.checkpoint import dense_shapes
 from specfit.core.cost import calibrate
-from specfit.eval.machine import machine
+from specfit.eval.machine import command_line, machine, publish
 
 #: Shapes for ``--synthetic``. ``qwen3-30b-a3b`` is the real model's config (SPECFIT.md §5).
 SHAPES = {
@@ -242,14 +242,9 @@ def main(argv: list[str] | None = None) -> int:
                                                   pin_memory=False if args.pageable else None,
                                                   max_len=args.prefix_len + args.repeats + 80)
     result = run_bench(model, prefix_len=args.prefix_len, repeats=args.repeats)
-    result.update(machine=machine(device=device), command=" ".join(["python -m specfit.eval.runtime_bench", *(sys.argv[1:] if argv is None else argv)]),
+    result.update(machine=machine(device=device), command=command_line("specfit.eval.runtime_bench", argv),
                   source=args.model or f"synthetic:{args.synthetic}", layers=model.spec.num_layers)
-    print(json.dumps(result["machine"]))
-    print(format_table(result))
-    if args.json:
-        from specfit.core.io import atomic_write_text
-
-        atomic_write_text(Path(args.json), json.dumps(result, indent=1) + "\n")
+    publish(result, format_table(result), args.json)
     return 0
 
 

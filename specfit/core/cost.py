@@ -139,9 +139,14 @@ class CostModel:
         """
         self.per_expert_array(num_layers)
 
-    def cycle_ms(self, num_nodes: int, new_experts_per_layer: Sequence[int] | np.ndarray) -> float:
+    def cycle_ms(self, num_nodes: int, new_experts_per_layer: Sequence[int] | np.ndarray,
+                 rows_per_layer=None) -> float:
         """Predicted cycle time in ms for ``num_nodes`` verified nodes (root included) and the
-        given count of uncached experts per layer, shape (L,). SPECFIT.md §3, T(S)."""
+        given count of uncached experts per layer, shape (L,). SPECFIT.md §3, T(S).
+
+        ``rows_per_layer`` (the (token, expert) rows of those experts) is accepted so that both
+        regimes price measured counts through one call, and ignored: a copied expert costs the same
+        whatever the number of tokens routed to it (:meth:`HostProfile.cycle_ms` prices rows)."""
         m = np.asarray(new_experts_per_layer, dtype=np.float64)
         return self.fixed_ms + self.per_node_ms * num_nodes + float(self.per_expert_array(m.shape[0]) @ m)
 

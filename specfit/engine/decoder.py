@@ -135,6 +135,11 @@ class TreeSettings:
         for name in ("total_tokens", "depth", "top_k"):
             check_positive_int(name, getattr(self, name))
 
+    def level_width(self, depth: int) -> int:
+        """Most nodes the drafter adds at ``depth`` >= 1: ``top_k`` children of the root, then ``top_k``
+        children of each of the ``top_k`` nodes expanded per level (EAGLE-2 dynamic tree, Li et al. 2024 §4)."""
+        return self.top_k ** min(depth, 2)
+
 
 @dataclass
 class CycleRecord:
@@ -503,7 +508,7 @@ class SpecDecoder:
         rec.accepted = acc.accepted
         rec.committed = len(acc.new_tokens)
         if rec.decision == "ar":  # T(AR) of its measured counts: what the rate mode's λ counts
-            rec.predicted_ms = self._measured_ms(1, *self._uncached(rec))
+            rec.predicted_ms = self.cost.cycle_ms(1, *self._uncached(rec))
         if self.online is not None and self._cache is not None:
             c0 = time.thread_time()
             self._learn(rec, self._cache, routing)
@@ -520,7 +525,7 @@ class SpecDecoder:
         (:meth:`OnlineModel.observe`)."""
         layer = np.arange(cache.shape[0])[:, None]
         root_true = (~cache[layer, routing[0]]).sum(axis=1)  # (L,) the root's true uncached experts
-        rec.ar_step_ms = self._measured_ms(1, root_true, root_true)  # one token: a row per uncached expert
+        rec.ar_step_ms = self.cost.cycle_ms(1, root_true)  # one token: a row per uncached expert
         if self._root_new is None:
             return
         if rec.decision == "ar" or rec.levels == 0:
@@ -531,23 +536,16 @@ class SpecDecoder:
         self.online.observe(root_predicted_new=self._root_new, root_true_new=root_true,
                             selected_predicted_new=predicted, transferred=experts,
                             draft_nodes=rec.nodes_verified - 1, committed=rec.committed,
-                            cycle_ms=self._measured_ms(rec.nodes_verified, experts, rows)
+                            cycle_ms=self.cost.cycle_ms(rec.nodes_verified, experts, rows)
                             + rec.levels * (self.cost.draft_level_ms or 0.0) + rec.host_cpu_ms, ar_ms=rec.ar_step_ms)
 
     @staticmethod
     def _uncached(rec: CycleRecord) -> tuple[list, list]:
-        """The verify's uncached experts per layer and their (token, expert) rows: the experts copied
-        (transfer mode; rows unused) or computed on the host (host mode)."""
+        """The verify's uncached experts per layer and their (token, expert) rows, for the cost's
+        ``cycle_ms``: the experts copied (transfer mode; rows unused) or computed on the host (host mode)."""
         if rec.host:
             return rec.host["computed"], rec.host["rows"]
         return rec.transferred, rec.transferred
-
-    def _measured_ms(self, nodes: int, experts, rows) -> float:
-        """T (ms) of a verify of ``nodes`` nodes with measured uncached ``experts`` and ``rows`` per layer
-        under the engine's cost model (a host-regime profile prices the rows too)."""
-        if isinstance(self.cost, HostProfile):
-            return self.cost.cycle_ms(nodes, experts, rows)
-        return self.cost.cycle_ms(nodes, experts)
 
     def _draft_and_select(self, root: int, cache: np.ndarray, rec: CycleRecord):
         """Grow the draft tree level by level and select its verified subtree.
@@ -590,7 +588,7 @@ class SpecDecoder:
             cache = np.zeros((0, self.num_experts), dtype=bool)
         cal = self.acceptance
         level_ms = self.cost.level_ms if m.calibrated else 0.0
-        width = ts.top_k ** 2 if m.calibrated else None  # most nodes an EAGLE level adds
+        width = ts.level_width(ts.depth) if m.calibrated else None  # most nodes a further level adds
         cost = self._cycle_cost(tree, cache) if experts_known else self.cost
         node_ms = cost.min_node_ms_for(cache) if m.level_by_level else None  # per-node bound of T this cycle
         root_ms = cost.cycle_ms(1, tree.items(cache).root_new_per_layer)  # T(root alone) = T(AR)
@@ -671,9 +669,9 @@ class SpecDecoder:
         a host-regime profile is used as it is); records the root's predicted uncached experts for the
         online model."""
         self._root_new = np.asarray(tree.items(cache).root_new_per_layer)
-        if self.online is None or not isinstance(self.cost, CostModel):  # host regime: not corrected
+        if self.online is None:
             return self.cost
-        return self.online.corrected_cost(self.cost, float(self.cost.per_expert_array(cache.shape[0]) @ self._root_new))
+        return self.online.corrected_cost(self.cost, self._root_new)
 
     def _sound_gate(self, root: int, cache: np.ndarray) -> bool:
         """The AR gate's sound part: False only if no draft can beat this cycle's AR step (T(root
@@ -698,7 +696,7 @@ class SpecDecoder:
         ts, mass, a, u = self.tree, [], 1.0, 1.0
         for j in range(1, ts.depth + 1):
             u *= self.acceptance.max_conditional(j)
-            a = min(a, ts.top_k ** min(j, 2) * u)
+            a = min(a, ts.level_width(j) * u)
             mass.append(a)
         return draft_can_beat_ar(ar_ms, mass, cost.level_ms, cost.min_node_ms, min(online.min_expert_ms))
 

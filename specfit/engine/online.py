@@ -107,30 +107,32 @@ class OnlineModel:
         """``m_l``, mean unpredicted uncached experts per verified draft node and layer (None before one)."""
         return None if self.node_weight == 0 else self.node_extra / self.node_weight
 
-    def corrected_cost(self, cost: CostModel, root_expert_ms: float) -> CostModel:
+    def corrected_cost(self, cost: CostModel, root_new_per_layer) -> CostModel:
         """``cost`` with the predictor's learned error priced in (module docstring).
 
         Parameters
         ----------
-        cost : CostModel
-            The engine's cost model (per-layer ``per_expert_ms`` for the model's L layers).
-        root_expert_ms : float
-            The predicted expert ms of this cycle's root, ``Σ_l w_l |predicted root experts \\ C|_l``;
+        cost : CostModel or HostProfile
+            The engine's cost model (per-layer ``per_expert_ms`` for the model's L layers); a
+            host-regime profile is returned unchanged (the corrections model copied experts).
+        root_new_per_layer : array-like of int, shape (L,)
+            This cycle's predicted uncached root experts per layer, ``|predicted root experts \\ C|_l``;
             the root correction never takes T(root alone) below ``fixed_ms + per_node_ms``.
 
         Returns
         -------
         CostModel
-            ``max(0, fixed_ms + max(Σ_l w_l e_l, -root_expert_ms))`` (a cost model's ``fixed_ms`` is
+            ``max(0, fixed_ms + max(Σ_l w_l e_l, -Σ_l w_l root_new_l))`` (a cost model's ``fixed_ms`` is
             >= 0: an over-predicting predictor's correction stops there) and
             ``per_node_ms + max(0, Σ_l w_l m_l)``, the rest of ``cost`` unchanged.
         """
         e, m = self.root_correction(), self.node_correction()
-        if e is None and m is None:
+        if (e is None and m is None) or not isinstance(cost, CostModel):  # a host-regime profile: as given
             return cost
         n = (e if e is not None else m).size
         w = cost.per_expert_array(n)
-        fixed = cost.fixed_ms + (max(float(w @ e), -float(root_expert_ms)) if e is not None else 0.0)
+        root_ms = float(w @ np.asarray(root_new_per_layer, dtype=np.float64))
+        fixed = cost.fixed_ms + (max(float(w @ e), -root_ms) if e is not None else 0.0)
         per_node = cost.per_node_ms + (max(0.0, float(w @ m)) if m is not None else 0.0)
         fixed = max(fixed, 0.0)
         if fixed + per_node <= 0:  # a cost model's cycle takes time: keep the uncorrected fixed_ms

@@ -12,14 +12,14 @@ COST = CostModel(6.0, 0.1, (1.0, 2.0))  # two MoE layers, per-layer expert ms
 
 def test_corrected_cost_prices_the_predictors_misses():
     on = OnlineModel(depth=4)
-    assert on.corrected_cost(COST, 5.0) is COST  # nothing learned yet
+    assert on.corrected_cost(COST, [1, 2]) is COST  # nothing learned yet (root: 1 + 2 * 2 = 5 ms)
     # the root really needed one more uncached expert per layer than predicted; the selection's two draft
     # nodes brought 3 + 1 experts the prediction did not have (per layer 0, 1)
     on.observe(root_predicted_new=[1, 1], root_true_new=[2, 2], selected_predicted_new=[1, 2],
                transferred=[5, 4], draft_nodes=2, committed=2, cycle_ms=30.0, ar_ms=20.0)
     np.testing.assert_allclose(on.root_correction(), [1.0, 1.0])
     np.testing.assert_allclose(on.node_correction(), [(5 - 2 - 0) / 2, (4 - 2 - 1) / 2])
-    c = on.corrected_cost(COST, 5.0)
+    c = on.corrected_cost(COST, [1, 2])
     assert c.fixed_ms == pytest.approx(6.0 + 1.0 * 1 + 2.0 * 1)
     assert c.per_node_ms == pytest.approx(0.1 + 1.0 * 1.5 + 2.0 * 0.5)
     assert c.per_expert_ms == COST.per_expert_ms and c.name == COST.name
@@ -30,9 +30,9 @@ def test_corrections_never_make_a_cycle_cheaper_than_its_verified_nodes():
     # the predictor over-predicts: 3 predicted uncached root experts per layer, none really uncached
     on.observe(root_predicted_new=[3, 3], root_true_new=[0, 0], selected_predicted_new=[6, 6],
                transferred=[0, 0], draft_nodes=3, committed=1, cycle_ms=10.0, ar_ms=6.1)
-    c = on.corrected_cost(COST, root_expert_ms=2.0)  # this cycle's root: 2 ms of predicted experts
+    c = on.corrected_cost(COST, [2, 0])  # this cycle's root: 2 ms of predicted experts
     assert c.fixed_ms == pytest.approx(4.0)  # T(root alone) = 4 + 0.1 + 2: a root with no uncached expert
-    c = on.corrected_cost(COST, root_expert_ms=1.0 * 3 + 2.0 * 3)
+    c = on.corrected_cost(COST, [3, 3])  # 1.0 * 3 + 2.0 * 3 ms
     assert c.fixed_ms == pytest.approx(0.0)  # -9 ms would make fixed_ms negative: corrected only to 0
     assert c.fixed_ms + c.per_node_ms + 9.0 >= COST.fixed_ms + COST.per_node_ms
     assert c.per_node_ms == pytest.approx(0.1)  # a draft node costs at least per_node_ms (stop rule's proof)
@@ -99,5 +99,14 @@ def test_corrected_cost_stays_a_valid_cost_model():
     fitted = CostModel(0.5, 0.0, (1.0, 2.0))
     on = OnlineModel(depth=4)
     on.observe(root_predicted_new=[3, 3], root_true_new=[0, 0])
-    c = on.corrected_cost(fitted, root_expert_ms=9.0)
+    c = on.corrected_cost(fitted, [3, 3])  # 9 ms
     assert c.fixed_ms + c.per_node_ms > 0 and c.fixed_ms == 0.5
+
+
+def test_a_host_regime_profile_is_used_as_given():
+    from specfit.core.cost import HOST_PROFILES
+
+    host = next(iter(HOST_PROFILES.values())).for_layers(2)
+    on = OnlineModel(depth=4)
+    on.observe(root_predicted_new=[1, 1], root_true_new=[2, 2])
+    assert on.corrected_cost(host, [1, 1]) is host  # the corrections model copied experts only
