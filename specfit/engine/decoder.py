@@ -360,7 +360,8 @@ class SpecDecoder:
         self.online = (online if online is not None else OnlineModel(tree.depth)) if m.calibrated else None
         self.acceptance = self.online.acceptance if self.online is not None else None
         self._root_new = None  # this cycle's predicted uncached root experts per layer (L,)
-        self._cache = self._root_experts = None  # this cycle's cache mask and predicted root experts
+        self._cache = self._root = None  # this cycle's cache mask, and its root tree with its cost model
+        self._untimed_s = 0.0  # this cycle's CPU s of head and reference forwards (not host work)
         self._unobserved: list = []  # committed (tokens, routing) the predictor has not observed yet
 
     #: Per solve, for selectors that take a time limit: only a branch and bound can be slow (the exact
@@ -451,7 +452,7 @@ class SpecDecoder:
         stats0 = self.target.cache.stats()
         tree, selection, items = DraftTree([-1], path_prob=[1.0], tokens=[root]), None, None
         self._reference_verified = False  # oracle: did the reference already verify this cycle's tree?
-        self._cache, self._root_new, self._root_experts, self._untimed_s = None, None, None, 0.0
+        self._cache, self._root_new, self._root, self._untimed_s = None, None, None, 0.0
         c0 = time.thread_time()
         if m.drafts and drafter_ready:
             drafted, selection, items = self._draft_and_select(root, None, rec)
@@ -559,6 +560,7 @@ class SpecDecoder:
         ``(None, None, None)`` when the AR gate skipped drafting.
         """
         m, ts = self.method, self.tree
+        self._root = None  # built at most once in this call (_root_tree)
         if self.online is not None:  # the AR gate, on measured utility first: an AR step needs nothing else
             rec.speedup_estimate = self.online.speedup
             rec.decision = self.online.decide(lambda: self._sound_gate(root, self._cache_now(cache)))
@@ -572,15 +574,13 @@ class SpecDecoder:
         experts_known = m.needs_experts and not cache.all()  # predicted, or (oracle) the true routing
         predicted = m.needs_predictor and experts_known
         t0 = time.perf_counter()
-        root_experts = None
-        if predicted:  # the AR gate may have predicted them already
-            root_experts = self._root_experts
-            if root_experts is None:
-                root_experts = self._predict(np.asarray([root]), None)[:1]
-        elif experts_known:  # oracle: placeholder until the true routing is known
-            root_experts = np.zeros((1, cache.shape[0], int(self.target.spec.top_k)), dtype=np.int64)
+        if predicted:  # the AR gate may have built it already
+            tree, cost = self._root_tree(root, cache)
+        else:  # the oracle's experts: a placeholder until the true routing is known
+            experts = np.zeros((1, cache.shape[0], int(self.target.spec.top_k)), dtype=np.int64) if experts_known else None
+            tree = DraftTree([-1], path_prob=[1.0], tokens=[root], experts=experts, num_experts=self.num_experts)
+            cost = self._cycle_cost(tree, cache) if experts_known else self.cost
         rec.predict_ms += (time.perf_counter() - t0) * 1e3
-        tree = DraftTree([-1], path_prob=[1.0], tokens=[root], experts=root_experts, num_experts=self.num_experts)
         self._raw_pp = tree.path_prob.copy()
         if not experts_known:  # no expert term: an empty layer axis
             if m.needs_experts:  # all resident: the root brings none either
@@ -589,7 +589,6 @@ class SpecDecoder:
         cal = self.acceptance
         level_ms = self.cost.level_ms if m.calibrated else 0.0
         width = ts.level_width(ts.depth) if m.calibrated else None  # most nodes a further level adds
-        cost = self._cycle_cost(tree, cache) if experts_known else self.cost
         node_ms = cost.min_node_ms_for(cache) if m.level_by_level else None  # per-node bound of T this cycle
         root_ms = cost.cycle_ms(1, tree.items(cache).root_new_per_layer)  # T(root alone) = T(AR)
         selection = None
@@ -650,8 +649,10 @@ class SpecDecoder:
 
     def _cache_now(self, cache: np.ndarray | None) -> np.ndarray:
         """The expert-cache mask (L, E) at the cycle's start (read once per cycle; ``cache`` if given)."""
-        if self._cache is None:
-            self._cache = cache if cache is not None else _cache_mask(
+        if cache is not None:
+            self._cache = cache
+        elif self._cache is None:
+            self._cache = _cache_mask(
                 self.target, len(self.target.cache.stats()["layers"]), self.num_experts)
         return self._cache
 
@@ -662,6 +663,15 @@ class SpecDecoder:
             self.predictor.observe(np.concatenate(toks), np.concatenate(rows), None)
             self._unobserved.clear()
         return self.predictor.predict(tokens, hidden)
+
+    def _root_tree(self, root: int, cache: np.ndarray) -> tuple[DraftTree, CostModel]:
+        """This cycle's root-only draft tree with the root's predicted experts, and the cycle's cost
+        model (:meth:`_cycle_cost`); built once per cycle, shared by the AR gate and the drafting."""
+        if self._root is None:
+            experts = self._predict(np.asarray([root]), None)[:1]
+            tree = DraftTree([-1], path_prob=[1.0], tokens=[root], experts=experts, num_experts=self.num_experts)
+            self._root = (tree, self._cycle_cost(tree, cache))
+        return self._root
 
     def _cycle_cost(self, tree: DraftTree, cache: np.ndarray) -> CostModel:
         """The cost model of this cycle's selection: the engine's, with the predictor's learned error
@@ -689,9 +699,7 @@ class SpecDecoder:
             return True
         if not self.method.needs_predictor or cache.all():  # oracle: root experts unknown; all resident: none
             return True
-        experts = self._root_experts = self._predict(np.asarray([root]), None)[:1]
-        tree = DraftTree([-1], path_prob=[1.0], tokens=[root], experts=experts, num_experts=self.num_experts)
-        cost = self._cycle_cost(tree, cache)
+        tree, cost = self._root_tree(root, cache)
         ar_ms = cost.cycle_ms(1, tree.items(cache).root_new_per_layer)
         ts, mass, a, u = self.tree, [], 1.0, 1.0
         for j in range(1, ts.depth + 1):
