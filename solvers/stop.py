@@ -2,12 +2,16 @@
 
 After each draft level the engine solves the selection problem on the tree drafted so far and asks
 :func:`should_stop` whether drafting deeper could still pay. Before drafting, :func:`draft_can_beat_ar`
-asks whether any draft can beat the plain AR step at all (the AR gate).
+asks whether any draft can beat the plain AR step at all (the AR gate), and :func:`selectable`
+which drafted nodes can belong to an optimal selection at all (the others need no expert prediction,
+no coverage accounting and no place in the solver's instance).
 """
 
 from __future__ import annotations
 
 import math
+
+import numpy as np
 
 from specfit.core.cost import CostModel, HostProfile, check_ms
 from specfit.core.errors import SpecFitInputError, check_positive_int
@@ -166,3 +170,48 @@ def draft_can_beat_ar(ar_ms: float, level_mass, level_ms: float, per_node_ms: fl
         gain += t * float(a)
         best = max(best, gain - j * (float(level_ms) + float(per_node_ms)))
     return best > float(min_expert_ms)
+
+
+def selectable(path_prob, min_node_ms: float, rate_lo: float) -> np.ndarray:
+    """Which nodes can belong to an optimal selection: those with ``P_v >= (rate_lo/1000) * min_node_ms``.
+
+    Parameters
+    ----------
+    path_prob : array-like of float, shape (m,)
+        Path probabilities P_v of draft nodes (the objective's, calibrated where the engine
+        calibrates); the root is in every selection and is not asked about.
+    min_node_ms : float
+        A per-node lower bound of T for this cycle (``cost.min_node_ms_for(cache)``): removing a leaf
+        from any selection saves at least this many ms.
+    rate_lo : float
+        Ratio mode: a lower bound (tokens/s) on R*, the best ratio ``1000 A(S)/T(S)`` over the
+        subtrees of every tree the cycle can still draft, e.g. ``1000 / (T(root alone) + every
+        level's cost)``; rate mode: the rate λ itself.
+
+    Returns
+    -------
+    numpy.ndarray of bool, shape (m,)
+        False for a node in no optimal selection (nor, as path probabilities do not increase along
+        paths, any of its descendants).
+
+    Raises
+    ------
+    SpecFitInputError
+        If ``min_node_ms`` or ``rate_lo`` is negative or not finite.
+
+    Notes
+    -----
+    Proof (ratio mode). Let S* be optimal, R* = A(S*)/T(S*) in tokens/ms, and suppose some v in S*
+    has P_v < R* min_node_ms. Its descendants in S* have P <= P_v, so S* has a leaf u with
+    P_u < R* min_node_ms. S* \\ {u} is ancestor-closed and within every budget, and
+    t_u = T(S*) - T(S* \\ {u}) >= min_node_ms, so
+    A(S* \\ {u}) / T(S* \\ {u}) = (R* T(S*) - P_u) / (T(S*) - t_u) > R*  (as P_u < R* t_u):
+    S* was not optimal. Hence no optimal S* holds a node with P_v < R* min_node_ms, and a fortiori
+    none with P_v < R_lo min_node_ms for R_lo <= R*. Rate mode: removing u changes A - λT by
+    λ t_u - P_u > 0. The same per-node bound gives the stop rule its proof (:func:`should_stop`).
+    """
+    m = check_ms("min_node_ms", min_node_ms)
+    r = float(rate_lo)
+    if not (r >= 0.0 and math.isfinite(r)):
+        raise SpecFitInputError("rate_lo", f"must be a finite number >= 0 (tokens/s), got {rate_lo!r}")
+    return np.asarray(path_prob, dtype=np.float64) >= r / 1000.0 * m

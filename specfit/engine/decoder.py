@@ -41,7 +41,7 @@ from specfit.engine.online import OnlineModel
 from specfit.engine.verify import verify_greedy, verify_sampling
 from specfit.solvers import get_solver
 from specfit.solvers.base import solver_class
-from specfit.solvers.stop import draft_can_beat_ar, should_stop
+from specfit.solvers.stop import draft_can_beat_ar, selectable, should_stop
 
 
 @dataclass(frozen=True)
@@ -145,8 +145,10 @@ class TreeSettings:
 class CycleRecord:
     """What one cycle did and cost.
 
-    Counts: ``levels`` drafted, ``nodes_drafted`` (root excluded), ``nodes_verified`` (root
-    included), ``accepted`` draft tokens, ``committed`` tokens (accepted + bonus; τ of this cycle).
+    Counts: ``levels`` drafted, ``nodes_drafted`` by the head (root excluded), ``nodes_pruned`` of
+    them in no optimal selection (:func:`specfit.solvers.stop.selectable`; never predicted nor
+    priced), ``nodes_verified`` (root included), ``accepted`` draft tokens, ``committed`` tokens
+    (accepted + bonus; τ of this cycle).
     Experts per MoE layer, lists of length L: ``predicted_new`` (uncached experts the selector
     predicted for the verified subtree), ``true_experts`` (distinct experts the verified nodes
     really routed to), ``transferred`` (experts the runtime copied host-to-device). Model terms:
@@ -169,6 +171,7 @@ class CycleRecord:
 
     levels: int = 0
     nodes_drafted: int = 0
+    nodes_pruned: int = 0
     nodes_verified: int = 1
     accepted: int = 0
     committed: int = 0
@@ -194,6 +197,45 @@ class CycleRecord:
     def to_json(self) -> dict:
         """The record as a JSON object (field name → value)."""
         return asdict(self)
+
+
+@dataclass
+class _Drafted:
+    """The whole tree the head drafted in one cycle, ids in drafting order (the root, then each level),
+    and which of its nodes the priced :class:`DraftTree` holds (the others are in no optimal selection,
+    :func:`specfit.solvers.stop.selectable`). Calibration learns from every drafted node.
+
+    Attributes: ``parents``, ``tokens``, ``depth`` (N,) int64; ``raw`` (N,) the head's path
+    probabilities; ``cal`` (N,) the objective's (calibrated) ones; ``tree_ids`` (N,) each node's id in
+    the priced tree or -1; ``full_ids`` (n,) each priced node's drafted id.
+    """
+
+    parents: np.ndarray
+    tokens: np.ndarray
+    depth: np.ndarray
+    raw: np.ndarray
+    cal: np.ndarray
+    tree_ids: np.ndarray
+    full_ids: np.ndarray
+
+    @classmethod
+    def of_root(cls, root: int) -> "_Drafted":
+        zero = np.zeros(1, dtype=np.int64)
+        return cls(np.full(1, -1, dtype=np.int64), np.full(1, root, dtype=np.int64), zero, np.ones(1), np.ones(1),
+                   zero, zero)
+
+    def add(self, parents: np.ndarray, tokens: np.ndarray, raw: np.ndarray, cal: np.ndarray, keep: np.ndarray,
+            first_tree_id: int) -> None:
+        """Append one drafted level (m,); the nodes where ``keep`` is True became priced nodes
+        ``first_tree_id, first_tree_id + 1, ...`` in order."""
+        kept = np.flatnonzero(keep)
+        ids = np.full(len(parents), -1, dtype=np.int64)
+        ids[kept] = np.arange(first_tree_id, first_tree_id + kept.size)
+        self.full_ids = np.concatenate([self.full_ids, self.parents.size + kept])
+        self.depth = np.concatenate([self.depth, self.depth[parents] + 1])
+        self.parents, self.tokens = np.concatenate([self.parents, parents]), np.concatenate([self.tokens, tokens])
+        self.raw, self.cal = np.concatenate([self.raw, raw]), np.concatenate([self.cal, cal])
+        self.tree_ids = np.concatenate([self.tree_ids, ids])
 
 
 @dataclass
@@ -362,6 +404,7 @@ class SpecDecoder:
         self._root_new = None  # this cycle's predicted uncached root experts per layer (L,)
         self._cache = self._root = None  # this cycle's cache mask, and its root tree with its cost model
         self._untimed_s = 0.0  # this cycle's CPU s of head and reference forwards (not host work)
+        self._drafted = None  # this cycle's whole drafted tree (_Drafted)
         self._unobserved: list = []  # committed (tokens, routing) the predictor has not observed yet
 
     #: Per solve, for selectors that take a time limit: only a branch and bound can be slow (the exact
@@ -453,12 +496,14 @@ class SpecDecoder:
         tree, selection, items = DraftTree([-1], path_prob=[1.0], tokens=[root]), None, None
         self._reference_verified = False  # oracle: did the reference already verify this cycle's tree?
         self._cache, self._root_new, self._root, self._untimed_s = None, None, None, 0.0
+        self._drafted = None
         c0 = time.thread_time()
         if m.drafts and drafter_ready:
             drafted, selection, items = self._draft_and_select(root, None, rec)
             tree = drafted if drafted is not None else tree
         rec.host_cpu_ms = (time.thread_time() - c0 - self._untimed_s) * 1e3
-        raw = tree.path_prob if selection is None else self._raw_pp  # the draft's own path probabilities
+        drafted = self._drafted if selection is not None else None
+        raw = tree.path_prob if drafted is None else drafted.raw[drafted.full_ids]  # the draft's own P
         # verify the selected subtree in one target forward
         keep = list(selection.nodes) if selection is not None else [0]
         sub, _ = tree.subtree(keep)
@@ -480,13 +525,15 @@ class SpecDecoder:
         else:
             acc = verify_greedy(sub_tokens, sub_parents, logits)
         self.target.commit(acc.path)
-        if self.acceptance is not None and tree.n > 1:
+        if self.acceptance is not None and drafted is not None and drafted.parents.size > 1:
+            # in the whole drafted tree's ids (pruned nodes too: they were drafted, only not priced)
+            full = drafted.full_ids[np.asarray(keep)]
             if self.temperature == 0:  # every drafted child of an accepted node is a trial, verified or not
-                old, ok = greedy_trials(tree.parents, tree.tokens, [keep[v] for v in acc.path], acc.bonus_token)
+                old, ok = greedy_trials(drafted.parents, drafted.tokens, full[acc.path], acc.bonus_token)
             else:
                 nodes, ok = verify_trials(sub_parents, acc.path)
-                old = np.asarray(keep)[nodes]
-            self.acceptance.update(self._raw_q(tree, raw)[old], tree.depth[old], ok)
+                old = full[nodes]
+            self.acceptance.update(self._raw_q(drafted.parents, drafted.raw)[old], drafted.depth[old], ok)
         if self.reference is not None:
             if self._reference_verified:  # it verified the whole drafted tree: commit in its node ids
                 self.reference.commit([keep[v] for v in acc.path])
@@ -551,9 +598,11 @@ class SpecDecoder:
     def _draft_and_select(self, root: int, cache: np.ndarray, rec: CycleRecord):
         """Grow the draft tree level by level and select its verified subtree.
 
-        For a calibrated method the tree carries calibrated path probabilities (the raw ones are kept
-        in ``self._raw_pp``), the levels drafted so far are a cost of the cycle (whole-cycle objective)
-        and the AR gate may skip drafting (SPECFIT.md §3).
+        For a calibrated method the tree carries calibrated path probabilities (the raw ones, and
+        every drafted node, are kept in ``self._drafted``), the levels drafted so far are a cost of the
+        cycle (whole-cycle objective) and the AR gate may skip drafting (SPECFIT.md §3). For a
+        level-by-level method with an exact selector the tree holds only the drafted nodes that can
+        belong to an optimal selection (:func:`specfit.solvers.stop.selectable`).
 
         Returns ``(tree, selection, items)``: the :class:`DraftTree` drafted, the
         :class:`~specfit.solvers.Selection` and the tree's coverage accounting against ``cache``;
@@ -581,7 +630,7 @@ class SpecDecoder:
             tree = DraftTree([-1], path_prob=[1.0], tokens=[root], experts=experts, num_experts=self.num_experts)
             cost = self._cycle_cost(tree, cache) if experts_known else self.cost
         rec.predict_ms += (time.perf_counter() - t0) * 1e3
-        self._raw_pp = tree.path_prob.copy()
+        d = self._drafted = _Drafted.of_root(root)
         if not experts_known:  # no expert term: an empty layer axis
             if m.needs_experts:  # all resident: the root brings none either
                 self._root_new = np.zeros(cache.shape[0], dtype=np.int64)
@@ -591,6 +640,11 @@ class SpecDecoder:
         width = ts.level_width(ts.depth) if m.calibrated else None  # most nodes a further level adds
         node_ms = cost.min_node_ms_for(cache) if m.level_by_level else None  # per-node bound of T this cycle
         root_ms = cost.cycle_ms(1, tree.items(cache).root_new_per_layer)  # T(root alone) = T(AR)
+        # Nodes in no optimal selection are dropped before they are predicted or priced (solvers.stop.selectable)
+        # against R_lo <= R*: the root alone with every level paid, or a selection found so far. The oracle's
+        # T(root alone) is known once the reference has routed the first level.
+        prune = m.level_by_level and self.solver.exact
+        max_sunk, rate_lo, root_known = ts.depth * level_ms, 0.0, not (m.oracle and experts_known)
         selection = None
         levels = self.drafter.draft_levels(root, ts.top_k, ts.depth)
         while True:
@@ -602,45 +656,61 @@ class SpecDecoder:
                 break
             rec.levels += 1
             t0 = time.perf_counter()
-            experts = None
-            if predicted:
-                hidden = level.hidden.float().cpu().numpy() if level.hidden is not None else None
-                experts = self._predict(level.tokens.cpu().numpy(), hidden)
-            elif experts_known:
-                experts = np.zeros((len(level.parents),) + tree.experts.shape[1:], dtype=np.int64)
             parents = level.parents.cpu().numpy().astype(np.int64, copy=False)
+            tokens = level.tokens.cpu().numpy().astype(np.int64, copy=False)
             # EAGLE's float32 products can differ from the parent's by an ulp; keep P non-increasing
-            up = self._raw_pp[parents]
+            up = d.raw[parents]
             raw = np.minimum(level.path_prob.double().cpu().numpy(), up)
             pp = raw
             if cal is not None:  # calibrated conditional acceptance, multiplied along the path
                 q = np.where(up > 0, raw / np.where(up > 0, up, 1.0), 0.0)
-                pp = cal.level_path_prob(tree.path_prob, parents, q, tree.depth[parents] + 1)
-            self._raw_pp = np.concatenate([self._raw_pp, raw])
-            tree.add_level(parents, pp, level.tokens.cpu().numpy().astype(np.int64, copy=False), experts)
+                pp = cal.level_path_prob(d.cal, parents, q, d.depth[parents] + 1)
+            keep = d.tree_ids[parents] >= 0
+            if prune:
+                if rate is not None:
+                    rate_lo = rate
+                elif root_known:
+                    rate_lo = max(rate_lo, 1000.0 / (root_ms + max_sunk))
+                keep &= selectable(pp, node_ms, rate_lo)
+            kept = np.flatnonzero(keep)
+            if kept.size:
+                experts = None
+                if predicted:
+                    hidden = level.hidden[torch.from_numpy(kept)].float().cpu().numpy() if level.hidden is not None else None
+                    experts = self._predict(tokens[kept], hidden)
+                elif experts_known:
+                    experts = np.zeros((kept.size,) + tree.experts.shape[1:], dtype=np.int64)
+                tree.add_level(d.tree_ids[parents[kept]], pp[kept], tokens[kept], experts)
+            d.add(parents, tokens, raw, pp, keep, tree.n - kept.size)
             rec.predict_ms += (time.perf_counter() - t0) * 1e3
+            if not kept.size:  # every deeper node descends from a dropped one: in no optimal selection either
+                break
             if m.oracle and experts_known:  # outside the timed path; the root's true experts change T(root alone)
                 u0 = time.thread_time()
                 tree.set_experts(self._true_routing(tree))
                 self._reference_verified = True
                 self._untimed_s += time.thread_time() - u0
-                root_ms = cost.cycle_ms(1, tree.items(cache).root_new_per_layer)
+                root_ms, root_known = cost.cycle_ms(1, tree.items(cache).root_new_per_layer), True
             selection = None
             if m.level_by_level and rec.levels < ts.depth:
                 # The stop rule stops iff P_f <= (per_node_ms + level_ms / width) * R*. R* <= 1000 (1 + sum P) /
                 # (T(root alone) + levels drafted), as every subtree holds the root; solve only when even that
                 # bound lets the rule fire (rate mode needs no R*).
-                p_f = float(tree.path_prob[tree.last_level].max())
-                bound = 1000.0 * sum(tree.path_prob.tolist()) / (root_ms + rec.levels * level_ms)
+                p_f = float(pp[kept].max())
+                sunk = rec.levels * level_ms
+                bound = 1000.0 * sum(tree.path_prob.tolist()) / (root_ms + sunk)
                 if should_stop(bound, p_f, cost, rate, level_ms=level_ms, level_width=width, min_node_ms=node_ms):
                     if rate is not None:
                         break
-                    selection = self._select(tree, cache, rate, rec, cost, rec.levels * level_ms)
+                    selection = self._select(tree, cache, rate, rec, cost, sunk)
+                    if prune:  # the same subtree, every level paid, is still there at the end of the cycle
+                        rate_lo = max(rate_lo, 1000.0 * selection.expected_tokens
+                                      / (selection.predicted_ms - sunk + max_sunk))
                     if should_stop(selection.throughput, p_f, cost, rate, level_ms=level_ms, level_width=width,
                                    min_node_ms=node_ms):
                         break
         levels.close()
-        rec.nodes_drafted = tree.n - 1
+        rec.nodes_drafted, rec.nodes_pruned = d.parents.size - 1, d.parents.size - tree.n
         if selection is None:
             selection = self._select(tree, cache, rate, rec, cost, rec.levels * level_ms)
         if self.online is not None and tree.n > 1:
@@ -722,9 +792,9 @@ class SpecDecoder:
         return float(self.cost.node_added_ms(tree.items(cache).root_new_per_layer, new, rows).min())
 
     @staticmethod
-    def _raw_q(tree: DraftTree, raw: np.ndarray) -> np.ndarray:
+    def _raw_q(parents: np.ndarray, raw: np.ndarray) -> np.ndarray:
         """Conditional draft probabilities q_v = P_v / P_parent from the raw path probabilities (q_0 = 1)."""
-        up = raw[np.maximum(tree.parents, 0)]
+        up = raw[np.maximum(parents, 0)]
         return np.where(up > 0, raw / np.where(up > 0, up, 1.0), 0.0)
 
     def _select(self, tree: DraftTree, cache: np.ndarray, rate: float | None, rec: CycleRecord,

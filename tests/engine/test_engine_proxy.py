@@ -3,6 +3,7 @@
 
 import json
 
+import numpy as np
 import pytest
 
 from specfit.eval.datasets import encode, load_prompts
@@ -51,3 +52,37 @@ def test_every_method_equals_ar_on_20_proxy_prompts(proxy):
             assert g.output_ids == e, f"{name} diverges from AR on prompt {i}"
         taus[name] = sum(g.tau for g in gens) / len(gens)
     assert taus["eagle3"] > 1.0  # the shipped head accepts draft tokens
+
+
+def test_dropping_unselectable_nodes_changes_no_selection(proxy, monkeypatch):
+    """The nodes :func:`selectable` drops are in no optimal selection: with them dropped (before any
+    expert prediction) every cycle verifies the same subtree as with every drafted node priced, and
+    calibration learns from the same trials (dropped nodes are still drafted)."""
+    import specfit.engine.decoder as decoder
+    from specfit.engine.online import OnlineModel
+
+    targets, drafter, prompts = proxy
+    spec = targets[32].spec
+    cost = get_profile("qwen3-30b-a3b-pcie4").for_layers(len(spec.moe_layers))
+    monkeypatch.setattr(OnlineModel, "decide", lambda self, sound_can_draft=None: "draft")  # every cycle drafts
+
+    def run():
+        predictor = get_predictor("recency", num_layers=len(spec.moe_layers), num_experts=spec.num_experts,
+                                  top_k=spec.top_k)
+        dec = SpecDecoder(targets[32], drafter, "specfit", tree=TreeSettings(32, 6, 4), cost=cost, predictor=predictor)
+        targets[32].reset_cache(32)  # both runs start from the same (empty) expert cache
+        gens = [dec.generate(p, NEW_TOKENS) for p in prompts[:3] + prompts[10:13]]
+        return gens, dec.acceptance
+
+    pruned, cal = run()
+    monkeypatch.setattr(decoder, "selectable", lambda pp, node_ms, rate_lo: np.ones(len(pp), dtype=bool))
+    full, cal_full = run()
+    assert sum(c.nodes_pruned for g in pruned for c in g.cycles) > 0  # the bound bites on the proxy
+    assert all(c.nodes_pruned == 0 for g in full for c in g.cycles)
+    for a, b in zip(pruned, full):
+        assert a.output_ids == b.output_ids
+        assert [(c.nodes_drafted, c.nodes_verified, c.accepted) for c in a.cycles] == \
+               [(c.nodes_drafted, c.nodes_verified, c.accepted) for c in b.cycles]
+        np.testing.assert_allclose([c.expected_tokens for c in a.cycles], [c.expected_tokens for c in b.cycles])
+    np.testing.assert_array_equal(cal.trials, cal_full.trials)
+    np.testing.assert_array_equal(cal.accepted, cal_full.accepted)

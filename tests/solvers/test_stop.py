@@ -10,12 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specfit.solvers import get_solver
-from specfit.solvers.stop import draft_can_beat_ar, should_stop
+from specfit.solvers.stop import draft_can_beat_ar, selectable, should_stop
 from specfit.core.cost import CostModel
 from specfit.core.errors import SpecFitInputError
 from specfit.core.instance import Instance
 from specfit.core.tree import DraftTree
-from strategies import BUDGETS, level_instances
+from strategies import BUDGETS, instances, level_instances
 
 
 def drafted_so_far(inst: Instance, m: int) -> Instance:
@@ -155,3 +155,39 @@ def test_ar_gate_decides_by_the_expert_cost_of_a_draft():
         draft_can_beat_ar(0.0, [0.5], 0.0, 0.0, 0.0)
     with pytest.raises(SpecFitInputError, match=r"level_mass\[0\]"):
         draft_can_beat_ar(1.0, [-0.5], 0.0, 0.0, 0.0)
+
+
+@pytest.mark.parametrize("host", [False, True])
+@pytest.mark.parametrize("budget", BUDGETS)
+@pytest.mark.parametrize("mode", ["ratio", "rate"])
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_selectable_drops_only_nodes_in_no_optimal_selection(budget, mode, host, data):
+    """Every optimal selection (brute force) holds only selectable nodes, against R_lo = R* itself and
+    the engine's bound (the root alone, every level paid); so the optimum over the selectable nodes
+    is the optimum over the whole tree."""
+    inst = data.draw(instances(max_nodes=10, budget=budget, host=host))
+    extra = data.draw(st.floats(0.0, 20.0))  # levels paid: a cost of the cycle
+    inst = Instance(inst.tree, inst.cost.plus_ms(extra), inst.cache, inst.max_nodes, inst.max_new_experts_per_layer)
+    node_ms = inst.cost.min_node_ms_for(inst.cache)
+    rate = data.draw(st.floats(0.0, 800.0)) if mode == "rate" else None
+    brute = get_solver("bruteforce")
+    best = brute.solve(inst, rate)
+    root_alone = 1000.0 / inst.cost.cycle_ms(1, inst.items.root_new_per_layer, inst.items.rows[0])
+    for lo in ([rate] if rate is not None else [best.throughput, root_alone]):
+        keep = selectable(inst.tree.path_prob, node_ms, lo)
+        keep[0] = True  # the root is in every selection; only draft nodes are dropped
+        assert keep[list(best.nodes)].all()
+        kept = np.flatnonzero(keep)
+        sub, _ = inst.tree.subtree(kept)
+        pruned = brute.solve(Instance(sub, inst.cost, inst.cache, inst.max_nodes, inst.max_new_experts_per_layer), rate)
+        assert pruned.objective == pytest.approx(best.objective, rel=1e-9, abs=1e-12)
+
+
+def test_selectable_threshold_and_errors():
+    assert selectable([1.0, 0.2, 0.1, 0.05], 1.0, 100.0).tolist() == [True, True, True, False]  # 0.1 tokens/ms * 1 ms
+    assert selectable([0.0], 0.0, 0.0).tolist() == [True]
+    with pytest.raises(SpecFitInputError, match="rate_lo"):
+        selectable([1.0], 1.0, math.nan)
+    with pytest.raises(SpecFitInputError, match="min_node_ms"):
+        selectable([1.0], -1.0, 10.0)
