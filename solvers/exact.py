@@ -18,7 +18,9 @@ P ≤ P_v (P is non-increasing along paths), so no part of it can raise F_λ; (i
 ``dp[v] = max(0, b_v + Σ dp[child])`` with shared item costs dropped is an upper bound on what v's
 subtree can add, so v is dropped when ``dp[v] ≤ 0``; an item left with one live owner folds into
 that owner's weight. When no item is shared by two live owners the cut is not needed: the tree DP
-is then exact.
+is then exact. When no node needs an uncached expert at all, T(S) depends on |S| alone, every size's
+best subtree is its prefix of the path-probability order (SPECFIT.md §3), and the best prefix
+(:func:`specfit.solvers.greedy.best_prefix`, within the node budget) is returned without search.
 
 *Budgets.* With ``max_nodes`` or ``max_new_experts_per_layer`` the problem is NP-hard (a star with an
 expert cap is set-union knapsack, SPECFIT.md §3), so F_λ is maximised by depth-first branch and
@@ -312,10 +314,13 @@ class ExactSolver(Solver):
 
     def select(self, instance: Instance, rate: float | None):
         deadline = None if self.time_limit_s is None else time.perf_counter() + self.time_limit_s
-        if instance.cost.regime == "host":
-            if instance.items.union(range(instance.n)):  # per-layer max: branch and bound (specfit.solvers.exact_host)
-                return select_host(instance, rate, [0], self.tol, deadline)  # {root}: cheaper than a prefix scan here
-            instance = replace(instance, cost=instance.cost.gpu_only())  # nothing on the host: T linear in |S|
+        host = instance.cost.regime == "host"
+        if not instance.items.union(range(instance.n)):  # no uncached expert: T linear in |S|, a prefix is optimal
+            if host:  # nothing on the host
+                instance = replace(instance, cost=instance.cost.gpu_only())
+            return best_prefix(instance, None if rate is None else rate / 1000.0), "optimal"
+        if host:  # per-layer max: branch and bound (specfit.solvers.exact_host)
+            return select_host(instance, rate, [0], self.tol, deadline)  # {root}: cheaper than a prefix scan here
         cov = coverage(instance)
         budgeted = instance.has_budget
         status = "optimal"
