@@ -154,7 +154,8 @@ class CycleRecord:
     really routed to), ``transferred`` (experts the runtime copied host-to-device). Model terms:
     ``expected_tokens`` A(S) (with calibrated acceptance for calibrated methods), ``expected_tokens_raw``
     A(S) from the draft's raw path probabilities, ``predicted_ms`` T(S) (whole cycle for calibrated
-    methods: it includes the draft levels' ``level_ms``). ``decision``: ``"draft"``, or ``"ar"`` when
+    methods: it includes the draft levels' ``level_ms`` and the cycle's measured host ms,
+    :meth:`SpecDecoder._level_ms`). ``decision``: ``"draft"``, or ``"ar"`` when
     the AR gate skipped drafting (SPECFIT.md §3, "The AR step as a candidate"), ``"explore"`` when it
     drafted only to measure drafting again. ``ar_step_ms``: the counterfactual AR step of this cycle,
     T(root alone) with the root's true experts against the cache at the cycle's start (ms; calibrated
@@ -405,6 +406,7 @@ class SpecDecoder:
         self._cache = self._root = None  # this cycle's cache mask, and its root tree with its cost model
         self._untimed_s = 0.0  # this cycle's CPU s of head and reference forwards (not host work)
         self._drafted = None  # this cycle's whole drafted tree (_Drafted)
+        self._level_host_ms = 0.0  # this cycle's host CPU ms in its draft levels
         self._unobserved: list = []  # committed (tokens, routing) the predictor has not observed yet
 
     #: Per solve, for selectors that take a time limit: only a branch and bound can be slow (the exact
@@ -526,6 +528,7 @@ class SpecDecoder:
             acc = verify_greedy(sub_tokens, sub_parents, logits)
         self.target.commit(acc.path)
         if self.acceptance is not None and drafted is not None and drafted.parents.size > 1:
+            c0 = time.thread_time()  # host work of the cycle (host_cpu_ms), like the drafting's
             # in the whole drafted tree's ids (pruned nodes too: they were drafted, only not priced)
             full = drafted.full_ids[np.asarray(keep)]
             if self.temperature == 0:  # every drafted child of an accepted node is a trial, verified or not
@@ -534,6 +537,7 @@ class SpecDecoder:
                 nodes, ok = verify_trials(sub_parents, acc.path)
                 old = full[nodes]
             self.acceptance.update(self._raw_q(drafted.parents, drafted.raw)[old], drafted.depth[old], ok)
+            rec.host_cpu_ms += (time.thread_time() - c0) * 1e3
         if self.reference is not None:
             if self._reference_verified:  # it verified the whole drafted tree: commit in its node ids
                 self.reference.commit([keep[v] for v in acc.path])
@@ -574,6 +578,8 @@ class SpecDecoder:
         layer = np.arange(cache.shape[0])[:, None]
         root_true = (~cache[layer, routing[0]]).sum(axis=1)  # (L,) the root's true uncached experts
         rec.ar_step_ms = self.cost.cycle_ms(1, root_true)  # one token: a row per uncached expert
+        if rec.decision != "ar" and rec.levels:
+            self.online.observe_host(rec.levels, self._level_host_ms, rec.host_cpu_ms - self._level_host_ms)
         if self._root_new is None:
             return
         if rec.decision == "ar" or rec.levels == 0:
@@ -636,7 +642,8 @@ class SpecDecoder:
                 self._root_new = np.zeros(cache.shape[0], dtype=np.int64)
             cache = np.zeros((0, self.num_experts), dtype=bool)
         cal = self.acceptance
-        level_ms = self.cost.level_ms if m.calibrated else 0.0
+        level_ms = self._level_ms() if m.calibrated else 0.0
+        host_ms = self.online.host_cycle_ms() if m.calibrated else 0.0  # paid by any drafted cycle
         width = ts.level_width(ts.depth) if m.calibrated else None  # most nodes a further level adds
         node_ms = cost.min_node_ms_for(cache) if m.level_by_level else None  # per-node bound of T this cycle
         root_ms = cost.cycle_ms(1, tree.items(cache).root_new_per_layer)  # T(root alone) = T(AR)
@@ -644,9 +651,10 @@ class SpecDecoder:
         # against R_lo <= R*: the root alone with every level paid, or a selection found so far. The oracle's
         # T(root alone) is known once the reference has routed the first level.
         prune = m.level_by_level and self.solver.exact
-        max_sunk, rate_lo, root_known = ts.depth * level_ms, 0.0, not (m.oracle and experts_known)
+        max_sunk, rate_lo, root_known = host_ms + ts.depth * level_ms, 0.0, not (m.oracle and experts_known)
         selection = None
         levels = self.drafter.draft_levels(root, ts.top_k, ts.depth)
+        u_levels, untimed0 = time.thread_time(), self._untimed_s  # the levels' host work, for the online model
         while True:
             t0, u0 = time.perf_counter(), time.thread_time()
             level = next(levels, None)
@@ -694,10 +702,10 @@ class SpecDecoder:
             selection = None
             if m.level_by_level and rec.levels < ts.depth:
                 # The stop rule stops iff P_f <= (per_node_ms + level_ms / width) * R*. R* <= 1000 (1 + sum P) /
-                # (T(root alone) + levels drafted), as every subtree holds the root; solve only when even that
-                # bound lets the rule fire (rate mode needs no R*).
+                # (T(root alone) + sunk), as every subtree holds the root; solve only when even that bound lets
+                # the rule fire (rate mode needs no R*). Sunk: the cycle's host ms and the levels drafted.
                 p_f = float(pp[kept].max())
-                sunk = rec.levels * level_ms
+                sunk = host_ms + rec.levels * level_ms
                 bound = 1000.0 * sum(tree.path_prob.tolist()) / (root_ms + sunk)
                 if should_stop(bound, p_f, cost, rate, level_ms=level_ms, level_width=width, min_node_ms=node_ms):
                     if rate is not None:
@@ -710,9 +718,10 @@ class SpecDecoder:
                                    min_node_ms=node_ms):
                         break
         levels.close()
+        self._level_host_ms = (time.thread_time() - u_levels - (self._untimed_s - untimed0)) * 1e3
         rec.nodes_drafted, rec.nodes_pruned = d.parents.size - 1, d.parents.size - tree.n
         if selection is None:
-            selection = self._select(tree, cache, rate, rec, cost, rec.levels * level_ms)
+            selection = self._select(tree, cache, rate, rec, cost, host_ms + rec.levels * level_ms)
         if self.online is not None and tree.n > 1:
             self.online.min_expert_ms.append(self._cheapest_node_expert_ms(tree, cache))
         return tree, selection, tree.items(cache)
@@ -742,6 +751,12 @@ class SpecDecoder:
             tree = DraftTree([-1], path_prob=[1.0], tokens=[root], experts=experts, num_experts=self.num_experts)
             self._root = (tree, self._cycle_cost(tree, cache))
         return self._root
+
+    def _level_ms(self) -> float:
+        """ms one draft level costs a calibrated method: the profile's ``draft_level_ms`` (the head
+        forward) and the measured host ms per level (:meth:`OnlineModel.host_level_ms`, the profile's
+        ``host_level_ms`` before any drafted cycle)."""
+        return (self.cost.draft_level_ms or 0.0) + self.online.host_level_ms(self.cost.host_level_ms or 0.0)
 
     def _cycle_cost(self, tree: DraftTree, cache: np.ndarray) -> CostModel:
         """The cost model of this cycle's selection: the engine's, with the predictor's learned error
@@ -776,7 +791,7 @@ class SpecDecoder:
             u *= self.acceptance.max_conditional(j)
             a = min(a, ts.level_width(j) * u)
             mass.append(a)
-        return draft_can_beat_ar(ar_ms, mass, cost.level_ms, cost.min_node_ms, min(online.min_expert_ms))
+        return draft_can_beat_ar(ar_ms, mass, self._level_ms(), cost.min_node_ms, min(online.min_expert_ms))
 
     def _cheapest_node_expert_ms(self, tree: DraftTree, cache: np.ndarray) -> float:
         """Smallest expert ms a single draft node of ``tree`` adds to the root's beyond the cost's

@@ -33,6 +33,13 @@ Three things the cycle's objective needs and no datasheet gives (issue 9, SPECFI
   taking the AR step, drafts once after ``explore_after`` AR steps (4, doubling after each exploration
   that leaves Ŝ <= 1, up to :attr:`EXPLORE_MAX`): a bounded share of exploring cycles.
 
+* **The host's own cost, measured.** The predictor, the tree and the solver run on the host CPU every
+  drafted cycle. The engine measures that CPU time (``time.thread_time``) per draft level and for the
+  rest of the cycle; :meth:`OnlineModel.host_level_ms` replaces the profile's ``host_level_ms`` (a
+  prior from benchmarks) in the level cost of the selection, the stop rule and the gate, and
+  :meth:`OnlineModel.host_cycle_ms` is a cost every drafted cycle pays whatever it verifies (added to
+  the selection's sunk ms, like the levels already drafted).
+
 Decayed sums forget with factor :attr:`OnlineModel.DECAY` per observation (an effective window of ~50
 cycles; Ŝ's with :attr:`OnlineModel.SPEEDUP_DECAY`, ~10 drafted cycles), so the model follows a change
 of prompt, domain or cache pressure.
@@ -93,6 +100,7 @@ class OnlineModel:
         self.skips = 0
         self.explore_after = self.EXPLORE_FIRST
         self.min_expert_ms: deque = deque(maxlen=self.GATE_WINDOW)
+        self.host_ms = np.zeros(4)  # decayed sums: level host ms, levels, rest-of-cycle host ms, cycles
 
     @property
     def speedup(self) -> float | None:
@@ -106,6 +114,20 @@ class OnlineModel:
     def node_correction(self) -> np.ndarray | None:
         """``m_l``, mean unpredicted uncached experts per verified draft node and layer (None before one)."""
         return None if self.node_weight == 0 else self.node_extra / self.node_weight
+
+    def observe_host(self, levels: int, level_ms: float, rest_ms: float) -> None:
+        """Record one drafted cycle's measured host CPU ms: ``level_ms`` over its ``levels`` draft
+        levels (prediction, tree, calibration, the stop rule's solves) and ``rest_ms`` for the rest
+        (the root's prediction, the final solve, learning)."""
+        self.host_ms = self.DECAY * self.host_ms + np.array([level_ms, levels, rest_ms, 1.0])
+
+    def host_level_ms(self, prior: float) -> float:
+        """Measured host CPU ms per draft level (decayed mean); ``prior`` before any drafted cycle."""
+        return float(self.host_ms[0] / self.host_ms[1]) if self.host_ms[1] > 0 else float(prior)
+
+    def host_cycle_ms(self) -> float:
+        """Measured host CPU ms a drafted cycle pays outside its levels (decayed mean; 0 before any)."""
+        return float(self.host_ms[2] / self.host_ms[3]) if self.host_ms[3] > 0 else 0.0
 
     def corrected_cost(self, cost: CostModel, root_new_per_layer) -> CostModel:
         """``cost`` with the predictor's learned error priced in (module docstring).

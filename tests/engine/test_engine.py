@@ -262,7 +262,10 @@ def test_calibrated_method_learns_from_its_verifies(ckpt, ar_outputs):
     assert gen.output_ids == ar_outputs[0]
     drafted = [c for c in gen.cycles if c.nodes_verified > 1]
     assert drafted and dec.acceptance.trials.sum() >= sum(c.nodes_verified - 1 for c in drafted[:1])
-    assert dec.acceptance.accepted.sum() == sum(c.accepted for c in gen.cycles)  # one success per accepted node
+    # one success per accepted node, and one more where the bonus token is a drafted child of the last
+    # accepted node that the selection did not verify (greedy_trials: such a child would have been accepted)
+    accepted = sum(c.accepted for c in gen.cycles)
+    assert accepted <= dec.acceptance.accepted.sum() <= accepted + sum(c.levels > 0 for c in gen.cycles)
 
 
 def test_oracle_with_every_expert_resident_keeps_its_reference_in_step(ckpt):

@@ -47,8 +47,10 @@ def test_host_selection_prices_the_whole_cycle_with_the_host_objective(ckpt):
     gen = dec.generate(PROMPTS[1], 12)
     for c in gen.cycles:
         if c.decision == "draft" and c.levels:
-            # T of the verified subtree on the host profile plus the levels paid (extra_ms, outside the max)
-            assert c.predicted_ms >= HOST.gpu_ms(c.nodes_verified) + c.levels * HOST.level_ms - 1e-9
+            # T of the verified subtree on the host profile plus the levels paid (extra_ms, outside the max):
+            # each a head forward and the host ms measured per level (>= 0), and the cycle's measured host ms
+            assert c.predicted_ms >= HOST.gpu_ms(c.nodes_verified) + c.levels * HOST.draft_level_ms - 1e-9
+    assert dec.online.host_ms[3] > 0 and dec.online.host_level_ms(1e9) < 1e9  # the drafted cycles were measured
     # the sunk level time is added outside the per-layer max, as the selection's instance sees it
     tree = DraftTree([-1, 0], path_prob=[1.0, 0.5], experts=[[[0]] * LAYERS] * 2, num_experts=16)
     inst = Instance(tree, HOST.plus_ms(2.2))

@@ -110,3 +110,14 @@ def test_a_host_regime_profile_is_used_as_given():
     on = OnlineModel(depth=4)
     on.observe(root_predicted_new=[1, 1], root_true_new=[2, 2])
     assert on.corrected_cost(host, [1, 1]) is host  # the corrections model copied experts only
+
+
+def test_host_costs_are_measured_means_with_the_profile_as_prior():
+    on = OnlineModel(depth=4)
+    assert on.host_level_ms(0.6) == 0.6 and on.host_cycle_ms() == 0.0  # nothing measured: the prior
+    on.observe_host(levels=4, level_ms=2.0, rest_ms=1.0)
+    assert on.host_level_ms(0.6) == pytest.approx(0.5) and on.host_cycle_ms() == pytest.approx(1.0)
+    on.observe_host(levels=2, level_ms=2.0, rest_ms=3.0)  # decayed sums: the older cycle weighs DECAY
+    d = OnlineModel.DECAY
+    assert on.host_level_ms(0.6) == pytest.approx((2.0 * d + 2.0) / (4 * d + 2))
+    assert on.host_cycle_ms() == pytest.approx((1.0 * d + 3.0) / (d + 1))
