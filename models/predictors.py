@@ -172,16 +172,18 @@ class _Window:
         routing = np.asarray(routing)  # (T, L, k), as if pushed one row at a time
         if not len(routing):
             return
-        layers = np.arange(self.L)[None, :, None]
-        steps = np.broadcast_to((self.step + np.arange(len(routing)))[:, None, None], routing.shape)
-        np.maximum.at(self.last, (layers, routing), steps)  # steps increase: the maximum is the last use
+        # (layer, expert) cells as flat ids into the C-contiguous (L, E) tables: 1-D ufunc.at is numpy's fast path
+        offset = (np.arange(self.L) * self.E)[:, None]
+        cells = (routing + offset).ravel()
+        steps = np.repeat(self.step + np.arange(len(routing)), routing[0].size)
+        np.maximum.at(self.last.ravel(), cells, steps)  # steps increase: the maximum is the last use
         self.step += len(routing)
         new = routing[-self.W:]  # older rows would leave the window at once
-        np.add.at(self.counts, (layers, new), 1)
+        np.add.at(self.counts.ravel(), cells[-new.size:], 1)
         self.rows.extend(new)
         excess = len(self.rows) - self.W
         if excess > 0:
-            np.add.at(self.counts, (layers, np.stack(self.rows[:excess])), -1)
+            np.add.at(self.counts.ravel(), (np.stack(self.rows[:excess]) + offset).ravel(), -1)
             del self.rows[:excess]
 
     def share(self) -> np.ndarray:

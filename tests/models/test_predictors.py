@@ -418,12 +418,23 @@ def test_window_push_of_a_batch_equals_pushing_its_rows_one_by_one(data):
     batches = data.draw(st.lists(st.integers(0, 7), min_size=1, max_size=4))
     rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
     one, many = _Window(L, E, k, W), _Window(L, E, k, W)
+    all_rows = []
     for T in batches:
         rows = np.stack([np.stack([rng.choice(E, k, replace=False) for _ in range(L)]) for _ in range(T)]) \
             if T else np.zeros((0, L, k), np.int64)
+        all_rows += list(rows)
         many.push(rows)
         for r in rows:
             one.push(r[None])
     np.testing.assert_array_equal(one.counts, many.counts)
     np.testing.assert_array_equal(one.last, many.last)
     assert one.step == many.step and len(one.rows) == len(many.rows) <= W
+    # and both equal the definition: counts over the last W rows, the step of each expert's last use
+    assert many.step == len(all_rows)
+    counts, last = np.zeros((L, E), np.int64), np.full((L, E), -1, np.int64)
+    for step, r in enumerate(all_rows):
+        for l in range(L):
+            last[l, r[l]] = step
+            counts[l, r[l]] += step >= len(all_rows) - W
+    np.testing.assert_array_equal(many.counts, counts)
+    np.testing.assert_array_equal(many.last, last)
