@@ -129,7 +129,8 @@ class AcceptanceCalibrator:
         if q.size == 0:
             return
         cell = self._cell(q, depth)
-        # the tables are C-contiguous (built in __init__), so ravel() is a view; 1-D add.at is numpy's fast path
+        # 1-D add.at (numpy's fast path) into ravel() views: contiguous tables (no copy when they already are)
+        self.trials, self.accepted = np.ascontiguousarray(self.trials), np.ascontiguousarray(self.accepted)
         np.add.at(self.trials.ravel(), cell, 1.0)
         np.add.at(self.accepted.ravel(), cell, np.asarray(accepted, dtype=np.float64))
 
