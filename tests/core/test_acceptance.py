@@ -107,6 +107,16 @@ def test_calibration_equals_the_reference_bit_for_bit(data):
                                       ref.level_path_prob(parent_cal, par, q, depth))
 
 
+def test_update_records_into_tables_a_caller_replaced():
+    """update adds into flat views; a non-contiguous table assigned from outside must still count."""
+    cal = AcceptanceCalibrator(max_depth=3)
+    cal.trials = np.zeros((cal.trials.shape[1], 3)).T  # same shape, not C-contiguous
+    cal.accepted = np.zeros((cal.trials.shape[1], 3)).T
+    cal.update([0.5, 0.5, 0.01], [1, 1, 3], [True, False, True])
+    assert cal.trials.sum() == 3 and cal.accepted.sum() == 2
+    assert cal.conditional([0.5], [1])[0] == pytest.approx((4.0 * 0.5 + 1) / (4.0 + 2))
+
+
 def test_verify_trials_are_children_of_the_accepted_path():
     # 0 -> 1 -> 3, 0 -> 2, 1 -> 4, 3 -> 5; accepted path 0, 1, 3
     nodes, ok = verify_trials([-1, 0, 0, 1, 1, 3], [0, 1, 3])
