@@ -87,21 +87,46 @@ def recall_at_k(pred, true) -> np.ndarray:
 def top_k_ids(scores: np.ndarray, k: int) -> np.ndarray:
     """Ids of the k largest scores along the last axis, best first; ties → lower id (stable).
 
-    A partial sort (``argpartition``, then the k chosen ordered), 3× faster than a full stable
-    argsort over 128 experts; rows where a tie straddles the k-th place fall back to the full sort,
-    so the result equals ``argsort(-scores, kind="stable")[..., :k]`` exactly.
+    Exactly ``np.argsort(-scores, axis=-1, kind="stable")[..., :k]`` as int64 (NaN ranks below
+    every number, as in that sort), much cheaper over 128 experts: a row's k-th largest score comes
+    from a plain sort (``np.sort`` is ~3× faster than ``argpartition``), the scores at or above it
+    are the row's top k when there are exactly k of them (their ids come out ascending), and only
+    those k are ordered by a stable argsort. Rows where a tie straddles the k-th place, or holding
+    NaN, fall back to the full stable argsort. (16, 6, 128) scores, k = 8: ~60 µs against ~150 µs
+    for an argpartition version and ~400 µs for the full stable argsort (2-vCPU VM, numpy 2.4).
+
+    Parameters
+    ----------
+    scores : array_like
+        (..., E) real scores (e.g. (m, L, E) per draft node and MoE layer).
+    k : int
+        How many ids per row (``k >= E`` gives the full order).
+
+    Returns
+    -------
+    numpy.ndarray
+        (..., min(k, E)) int64 ids, best first.
     """
     s = np.asarray(scores)
-    if k >= s.shape[-1]:
+    E = s.shape[-1]
+    if not 0 < k < E or s.size == 0:
         return np.argsort(-s, axis=-1, kind="stable")[..., :k].astype(np.int64)
-    idx = np.sort(np.argpartition(-s, k - 1, axis=-1)[..., :k], axis=-1)  # the k best, by id
-    v = np.take_along_axis(s, idx, -1)
-    out = np.take_along_axis(idx, np.argsort(-v, axis=-1, kind="stable"), -1)  # best first, ties by id
-    kth = v.min(axis=-1, keepdims=True)
-    tie = (s == kth).sum(-1) > (v == kth).sum(-1)  # a tie at the k-th place left out an equal score
-    if tie.any():
-        out[tie] = np.argsort(-s[tie], axis=-1, kind="stable")[..., :k]
-    return out.astype(np.int64)
+    rows = s.reshape(-1, E)
+    ranked = np.sort(rows, axis=-1)  # ascending, NaN last
+    top = rows >= ranked[:, -k, None]  # the scores at or above each row's k-th largest
+    flat = np.flatnonzero(top)
+    nan = np.isnan(ranked[:, -1]) if ranked.dtype.kind == "f" else np.zeros(len(rows), bool)
+    exact, kept = ~nan, rows
+    if nan.any() or len(flat) != len(rows) * k:  # without NaN every row holds k or more
+        exact &= top.sum(axis=-1) == k
+        kept, flat = rows[exact], np.flatnonzero(top[exact])
+    order = np.argsort(-kept.ravel()[flat].reshape(-1, k), axis=-1, kind="stable")  # ids ascend per row
+    best = flat[order + np.arange(0, len(flat), k)[:, None]] % E
+    if kept is not rows:
+        out = np.empty((len(rows), k), np.int64)
+        out[exact], out[~exact] = best, np.argsort(-rows[~exact], axis=-1, kind="stable")[:, :k]
+        best = out
+    return best.astype(np.int64, copy=False).reshape(s.shape[:-1] + (k,))
 
 
 def _check_dims(num_layers, num_experts, top_k) -> tuple[int, int, int]:
@@ -147,16 +172,18 @@ class _Window:
         routing = np.asarray(routing)  # (T, L, k), as if pushed one row at a time
         if not len(routing):
             return
-        layers = np.arange(self.L)[None, :, None]
-        steps = np.broadcast_to((self.step + np.arange(len(routing)))[:, None, None], routing.shape)
-        np.maximum.at(self.last, (layers, routing), steps)  # steps increase: the maximum is the last use
+        # (layer, expert) cells as flat ids into the C-contiguous (L, E) tables: 1-D ufunc.at is numpy's fast path
+        offset = (np.arange(self.L) * self.E)[:, None]
+        cells = (routing + offset).ravel()
+        steps = np.repeat(self.step + np.arange(len(routing)), routing[0].size)
+        np.maximum.at(self.last.ravel(), cells, steps)  # steps increase: the maximum is the last use
         self.step += len(routing)
         new = routing[-self.W:]  # older rows would leave the window at once
-        np.add.at(self.counts, (layers, new), 1)
+        np.add.at(self.counts.ravel(), cells[-new.size:], 1)
         self.rows.extend(new)
         excess = len(self.rows) - self.W
         if excess > 0:
-            np.add.at(self.counts, (layers, np.stack(self.rows[:excess])), -1)
+            np.add.at(self.counts.ravel(), (np.stack(self.rows[:excess]) + offset).ravel(), -1)
             del self.rows[:excess]
 
     def share(self) -> np.ndarray:
@@ -198,14 +225,17 @@ class RecencyPredictor:
         # rank 0 = worst, E-1 = best (ties → lower id first)
         self._prior_rank = np.empty((self.L, self.E), np.int64)
         np.put_along_axis(self._prior_rank, top_k_ids(prior, self.E), np.arange(self.E - 1, -1, -1)[None], axis=1)
+        self._top = None  # (L, k) prediction of the current context, until the next observe
 
     def reset(self) -> None:
         """Forget the observed context."""
         self.window.reset()
+        self._top = None
 
     def observe(self, tokens, routing, draft_hidden=None) -> None:
         """Append the true routing (T, L, k) of committed tokens (T,) to the window."""
         self.window.observe(tokens, routing)
+        self._top = None
 
     def scores(self) -> np.ndarray:
         """(L, E) int64 keys, larger = predicted first (count, then last use, then prior)."""
@@ -215,7 +245,9 @@ class RecencyPredictor:
     def predict(self, tokens, draft_hidden=None) -> np.ndarray:
         """(m, L, k) int64: the same top-k per layer for every node."""
         m = check_tokens(tokens).shape[0]
-        return np.broadcast_to(top_k_ids(self.scores(), self.k), (m, self.L, self.k)).copy()
+        if self._top is None:
+            self._top = top_k_ids(self.scores(), self.k)
+        return np.broadcast_to(self._top, (m, self.L, self.k)).copy()
 
 
 # -- (b) frequency tables ----------------------------------------------------------------------------
@@ -272,30 +304,56 @@ class FrequencyPredictor:
         self._row = np.full(int(ids.max()) + 1 if len(ids) else 0, -1, np.int64)
         self._row[ids] = np.arange(len(ids))
         self._tiebreak = np.argsort(np.argsort(g, axis=1, kind="stable"), axis=1) / (self.E * 1e6)
+        self._pseudo = self.a * g  # (L, E), the smoothing's pseudo-shares
         self.window = _Window(self.L, self.E, self.k, window)
+        self._context = None  # (β w, the unseen token's scores), both (L, E), until the next observe
 
     def reset(self) -> None:
         """Forget the recency context (the tables stay)."""
         self.window.reset()
+        self._context = None
 
     def observe(self, tokens, routing, draft_hidden=None) -> None:
         """Feed the recency context (used only when ``recency_weight > 0``)."""
         self.window.observe(tokens, routing)
+        self._context = None
+
+    def _recency_terms(self) -> tuple[np.ndarray | None, np.ndarray]:
+        """The (L, E) terms that do not depend on the token: ``β w`` (None when β = 0) and the score of
+        an unseen token, ``(g + β w) + tie-break``; computed once per observed context."""
+        if self._context is None:
+            blend = self.beta * self.window.share() if self.beta else None
+            unseen = self.g + blend if self.beta else self.g.copy()
+            unseen += self._tiebreak
+            self._context = (blend, unseen)
+        return self._context
 
     def scores(self, tokens) -> np.ndarray:
         """(m, L, E) float64 scores of the given tokens (see the class docstring)."""
         t = check_tokens(tokens)
-        rows = np.full(len(t), -1)
-        inside = t < len(self._row)
-        rows[inside] = self._row[t[inside]]
+        if len(t) and t.max() < len(self._row):
+            rows = self._row[t]
+        else:
+            rows = np.full(len(t), -1)
+            inside = t < len(self._row)
+            rows[inside] = self._row[t[inside]]
         seen = rows >= 0
-        s = np.broadcast_to(self.g, (len(t), self.L, self.E)).copy()
-        if seen.any():
-            n = self.n[rows[seen]][:, None, None]
-            s[seen] = (self.table[rows[seen]] / self.k + self.a * self.g) / (n + self.a)
-        if self.beta:
-            s += self.beta * self.window.share()
-        return s + self._tiebreak
+        blend, unseen = self._recency_terms()
+        if not seen.any():
+            return np.broadcast_to(unseen, (len(t), self.L, self.E)).copy()
+        known = rows[seen]
+        counts = self.table[known]
+        counts /= self.k  # float32, as the table
+        s = np.add(counts, self._pseudo)  # float64 from here; the same operations, in place, as the formula
+        s /= (self.n[known] + self.a)[:, None, None]
+        if blend is not None:
+            s += blend
+        s += self._tiebreak
+        if seen.all():
+            return s
+        out = np.empty((len(t), self.L, self.E))
+        out[seen], out[~seen] = s, unseen
+        return out
 
     def predict(self, tokens, draft_hidden=None) -> np.ndarray:
         """(m, L, k) int64, the top-k of :meth:`scores` per node and layer."""

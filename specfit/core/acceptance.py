@@ -62,9 +62,10 @@ class AcceptanceCalibrator:
         self.trials = np.zeros((self.max_depth, e.size + 1))
         self.accepted = np.zeros((self.max_depth, e.size + 1))
 
-    def _cell(self, q: np.ndarray, depth: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        d = np.clip(np.asarray(depth, dtype=np.int64), 1, self.max_depth) - 1
-        return d, np.searchsorted(self.edges, np.asarray(q, dtype=np.float64), side="left")
+    def _cell(self, q: np.ndarray, depth: np.ndarray) -> np.ndarray:
+        """Flat index ``d * bins + b`` of each node's (depth, q bin) cell in :attr:`trials` (q clipped)."""
+        d = np.minimum(np.maximum(np.asarray(depth, dtype=np.int64), 1), self.max_depth) - 1
+        return d * self.trials.shape[1] + np.searchsorted(self.edges, q, side="left")
 
     def conditional(self, q, depth) -> np.ndarray:
         """Calibrated ``Pr[accepted | parent accepted]`` of nodes with draft probability q at a depth.
@@ -80,10 +81,10 @@ class AcceptanceCalibrator:
         -------
         numpy.ndarray of float64, shape (m,), values in [0, 1]
         """
-        q = np.clip(np.asarray(q, dtype=np.float64), 0.0, 1.0)
-        d, b = self._cell(q, depth)
+        q = _unit(q)
+        cell = self._cell(q, depth)
         s = self.prior_strength
-        return (s * q + self.accepted[d, b]) / (s + self.trials[d, b])
+        return (s * q + self.accepted.ravel()[cell]) / (s + self.trials.ravel()[cell])
 
     def level_path_prob(self, parent_cal, parents, q, depth) -> np.ndarray:
         """Calibrated path probabilities of one draft level, ``P̂_parent * c`` (module docstring).
@@ -104,10 +105,10 @@ class AcceptanceCalibrator:
         """
         par = np.asarray(parents, dtype=np.int64)
         c = self.conditional(q, depth)
-        total = np.zeros(len(parent_cal))
-        np.add.at(total, par, c)
-        scale = np.where(total > 1.0, 1.0 / np.maximum(total, 1e-300), 1.0)
-        return np.asarray(parent_cal)[par] * np.minimum(c * scale[par], 1.0)
+        total = np.bincount(par, weights=c, minlength=len(parent_cal))  # each parent's children's sum
+        if (total > 1.0).any():  # else every scale is 1 and c * 1 = c
+            c = c * np.where(total > 1.0, 1.0 / np.maximum(total, 1e-300), 1.0)[par]
+        return np.asarray(parent_cal)[par] * np.minimum(c, 1.0)
 
     def max_conditional(self, depth: int) -> float:
         """The largest calibrated conditional acceptance any node at ``depth`` can get (q in [0, 1])."""
@@ -124,12 +125,19 @@ class AcceptanceCalibrator:
         q, depth : array-like, shape (m,)
         accepted : array-like of bool, shape (m,)
         """
-        q = np.clip(np.asarray(q, dtype=np.float64), 0.0, 1.0)
+        q = _unit(q)
         if q.size == 0:
             return
-        d, b = self._cell(q, depth)
-        np.add.at(self.trials, (d, b), 1.0)
-        np.add.at(self.accepted, (d, b), np.asarray(accepted, dtype=np.float64))
+        cell = self._cell(q, depth)
+        # 1-D add.at (numpy's fast path) into ravel() views: contiguous tables (no copy when they already are)
+        self.trials, self.accepted = np.ascontiguousarray(self.trials), np.ascontiguousarray(self.accepted)
+        np.add.at(self.trials.ravel(), cell, 1.0)
+        np.add.at(self.accepted.ravel(), cell, np.asarray(accepted, dtype=np.float64))
+
+
+def _unit(q) -> np.ndarray:
+    """q as float64, clipped to [0, 1] (NaN stays NaN, as with ``np.clip``)."""
+    return np.minimum(np.maximum(np.asarray(q, dtype=np.float64), 0.0), 1.0)
 
 
 def verify_trials(parents, path) -> tuple[np.ndarray, np.ndarray]:

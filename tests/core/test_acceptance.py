@@ -51,6 +51,72 @@ def test_calibrated_path_probabilities_are_a_valid_draft_tree(data):
         assert cal.max_conditional(j) >= cal.conditional(np.linspace(0, 1, 101), np.full(101, j)).max() - 1e-12
 
 
+class ReferenceCalibrator(AcceptanceCalibrator):
+    """The module docstring's formulas with plain np.clip and np.add.at (no shortcuts)."""
+
+    def conditional(self, q, depth):
+        q = np.clip(np.asarray(q, dtype=np.float64), 0.0, 1.0)
+        d = np.clip(np.asarray(depth, dtype=np.int64), 1, self.max_depth) - 1
+        b = np.searchsorted(self.edges, q, side="left")
+        s = self.prior_strength
+        return (s * q + self.accepted[d, b]) / (s + self.trials[d, b])
+
+    def level_path_prob(self, parent_cal, parents, q, depth):
+        par = np.asarray(parents, dtype=np.int64)
+        c = self.conditional(q, depth)
+        total = np.zeros(len(parent_cal))
+        np.add.at(total, par, c)
+        scale = np.where(total > 1.0, 1.0 / np.maximum(total, 1e-300), 1.0)
+        return np.asarray(parent_cal)[par] * np.minimum(c * scale[par], 1.0)
+
+    def update(self, q, depth, accepted):
+        q = np.clip(np.asarray(q, dtype=np.float64), 0.0, 1.0)
+        if q.size == 0:
+            return
+        d = np.clip(np.asarray(depth, dtype=np.int64), 1, self.max_depth) - 1
+        b = np.searchsorted(self.edges, q, side="left")
+        np.add.at(self.trials, (d, b), 1.0)
+        np.add.at(self.accepted, (d, b), np.asarray(accepted, dtype=np.float64))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.data())
+def test_calibration_equals_the_reference_bit_for_bit(data):
+    """bincount / flat add.at / min-max clipping give the very bits of np.add.at and np.clip, with
+    sibling sums above 1, q outside [0, 1], depths beyond max_depth and empty levels."""
+    max_depth = data.draw(st.integers(1, 5))
+    fast, ref = AcceptanceCalibrator(max_depth=max_depth), ReferenceCalibrator(max_depth=max_depth)
+    qs = st.floats(-0.5, 1.5, allow_nan=False)
+    for _ in range(data.draw(st.integers(1, 4))):
+        m = data.draw(st.integers(0, 30))
+        q = data.draw(st.lists(qs, min_size=m, max_size=m))
+        depth = data.draw(st.lists(st.integers(0, 8), min_size=m, max_size=m))
+        ok = data.draw(st.lists(st.booleans(), min_size=m, max_size=m))
+        fast.update(q, depth, ok)
+        ref.update(q, depth, ok)
+        np.testing.assert_array_equal(fast.trials, ref.trials)
+        np.testing.assert_array_equal(fast.accepted, ref.accepted)
+        n = data.draw(st.integers(1, 6))
+        parent_cal = np.asarray(data.draw(st.lists(st.floats(0, 1), min_size=n, max_size=n)))
+        m = data.draw(st.integers(0, 24))
+        par = data.draw(st.lists(st.integers(0, n - 1), min_size=m, max_size=m))  # many siblings: sums > 1
+        q = data.draw(st.lists(qs, min_size=m, max_size=m))
+        depth = data.draw(st.lists(st.integers(0, 8), min_size=m, max_size=m))
+        np.testing.assert_array_equal(fast.conditional(q, depth), ref.conditional(q, depth))
+        np.testing.assert_array_equal(fast.level_path_prob(parent_cal, par, q, depth),
+                                      ref.level_path_prob(parent_cal, par, q, depth))
+
+
+def test_update_records_into_tables_a_caller_replaced():
+    """update adds into flat views; a non-contiguous table assigned from outside must still count."""
+    cal = AcceptanceCalibrator(max_depth=3)
+    cal.trials = np.zeros((cal.trials.shape[1], 3)).T  # same shape, not C-contiguous
+    cal.accepted = np.zeros((cal.trials.shape[1], 3)).T
+    cal.update([0.5, 0.5, 0.01], [1, 1, 3], [True, False, True])
+    assert cal.trials.sum() == 3 and cal.accepted.sum() == 2
+    assert cal.conditional([0.5], [1])[0] == pytest.approx((4.0 * 0.5 + 1) / (4.0 + 2))
+
+
 def test_verify_trials_are_children_of_the_accepted_path():
     # 0 -> 1 -> 3, 0 -> 2, 1 -> 4, 3 -> 5; accepted path 0, 1, 3
     nodes, ok = verify_trials([-1, 0, 0, 1, 1, 3], [0, 1, 3])

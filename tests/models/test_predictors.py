@@ -328,17 +328,84 @@ def test_recorded_draft_hidden_equals_the_drafters_depth1_hidden(tiny_target):
         record_prompt(model, ids, head=head)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(st.data())
 def test_top_k_ids_equals_the_stable_full_sort(data):
+    """Exactly argsort(-s, stable)[..., :k]: ties to the lower id, NaN last, k = 1, k = E and k > E."""
     from specfit.models.predictors import top_k_ids
 
-    m, L, E = data.draw(st.integers(1, 4)), data.draw(st.integers(1, 3)), data.draw(st.integers(1, 12))
-    k = data.draw(st.integers(1, E))
-    values = data.draw(st.lists(st.integers(0, 3), min_size=m * L * E, max_size=m * L * E))  # many ties
-    s = np.asarray(values, dtype=np.float64).reshape(m, L, E)
+    m, L, E = data.draw(st.integers(0, 4)), data.draw(st.integers(1, 3)), data.draw(st.integers(1, 40))
+    k = data.draw(st.sampled_from([1, E, E + 2, data.draw(st.integers(1, E))]))
+    kind = data.draw(st.sampled_from(["ties", "int", "distinct", "nan", "inf"]))
+    n = m * L * E
+    if kind in ("ties", "int", "nan"):  # many ties: small integer values
+        s = np.asarray(data.draw(st.lists(st.integers(0, 3), min_size=n, max_size=n)), dtype=np.float64)
+        if kind == "int":
+            s = s.astype(np.int64)
+        if kind == "nan":
+            s[np.asarray(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)), dtype=bool)] = np.nan
+    else:
+        s = np.random.default_rng(data.draw(st.integers(0, 2**16))).random(n)
+        if kind == "inf":
+            s[::3] = np.inf
+            s[1::5] = -np.inf
+    s = s.reshape(m, L, E)
     expected = np.argsort(-s, axis=-1, kind="stable")[..., :k]
-    np.testing.assert_array_equal(top_k_ids(s, k), expected)
+    got = top_k_ids(s, k)
+    assert got.dtype == np.int64 and got.shape == expected.shape
+    np.testing.assert_array_equal(got, expected)
+
+
+def reference_frequency_scores(token_ids, table, token_counts, g, k, a, beta, observed, window, tokens):
+    """The class docstring's formula, one token at a time, without the predictor's shortcuts."""
+    table = np.asarray(table, np.float32)
+    E = g.shape[1]
+    tiebreak = np.argsort(np.argsort(g, axis=1, kind="stable"), axis=1) / (E * 1e6)
+    last = observed[-window:]
+    share = np.zeros(g.shape)
+    for r in last:
+        for l in range(g.shape[0]):
+            share[l, r[l]] += 1
+    share = share / (len(last) * k) if len(last) else share
+    out = []
+    for t in tokens:
+        i = list(token_ids).index(t) if t in token_ids else None
+        s = g.copy() if i is None else (table[i] / k + a * g) / (float(token_counts[i]) + a)
+        if beta:
+            s = s + beta * share
+        out.append(s + tiebreak)
+    return np.stack(out) if out else np.zeros((0,) + g.shape)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_frequency_scores_equal_the_formula_bit_for_bit(data):
+    """The per-call shortcuts (cached context terms, in-place arithmetic) change no bit, and the cached
+    terms follow every observe and reset."""
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    L, E, k, W = data.draw(st.integers(1, 3)), data.draw(st.integers(2, 12)), 2, data.draw(st.integers(1, 4))
+    ids = np.sort(rng.choice(30, data.draw(st.integers(1, 8)), replace=False))
+    counts = rng.integers(1, 6, len(ids))
+    table = rng.integers(0, 4, (len(ids), L, E))
+    g = rng.random((L, E)) + data.draw(st.sampled_from([0.0, 1.0]))  # + 1: near-equal shares
+    g /= g.sum(axis=1, keepdims=True)
+    a = data.draw(st.sampled_from([0.0, 0.3, 1.0, 7.0]))
+    beta = data.draw(st.sampled_from([0.0, 0.5, 2.0]))
+    p = FrequencyPredictor(ids, table, counts, g, k, smoothing=a, recency_weight=beta, window=W)
+    observed = []
+    for step in range(data.draw(st.integers(1, 4))):
+        tokens = rng.choice(np.concatenate([ids, [30, 31, 99]]), data.draw(st.integers(0, 6)))  # seen and unseen
+        want = reference_frequency_scores(ids, table, counts, g, k, a, beta, observed, W, tokens)
+        np.testing.assert_array_equal(p.scores(tokens), want)
+        np.testing.assert_array_equal(p.predict(tokens), np.argsort(-want, axis=-1, kind="stable")[..., :k])
+        if data.draw(st.booleans()):
+            p.reset()
+            observed = []
+        T = data.draw(st.integers(0, 3))
+        routing = np.stack([np.stack([rng.choice(E, k, replace=False) for _ in range(L)]) for _ in range(T)]) \
+            if T else np.zeros((0, L, k), np.int64)
+        p.observe(np.zeros(T, np.int64), routing)
+        observed += list(routing)
 
 
 @settings(max_examples=100, deadline=None)
@@ -351,12 +418,23 @@ def test_window_push_of_a_batch_equals_pushing_its_rows_one_by_one(data):
     batches = data.draw(st.lists(st.integers(0, 7), min_size=1, max_size=4))
     rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
     one, many = _Window(L, E, k, W), _Window(L, E, k, W)
+    all_rows = []
     for T in batches:
         rows = np.stack([np.stack([rng.choice(E, k, replace=False) for _ in range(L)]) for _ in range(T)]) \
             if T else np.zeros((0, L, k), np.int64)
+        all_rows += list(rows)
         many.push(rows)
         for r in rows:
             one.push(r[None])
     np.testing.assert_array_equal(one.counts, many.counts)
     np.testing.assert_array_equal(one.last, many.last)
     assert one.step == many.step and len(one.rows) == len(many.rows) <= W
+    # and both equal the definition: counts over the last W rows, the step of each expert's last use
+    assert many.step == len(all_rows)
+    counts, last = np.zeros((L, E), np.int64), np.full((L, E), -1, np.int64)
+    for step, r in enumerate(all_rows):
+        for l in range(L):
+            last[l, r[l]] = step
+            counts[l, r[l]] += step >= len(all_rows) - W
+    np.testing.assert_array_equal(many.counts, counts)
+    np.testing.assert_array_equal(many.last, last)
