@@ -41,12 +41,8 @@ Three things the cycle's objective needs and no datasheet gives (issue 9, SPECFI
   the selection's sunk ms, like the levels already drafted).
 
 Decayed sums forget with factor :attr:`OnlineModel.DECAY` per observation (an effective window of ~50
-cycles; Ŝ's with :attr:`OnlineModel.SPEEDUP_DECAY`, ~10 drafted cycles, and with
-:attr:`OnlineModel.AR_DECAY` per AR step the gate takes), so the model follows a change of prompt,
-domain or cache pressure. The AR steps' decay scales both of Ŝ's sums, so it leaves Ŝ (and every
-decision) unchanged until the next exploration, whose outcome then weighs more the longer the gate has
-not drafted: the drafted cycles that made the gate stop drafting may date from before acceptance and
-the predictor's error were learned. The explorations' schedule, and so their share, is unchanged.
+cycles; Ŝ's with :attr:`OnlineModel.SPEEDUP_DECAY`, ~10 drafted cycles), so the model follows a change
+of prompt, domain or cache pressure.
 """
 
 from __future__ import annotations
@@ -83,10 +79,6 @@ class OnlineModel:
     #: Forgetting factor of Ŝ's sums, per drafted cycle (~10 cycles): the gate follows what drafting
     #: is worth now, not while acceptance was still being learned.
     SPEEDUP_DECAY = 0.9
-    #: Forgetting factor of Ŝ's sums per AR step the gate takes: what drafting was worth many tokens ago
-    #: (while acceptance and the predictor's error were still being learned, or in another stretch of
-    #: text) counts less against the next exploration.
-    AR_DECAY = 0.9
     #: Drafted cycles measured before the gate trusts Ŝ (one unlucky cycle must not stop drafting).
     MIN_DRAFTED = 10
     #: AR steps before the first exploration, and the most between two explorations.
@@ -235,6 +227,4 @@ class OnlineModel:
             self.explorations += 1
             return "explore"
         self.skips += 1
-        self.gain_ms *= self.AR_DECAY  # Ŝ unchanged; the next drafted cycle weighs more (module docstring)
-        self.spent_ms *= self.AR_DECAY
         return "ar"
