@@ -29,9 +29,12 @@ Three things the cycle's objective needs and no datasheet gives (issue 9, SPECFI
 
   the measured speedup of drafting over AR (Cascade, arXiv 2506.20675, gates speculation by its
   measured utility in the same way). :meth:`OnlineModel.decide` drafts for the first
-  :attr:`OnlineModel.MIN_DRAFTED` cycles, then iff Ŝ > 1, and, while it keeps
-  taking the AR step, drafts once after ``explore_after`` AR steps (4, doubling after each exploration
-  that leaves Ŝ <= 1, up to :attr:`EXPLORE_MAX`): a bounded share of exploring cycles.
+  :attr:`OnlineModel.WARMUP` drafted cycles (acceptance and the predictor's error are being learned:
+  they do not enter Ŝ) and the :attr:`OnlineModel.MIN_DRAFTED` after them, then iff Ŝ > 1, and, while
+  it keeps taking the AR step, drafts once after ``explore_after`` AR steps (4, doubling after each
+  exploration that leaves Ŝ below :attr:`OnlineModel.EXPLORE_MARGIN`, up to :attr:`EXPLORE_MAX`; back
+  to 4 while Ŝ is at or above it, where an exploring cycle costs at most 5% of an AR step): a bounded
+  share of exploring cycles.
 
 * **The host's own cost, measured.** The predictor, the tree and the solver run on the host CPU every
   drafted cycle. The engine measures that CPU time (``time.thread_time``) per draft level and for the
@@ -79,11 +82,16 @@ class OnlineModel:
     #: Forgetting factor of Ŝ's sums, per drafted cycle (~10 cycles): the gate follows what drafting
     #: is worth now, not while acceptance was still being learned.
     SPEEDUP_DECAY = 0.9
+    #: Drafted cycles that calibrate acceptance and the predictor's error before Ŝ measures any.
+    WARMUP = 10
     #: Drafted cycles measured before the gate trusts Ŝ (one unlucky cycle must not stop drafting).
     MIN_DRAFTED = 10
     #: AR steps before the first exploration, and the most between two explorations.
     EXPLORE_FIRST = 4
     EXPLORE_MAX = 128
+    #: Ŝ at or above which the gate does not back off between explorations: drafting then loses at most
+    #: 1 - EXPLORE_MARGIN of an AR step per exploring cycle, and one in EXPLORE_FIRST + 1 cycles explores.
+    EXPLORE_MARGIN = 0.95
     #: Drafted cycles over which the sound gate's cheapest-node expert bound is taken.
     GATE_WINDOW = 4
 
@@ -194,10 +202,12 @@ class OnlineModel:
                         - np.asarray(root_predicted_new, dtype=np.float64)))
             self.node_extra = extra if self.node_extra is None else d * self.node_extra + extra
             self.node_weight = d * self.node_weight + draft_nodes
+        self.drafted += 1
+        if self.drafted <= self.WARMUP:  # learning: not what drafting will be worth
+            return
         g = self.SPEEDUP_DECAY
         self.gain_ms = g * self.gain_ms + committed * float(ar_ms)
         self.spent_ms = g * self.spent_ms + float(cycle_ms)
-        self.drafted += 1
 
     def decide(self, sound_can_draft: Callable[[], bool] = lambda: True) -> str:
         """The AR gate's decision for this cycle (module docstring).
@@ -212,18 +222,21 @@ class OnlineModel:
         Returns
         -------
         str
-            ``"draft"`` (Ŝ > 1, or fewer than :attr:`MIN_DRAFTED` drafted cycles measured), ``"explore"`` (a draft although the AR
+            ``"draft"`` (Ŝ > 1, or fewer than :attr:`WARMUP` + :attr:`MIN_DRAFTED` drafted cycles), ``"explore"`` (a draft although the AR
             step is measured better, after ``explore_after`` AR steps) or ``"ar"``.
         """
         s = self.speedup
-        if s is None or self.drafted < self.MIN_DRAFTED:
+        if s is None or self.drafted < self.WARMUP + self.MIN_DRAFTED:
             return "draft"
         if s > 1.0 and sound_can_draft():
             self.skips, self.explore_after = 0, self.EXPLORE_FIRST
             return "draft"
         if self.skips >= self.explore_after:
             self.skips = 0
-            self.explore_after = min(2 * self.explore_after, self.EXPLORE_MAX)
+            if s < self.EXPLORE_MARGIN:  # drafting measured clearly slower: explore ever more rarely
+                self.explore_after = min(2 * self.explore_after, self.EXPLORE_MAX)
+            else:  # nearly break-even: an exploration costs at most 1 - Ŝ of a cycle, keep measuring
+                self.explore_after = self.EXPLORE_FIRST
             self.explorations += 1
             return "explore"
         self.skips += 1

@@ -50,10 +50,10 @@ def test_decayed_sums_follow_a_change():
 def test_gate_drafts_until_measured_then_by_measured_speedup():
     on = OnlineModel(depth=4)
     assert on.speedup is None and on.decide() == "draft"
-    for _ in range(on.MIN_DRAFTED - 1):  # drafting is worse than AR: 1.2 tokens for 1.5 AR steps' time
+    for _ in range(on.WARMUP + on.MIN_DRAFTED - 1):  # drafting worse than AR: 1.2 tokens in 1.5 AR steps' time
         on.observe(root_predicted_new=[0, 0], root_true_new=[0, 0], selected_predicted_new=[0, 0],
                    transferred=[0, 0], draft_nodes=1, committed=1.2, cycle_ms=15.0, ar_ms=10.0)
-        assert on.decide() == "draft"  # not trusted yet
+        assert on.decide() == "draft"  # learning, then measured but not trusted yet
     on.observe(root_predicted_new=[0, 0], root_true_new=[0, 0], selected_predicted_new=[0, 0],
                transferred=[0, 0], draft_nodes=1, committed=1.2, cycle_ms=15.0, ar_ms=10.0)
     assert on.speedup == pytest.approx(1.2 * 10 / 15)
@@ -68,7 +68,7 @@ def test_gate_drafts_until_measured_then_by_measured_speedup():
 
 def test_gate_respects_the_sound_bound_and_calls_it_only_when_drafting_pays():
     on = OnlineModel(depth=4)
-    for _ in range(on.MIN_DRAFTED):
+    for _ in range(on.WARMUP + on.MIN_DRAFTED):
         on.observe(root_predicted_new=[0, 0], root_true_new=[0, 0], selected_predicted_new=[0, 0],
                    transferred=[0, 0], draft_nodes=3, committed=3, cycle_ms=15.0, ar_ms=10.0)
     assert on.decide(lambda: False) == "ar"  # Ŝ > 1, but no draft can beat AR this cycle within the model
@@ -77,7 +77,7 @@ def test_gate_respects_the_sound_bound_and_calls_it_only_when_drafting_pays():
         raise AssertionError("the sound bound was computed although Ŝ <= 1")
 
     worse = OnlineModel(depth=4)
-    for _ in range(worse.MIN_DRAFTED):
+    for _ in range(worse.WARMUP + worse.MIN_DRAFTED):
         worse.observe(root_predicted_new=[0, 0], root_true_new=[0, 0], selected_predicted_new=[0, 0],
                       transferred=[0, 0], draft_nodes=1, committed=1, cycle_ms=15.0, ar_ms=10.0)
     assert worse.decide(boom) == "ar"
@@ -85,7 +85,7 @@ def test_gate_respects_the_sound_bound_and_calls_it_only_when_drafting_pays():
 
 def test_exploration_share_is_bounded():
     on = OnlineModel(depth=4)
-    for _ in range(on.MIN_DRAFTED):
+    for _ in range(on.WARMUP + on.MIN_DRAFTED):
         on.observe(root_predicted_new=[0, 0], root_true_new=[0, 0], selected_predicted_new=[0, 0],
                    transferred=[0, 0], draft_nodes=1, committed=1, cycle_ms=15.0, ar_ms=10.0)
     n = 5000
@@ -121,3 +121,32 @@ def test_host_costs_are_measured_means_with_the_profile_as_prior():
     d = OnlineModel.DECAY
     assert on.host_level_ms(0.6) == pytest.approx((2.0 * d + 2.0) / (4 * d + 2))
     assert on.host_cycle_ms() == pytest.approx((1.0 * d + 3.0) / (d + 1))
+
+
+
+def test_warmup_cycles_are_not_measured():
+    """The first WARMUP drafted cycles (acceptance and the predictor's error still being learned) do not
+    enter Ŝ: a bad start does not stop drafting that pays once learned."""
+    on = OnlineModel(depth=4)
+    for _ in range(on.WARMUP):  # learning: drafting measured at 0.5x AR
+        on.observe(root_predicted_new=[0, 0], root_true_new=[0, 0], selected_predicted_new=[0, 0],
+                   transferred=[0, 0], draft_nodes=1, committed=1, cycle_ms=20.0, ar_ms=10.0)
+        assert on.decide() == "draft"
+    assert on.speedup is None
+    for _ in range(on.MIN_DRAFTED):  # learned: 1.2x AR
+        on.observe(root_predicted_new=[0, 0], root_true_new=[0, 0], selected_predicted_new=[0, 0],
+                   transferred=[0, 0], draft_nodes=2, committed=2.4, cycle_ms=20.0, ar_ms=10.0)
+    assert on.speedup == pytest.approx(1.2) and on.decide() == "draft"
+
+
+def test_near_break_even_keeps_exploring_clearly_worse_backs_off():
+    def gate(committed):
+        on = OnlineModel(depth=4)
+        for _ in range(on.WARMUP + on.MIN_DRAFTED):
+            on.observe(root_predicted_new=[0, 0], root_true_new=[0, 0], selected_predicted_new=[0, 0],
+                       transferred=[0, 0], draft_nodes=1, committed=committed, cycle_ms=10.0, ar_ms=10.0)
+        return "".join(on.decide()[0] for _ in range(40))
+
+    near = gate(0.97)  # Ŝ = 0.97 >= EXPLORE_MARGIN: one exploration every EXPLORE_FIRST AR steps
+    assert near == ("aaaae" * 8)
+    assert gate(0.5) == "aaaae" + "a" * 8 + "e" + "a" * 16 + "e" + "a" * 9  # Ŝ = 0.5: doubling
