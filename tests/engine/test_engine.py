@@ -169,14 +169,14 @@ def test_root_only_selections_are_plain_ar_steps(ckpt, ar_outputs):
     target = load(ckpt)
     dec = SpecDecoder(target, SelfDrafter(ckpt), "specfit", cost=expensive, predictor=FixedPredictor(),
                       tree=TreeSettings(10, 4, 3))
-    gen = dec.generate(PROMPTS[0], 16)
-    assert gen.output_ids == ar_outputs[0]
+    gen = dec.generate(PROMPTS[0], 28)
+    assert gen.output_ids[:16] == ar_outputs[0]
     assert all(c.nodes_verified == 1 and c.committed == 1 for c in gen.cycles)
     assert gen.tau == 1.0
     # the stop rule ends drafting after the first level; once drafting is measured slower than AR (after
-    # OnlineModel.MIN_DRAFTED drafted cycles) the AR gate skips drafting altogether
+    # OnlineModel.WARMUP + MIN_DRAFTED drafted cycles) the AR gate skips drafting altogether
     assert all(c.levels == (0 if c.decision == "ar" else 1) for c in gen.cycles)
-    assert [c.decision for c in gen.cycles][dec.online.MIN_DRAFTED] == "ar"
+    assert [c.decision for c in gen.cycles][dec.online.WARMUP + dec.online.MIN_DRAFTED] == "ar"
 
 
 def test_rate_mode_is_lossless(ckpt, ar_outputs):
@@ -222,11 +222,11 @@ def test_ar_gate_takes_the_ar_step_when_drafting_does_not_pay_and_explores(ckpt,
     dec = decoder(ckpt, "specfit", SelfDrafter(ckpt), tree=TreeSettings(8, 3, 3))
     dec.acceptance.trials[:] = 1e4  # learned: nothing the draft proposes is ever accepted
     online = dec.online
-    gen = dec.generate(PROMPTS[1], 40)
-    assert gen.output_ids == decoder(ckpt, "ar", None).generate(PROMPTS[1], 40).output_ids
+    gen = dec.generate(PROMPTS[1], 48)
+    assert gen.output_ids == decoder(ckpt, "ar", None).generate(PROMPTS[1], 48).output_ids
     decisions = "".join(c.decision[0] for c in gen.cycles)  # d(raft) / e(xplore) / a(r)
-    warm = online.MIN_DRAFTED
-    assert decisions[:warm] == "d" * warm  # Ŝ is not trusted before MIN_DRAFTED drafted cycles
+    warm = online.WARMUP + online.MIN_DRAFTED
+    assert decisions[:warm] == "d" * warm  # learning, then Ŝ not trusted before MIN_DRAFTED measured cycles
     gaps = [len(r) for r in decisions[warm:].split("e")]
     assert len(gaps) >= 3 and "d" not in decisions[warm:]
     first = online.EXPLORE_FIRST
@@ -245,9 +245,9 @@ def test_online_state_carries_across_generations(ckpt, ar_outputs):
     """A decoder built with another's OnlineModel starts from what that one learned."""
     first = decoder(ckpt, "specfit", SelfDrafter(ckpt), tree=TreeSettings(8, 3, 3))
     first.acceptance.trials[:] = 1e4
-    first.generate(PROMPTS[1], 24)
+    first.generate(PROMPTS[1], 32)
     learned = first.online.drafted
-    assert learned >= first.online.MIN_DRAFTED
+    assert learned >= first.online.WARMUP + first.online.MIN_DRAFTED
     second = SpecDecoder(load(ckpt), SelfDrafter(ckpt), "specfit", tree=TreeSettings(8, 3, 3), cost=COST,
                          predictor=FixedPredictor(), online=first.online)
     gen = second.generate(PROMPTS[1], 8)
