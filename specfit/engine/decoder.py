@@ -495,24 +495,24 @@ class SpecDecoder:
     def _cycle(self, root: int, drafter_ready: bool):
         m, rec = self.method, CycleRecord()
         stats0 = self.target.cache.stats()
-        tree, selection, items = DraftTree([-1], path_prob=[1.0], tokens=[root]), None, None
+        selection = None
         self._reference_verified = False  # oracle: did the reference already verify this cycle's tree?
         self._cache, self._root_new, self._root, self._untimed_s = None, None, None, 0.0
         self._drafted = None
         c0 = time.thread_time()
         if m.drafts and drafter_ready:
-            drafted, selection, items = self._draft_and_select(root, None, rec)
-            tree = drafted if drafted is not None else tree
+            tree, selection, items = self._draft_and_select(root, None, rec)
         rec.host_cpu_ms = (time.thread_time() - c0 - self._untimed_s) * 1e3
         drafted = self._drafted if selection is not None else None
-        raw = tree.path_prob if drafted is None else drafted.raw[drafted.full_ids]  # the draft's own P
-        # verify the selected subtree in one target forward
-        keep = list(selection.nodes) if selection is not None else [0]
-        sub, _ = tree.subtree(keep)
-        sub_tokens, sub_parents = sub.tokens.tolist(), sub.parents.tolist()
+        # verify the selected subtree in one target forward (an AR step: the root alone)
+        keep, sub_tokens, sub_parents = [0], [root], [-1]
         if selection is not None:
+            keep = list(selection.nodes)
+            sub, _ = tree.subtree(keep)
+            sub_tokens, sub_parents = sub.tokens.tolist(), sub.parents.tolist()
             rec.expected_tokens, rec.predicted_ms = selection.expected_tokens, selection.predicted_ms
-            rec.expected_tokens_raw = 1.0 + float(raw[keep[1:]].sum())
+            raw = drafted.raw[drafted.full_ids[keep[1:]]]  # the draft's own path probabilities
+            rec.expected_tokens_raw = 1.0 + float(raw.sum())
             rec.predicted_new = items.new_per_layer(keep).tolist()
         t0 = time.perf_counter()
         out = self.target.verify(torch.tensor(sub_tokens), sub_parents)
