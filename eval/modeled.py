@@ -85,14 +85,16 @@ def modeled_cycle_ms(cycle, cost: CostModel) -> dict[str, float]:
 
 
 def _host_cycle_ms(cycle, cost: HostProfile) -> dict[str, float]:
-    """A cycle recorded with ``offload="host"`` priced on a host-regime profile
-    (:class:`specfit.core.cost.HostProfile`, per layer max(GPU part, host part) + sync), from the
-    cycle's per-layer host-computed experts and rows (``cycle.host``). ``compute_ms`` is the GPU
-    forward alone, ``transfer_ms`` what the host experts add to it (the offload part of the verify)."""
+    """A cycle recorded with ``offload="host"`` or ``"auto"`` priced on a host-regime profile
+    (:class:`specfit.core.cost.HostProfile`, per layer max(GPU part + copies, host part) + sync), from
+    the cycle's per-layer host-computed experts and rows (``cycle.host``) and, in the auto mode, the
+    experts it copied (``cycle.transferred``). ``compute_ms`` is the GPU forward alone,
+    ``transfer_ms`` what the offloaded experts add to it (the offload part of the verify)."""
     host = cycle.host or {}
     L = cost.num_layers or len(cycle.true_experts) or cost.reference_layers
     experts, rows = host.get("computed") or [0] * L, host.get("rows") or [0] * L
-    verify = cost.cycle_ms(cycle.nodes_verified, experts, rows)
+    copied = cycle.transferred if len(cycle.transferred) == len(experts) else None
+    verify = cost.cycle_ms(cycle.nodes_verified, experts, rows, copied)
     compute = cost.gpu_ms(cycle.nodes_verified)
     draft = cycle.levels * cost.draft_level_ms
     solve = cycle.host_cpu_ms

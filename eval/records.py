@@ -89,7 +89,7 @@ class ResultRecord(_JsonRecord):
     decisions : list of str or None
         Per cycle: ``"draft"``, or ``"ar"`` when the AR gate skipped drafting (None in old files).
     experts_host_computed : int
-        Experts computed on the host instead (``offload="host"``; 0 in the transfer mode).
+        Experts computed on the host instead (``offload="host"``/``"auto"``; 0 in the transfer mode).
     measured_ms : dict
         Measured totals in ms: ``draft``, ``predict``, ``solve``, ``verify``, ``transfer``, ``accept``.
     score : dict

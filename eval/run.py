@@ -16,7 +16,7 @@ Fairness and reproducibility:
   prompt to the next within a run (:attr:`specfit.pipeline.SpecFit.online`), so their *speed* on a
   prompt depends on the prompts before it, and a resumed run starts that learning afresh;
 * the selection of the cost-aware methods uses ``get_profile(profile).for_layers(L)`` (with
-  ``offload="host"``: ``get_host_profile(host_profile).for_layers(L)``), the cost model the modeled
+  ``offload="host"`` or ``"auto"``: ``get_host_profile(host_profile).for_layers(L)``), the cost model the modeled
   times use (:mod:`eval.modeled`);
 * the sampling verifier (temperature > 0) is seeded per prompt from ``seed`` and the prompt id;
 * each method first decodes 2 tokens after a short prompt untimed, so one-time costs (lazy
@@ -107,8 +107,11 @@ class EvalConfig:
         the CPU, the device cache holding a static hot set (:mod:`specfit.models.host_compute`).
         With ``host`` the cycles are priced on ``host_profile`` (modeled), and the selection, stop
         rule and AR gate of the cost-aware methods use it too (SPECFIT.md §3, "Host-compute regime").
+        ``auto``: per layer each uncached expert is copied or host-computed, whichever
+        ``host_profile`` says is faster (:class:`specfit.models.host_compute.AutoOffloadCache`);
+        priced and selected as ``host``, the copies priced on the link.
     host_profile : str
-        Host-regime profile of :data:`specfit.core.cost.HOST_PROFILES` that prices ``host`` runs.
+        Host-regime profile of :data:`specfit.core.cost.HOST_PROFILES` that prices ``host``/``auto`` runs.
     threads : int
         torch CPU threads while the run lasts (default 1: the proxy's matrices are too small to
         gain from more, and on a shared machine extra threads only contend; 0 = torch's default).
@@ -319,6 +322,16 @@ _HOST_NOTE = ("Offload host: experts outside the device cache were computed on t
               "The selection, stop rule and AR gate of eagle3-scan/specfit use the same host-regime profile "
               "(SPECFIT.md §3, \"Host-compute regime\").")
 
+#: The summary's note on a ``--offload auto`` run.
+_AUTO_NOTE = ("Offload auto: the device cache started as the host mode's static hot set; per MoE layer and forward, "
+              "each uncached expert was copied into the cache (evicting by the cache's policy) or computed on the "
+              "CPU, whichever the host-regime profile {profile} says makes the layer faster (HostProfile.split). "
+              "tok/s modeled prices the cycles on that profile (modeled: per MoE layer max(GPU part + copies x "
+              "per-expert H2D, host experts x per-expert + rows x per-row) + sync). experts/token and hit rate "
+              "count copied and host-computed experts as the uncached ones. The selection, stop rule and AR gate "
+              "of eagle3-scan/specfit price a verify as the host mode does, an upper bound on its time here "
+              "(SPECFIT.md §3, \"Host-compute regime\").")
+
 
 def _tree(c: EvalConfig) -> TreeSettings:
     return TreeSettings(c.total_tokens, c.depth, c.top_k)
@@ -433,7 +446,7 @@ def _run(p: Plan, progress: bool) -> dict:
     todo = [(pr, ids, m) for pr, ids in p.prompts for m in p.methods if (pr.id, pr.dataset, m.name) not in done]
     skipped = len(p.prompts) * len(p.methods) - len(todo)
     eos = models.eos_token_id
-    pricing = models.cost  # host mode: the host profile, which also drives the selection
+    pricing = models.cost  # host/auto mode: the host profile, which also drives the selection
     with open(results_path, "a", encoding="utf-8") as f, torch.no_grad():
         for m in dict.fromkeys(m for _, _, m in todo):  # untimed warm-up: first-call costs stay out of wall_s
             models.decoder(m, tree=_tree(config), **_sampling(config, 0)).generate(todo[0][1][-WARMUP_TOKENS:], 2)
@@ -453,8 +466,8 @@ def _run(p: Plan, progress: bool) -> dict:
     meta = {"config": config.to_json(), "resolved": p.identity, "num_layers": num_layers,
             "num_experts": int(spec.num_experts), "top_k": int(spec.top_k),
             "cost": pricing.to_json(), "draft_level_ms": models.cost.draft_level_ms, "max_len": models.target.max_len}
-    if config.offload == "host":
-        meta["offload_note"] = _HOST_NOTE.format(profile=config.host_profile)
+    if config.offload != "transfer":
+        meta["offload_note"] = (_HOST_NOTE if config.offload == "host" else _AUTO_NOTE).format(profile=config.host_profile)
     rows, text, paths = write_summary(out, records, meta, [pr for pr, _ in p.prompts])
     return {"rows": rows, "markdown": text, "paths": {"results": results_path, "config": cfg_path, **paths},
             "ran": len(todo), "skipped": skipped}

@@ -475,8 +475,23 @@ class DeviceExpertCache:
         self._stats[layer].prefetched += len(new)
         return new
 
+    def _touch(self, layer: int, experts: Sequence[int]) -> None:
+        """Count one use of each of ``experts`` now (recency, use count; journalled in a tentative forward)."""
+        slot_of = self._slot_of[layer]
+        self._tick += 1
+        if self._journal is not None:
+            seen = self._journal[layer]
+            for e in experts:
+                if e not in seen:
+                    seen[e] = (self._last_use[layer][e], self._uses[layer][e], e in slot_of)
+        for e in experts:
+            self._cold[layer].discard(e)
+            self._last_use[layer][e] = self._tick
+            self._uses[layer][e] += 1
+
     def run(self, layer: int, experts: Sequence[int],
-            compute: Callable[[int, torch.Tensor, torch.Tensor], None]) -> None:
+            compute: Callable[[int, torch.Tensor, torch.Tensor], None], rows: Sequence[int] | None = None,
+            num_tokens: int | None = None) -> None:
         """Call ``compute(e, gate_up_e, down_e)`` once for each expert in ``experts``, on device weights.
 
         Resident experts are hits and run in the first round; the others are misses, transferred in
@@ -491,18 +506,13 @@ class DeviceExpertCache:
             Distinct expert ids the forward needs in this layer.
         compute : callable
             ``compute(expert_id, gate_up (2I, H), down (H, I))``; device tensors valid during the call.
+        rows : sequence of int, optional
+            (token, expert) rows of each expert of ``experts`` in the forward, and
+        num_tokens : int, optional
+            the forward's tokens: unused here; the ``auto`` offload mode's cache chooses with them.
         """
         st, slot_of = self._stats[layer], self._slot_of[layer]
-        self._tick += 1
-        if self._journal is not None:
-            seen = self._journal[layer]
-            for e in experts:
-                if e not in seen:
-                    seen[e] = (self._last_use[layer][e], self._uses[layer][e], e in slot_of)
-        for e in experts:
-            self._cold[layer].discard(e)
-            self._last_use[layer][e] = self._tick
-            self._uses[layer][e] += 1
+        self._touch(layer, experts)
         hits = [e for e in experts if e in slot_of]
         misses = [e for e in experts if e not in slot_of]
         st.hits += len(hits)

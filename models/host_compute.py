@@ -28,11 +28,12 @@ import numpy as np
 import torch
 
 from specfit.core.errors import SpecFitInputError
-from specfit.models.experts import DeviceExpertCache, HostExpertStore, LayerStats
+from specfit.models.experts import DeviceExpertCache, HostExpertStore, LayerStats, check_cache_args
 
 #: The offload modes of the runtime: ``transfer`` copies uncached experts H2D (SPECFIT.md §2),
-#: ``host`` computes them on the CPU (:class:`HostComputeCache`).
-OFFLOAD_MODES = ("transfer", "host")
+#: ``host`` computes them on the CPU (:class:`HostComputeCache`), ``auto`` chooses per expert
+#: (:class:`AutoOffloadCache`).
+OFFLOAD_MODES = ("transfer", "host", "auto")
 
 
 def check_offload(offload: str) -> str:
@@ -133,14 +134,15 @@ class HostComputeCache(DeviceExpertCache):
         return []
 
     def run(self, layer: int, experts: Sequence[int],
-            compute: Callable[[int, torch.Tensor, torch.Tensor], int | None]) -> None:
+            compute: Callable[[int, torch.Tensor, torch.Tensor], int | None], rows: Sequence[int] | None = None,
+            num_tokens: int | None = None) -> None:
         """Call ``compute(e, gate_up_e, down_e)`` for each expert, in increasing expert id.
 
         A resident expert gets its device slot's weights (a hit); any other gets the host store's
         tensors (``host_computed``; ``compute`` computes it on the host and may return the number
         of rows it computed, summed in ``host_rows``). Nothing is copied into the cache. The
-        parameters are those of :meth:`DeviceExpertCache.run`; the weights handed to ``compute``
-        are device tensors for hits and host tensors for the others.
+        parameters are those of :meth:`DeviceExpertCache.run` (``rows``, ``num_tokens`` unused); the
+        weights handed to ``compute`` are device tensors for hits and host tensors for the others.
         """
         st, slot_of = self._stats[layer], self._slot_of[layer]
         self._tick += 1
@@ -165,5 +167,92 @@ class HostComputeCache(DeviceExpertCache):
             t[key] = sum(layer[key] for layer in out["layers"])
         looked_up = t["hits"] + t["misses"] + t["host_computed"]
         t["hit_rate"] = t["hits"] / looked_up if looked_up else 0.0
-        out["offload"] = "host"
+        out["offload"] = self.offload
         return out
+
+    #: The offload mode the stats report.
+    offload = "host"
+
+
+class AutoOffloadCache(HostComputeCache):
+    """The ``auto`` offload mode: per MoE layer and forward, each uncached expert is either copied
+    H2D into the device cache or computed on the host, whichever makes the layer fastest.
+
+    The device cache starts as the ``host`` mode's static hot set and then behaves as the
+    ``transfer`` mode's cache (``policy`` eviction, ``admission``): an expert copied for a forward
+    is admitted, evicting the policy's victim. The choice per layer is
+    :meth:`specfit.core.cost.HostProfile.split` on ``cost``: while the host computes the experts
+    left to it, the link copies the ones with the most (token, expert) rows, as many as shorten
+    max(GPU part + copies, host part); the hits of the forward and the experts being copied are
+    never evicted, so at most ``slots`` minus the hits are copied. A copied expert stays cached
+    for the next forwards (a benefit the per-forward choice does not count: it is conservative).
+
+    Numerics: every expert is computed in increasing expert id, as in the other modes, so on the
+    CPU outputs are bit-identical to theirs.
+
+    Parameters
+    ----------
+    store, device, slots, policy, hot
+        As :class:`HostComputeCache`.
+    admission : str
+        As :class:`DeviceExpertCache`.
+    cost : HostProfile
+        The host-regime profile whose :meth:`~specfit.core.cost.HostProfile.split` decides.
+
+    Raises
+    ------
+    SpecFitInputError
+        As :class:`HostComputeCache`; ``cost`` not a host-regime profile (field ``host_profile``).
+    """
+
+    offload = "auto"
+
+    def __init__(self, store: HostExpertStore, device, slots: int | str = 0, policy: str = "lru",
+                 hot: Sequence[Sequence[int]] | None = None, admission: str = "all", cost=None):
+        from specfit.core.cost import HostProfile
+
+        if not isinstance(cost, HostProfile):
+            raise SpecFitInputError("host_profile", f"the auto offload mode needs a host-regime profile, got {cost!r}")
+        super().__init__(store, device, slots, policy, hot=hot)
+        check_cache_args(self.slots, policy, store.num_experts, admission)
+        self.admission, self.cost = admission, cost
+
+    def prefetch(self, layer: int, expert_ids: Iterable[int]) -> list[int]:
+        """As :meth:`DeviceExpertCache.prefetch` (the cache is dynamic in this mode)."""
+        return DeviceExpertCache.prefetch(self, layer, expert_ids)
+
+    def run(self, layer: int, experts: Sequence[int],
+            compute: Callable[[int, torch.Tensor, torch.Tensor], int | None], rows: Sequence[int] | None = None,
+            num_tokens: int | None = None) -> None:
+        """Call ``compute(e, gate_up_e, down_e)`` for each expert, in increasing expert id: hits and
+        the experts chosen for copying (``misses``, admitted to the cache) on device weights, the
+        others on host weights (``host_computed``, ``host_rows``).
+
+        Parameters
+        ----------
+        layer, experts, compute
+            As :meth:`DeviceExpertCache.run`.
+        rows : sequence of int, optional
+            (token, expert) rows of each expert of ``experts`` (default 1 each).
+        num_tokens : int, optional
+            Tokens of the forward (default: the largest row count); prices the GPU part.
+        """
+        st, slot_of = self._stats[layer], self._slot_of[layer]
+        rows = [1] * len(experts) if rows is None else [int(r) for r in rows]
+        row_of = dict(zip(experts, rows))
+        self._touch(layer, experts)
+        hits = [e for e in experts if e in slot_of]
+        st.hits += len(hits)
+        uncached = sorted((e for e in experts if e not in slot_of), key=lambda e: (-row_of[e], e))
+        n = num_tokens if num_tokens is not None else max(rows, default=1)
+        k = self.cost.split(n, [row_of[e] for e in uncached], max(self.slots - len(hits), 0))[0] if uncached else 0
+        copy = uncached[:k]
+        st.misses += len(copy)
+        self._load(layer, copy, self._assign(layer, copy, set(hits)))
+        gu, dn = self.gate_up[layer], self.down[layer]
+        for e in sorted(experts):
+            if e in slot_of:
+                compute(e, gu[slot_of[e]], dn[slot_of[e]])
+            else:
+                st.host_computed += 1
+                st.host_rows += int(compute(e, self.store.gate_up[layer][e], self.store.down[layer][e]) or 0)

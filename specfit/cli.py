@@ -85,9 +85,11 @@ def _add_generate(sub) -> None:
 
 
 def _add_offload(p) -> None:
-    p.add_argument("--offload", default="transfer", choices=["transfer", "host"],
+    p.add_argument("--offload", default="transfer", choices=["transfer", "host", "auto"],
                    help="uncached experts: 'transfer' copies them host-to-device into the expert cache (default); "
-                        "'host' computes them on the CPU, the cache holding a static hot set from the routing trace")
+                        "'host' computes them on the CPU, the cache holding a static hot set from the routing trace; "
+                        "'auto' starts from that hot set and, per layer, copies or host-computes each uncached "
+                        "expert, whichever the host-regime profile says is faster")
 
 
 def _run_generate(args) -> int:
@@ -119,7 +121,7 @@ def _run_generate(args) -> int:
     print(f"output_ids  {rep['output_ids']}")
     print(f"experts     {tot['hits']} hits, {tot['misses']} misses (hit rate {tot['hit_rate']:.3f}), "
           f"{tot['bytes_moved']} bytes moved in {tot['transfer_ms']:.2f} ms; slots/layer {rep['stats']['slots']}")
-    if args.offload == "host":
+    if args.offload != "transfer":
         print(f"host        {tot['host_computed']} experts computed on the host ({tot['host_rows']} token rows)")
     return 0
 
@@ -220,7 +222,7 @@ def _add_eval(sub) -> None:
     p.add_argument("--device", default="cpu", help="compute device: cpu, cuda, cuda:1 (default cpu)")
     _add_offload(p)
     p.add_argument("--host-profile", default="qwen3-30b-a3b-pcie4+host-ddr5-5600-2ch",
-                   help="host-regime profile pricing --offload host runs (modeled; default "
+                   help="host-regime profile pricing --offload host/auto runs (modeled; default "
                         "qwen3-30b-a3b-pcie4+host-ddr5-5600-2ch)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1: the proxy is too small to gain from more; 0 = torch's default)")

@@ -140,10 +140,10 @@ def _predictor_trace(name: str, target_dir: Path, trace) -> Path | None:
 
 
 def _hot_set(offload: str, target_dir: Path, trace) -> list[list[int]] | None:
-    """The host offload mode's static device set: per MoE layer, every expert ordered by how
-    often the routing trace routes to it (the cache keeps its first ``slots``); None in the
+    """The host (and auto) offload mode's first device set: per MoE layer, every expert ordered by
+    how often the routing trace routes to it (the cache keeps its first ``slots``); None in the
     transfer mode or without a trace."""
-    if offload != "host":
+    if offload == "transfer":
         return None
     path = Path(trace) if trace is not None else target_dir / "routing_trace.npz"
     if not path.is_file():
@@ -256,9 +256,13 @@ class SpecFit:
             (``predictor_trace``, default ``target_dir/routing_trace.npz``; without a trace the
             cache stays empty). Outputs equal the transfer mode's
             (:mod:`specfit.models.host_compute`). In this mode the selection, the stop rule and
-            the AR gate use ``host_profile`` instead of ``profile``.
+            the AR gate use ``host_profile`` instead of ``profile``. ``"auto"``: the device cache
+            starts as that hot set and, per layer and forward, each uncached expert is copied into
+            it or computed on the host, whichever ``host_profile`` says is faster
+            (:class:`specfit.models.host_compute.AutoOffloadCache`); the selection prices a verify
+            as the host mode does, an upper bound on its time in this mode.
         host_profile : str or HostProfile
-            ``offload="host"`` only: the cost model of the selection, a host-regime profile name of
+            ``offload="host"``/``"auto"`` only: the cost model of the selection, a host-regime profile name of
             :data:`specfit.core.cost.HOST_PROFILES` (scaled to this target's MoE layers with
             :meth:`HostProfile.for_layers`) or a :class:`HostProfile` used as given (SPECFIT.md §3,
             "Host-compute regime").
@@ -289,7 +293,7 @@ class SpecFit:
         check_offload(offload)
         cost = profile if isinstance(profile, CostModel) else get_profile(profile)
         given = isinstance(profile, CostModel)
-        if offload == "host":
+        if offload in ("host", "auto"):
             given = isinstance(host_profile, HostProfile)
             cost = host_profile if given else get_host_profile(host_profile)
         target_dir = Path(target_dir)
@@ -304,6 +308,7 @@ class SpecFit:
                     aux_layers=None if head_cfg is None else head_cfg[1])
         target = OffloadedQwen3Moe.from_pretrained(target_dir, cache_slots=0 if budget is not None else cache_slots,
                                                    offload=offload, hot_experts=_hot_set(offload, target_dir, predictor_trace),
+                                                   offload_cost=cost if offload == "auto" else None,
                                                    **load)
         drafter, head_bytes = None, 0
         if head_cfg is not None:

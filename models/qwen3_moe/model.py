@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from specfit.models.devices import resolve_device
 from specfit.models.experts import DeviceExpertCache, HostExpertStore, check_cache_args, parse_bytes, slots_for_budget
-from specfit.models.host_compute import HostComputeCache, check_offload
+from specfit.models.host_compute import AutoOffloadCache, HostComputeCache, check_offload
 from specfit.models.qwen3_moe.checkpoint import CheckpointReader, load_dense, load_experts
 from specfit.models.qwen3_moe.config import Qwen3MoeSpec, read_spec
 from specfit.core.errors import SpecFitInputError, check_positive_int, check_single_sequence
@@ -112,18 +112,27 @@ class OffloadedQwen3Moe:
     offload : str
         ``"transfer"`` (default): uncached experts are copied host-to-device into the cache;
         ``"host"``: they are computed on the CPU from :attr:`store` and the cache holds a static hot
-        set (:mod:`specfit.models.host_compute`). Outputs are the same in both modes.
+        set (:mod:`specfit.models.host_compute`); ``"auto"``: per layer and forward, copied or
+        computed on the host, whichever is faster on ``offload_cost`` (:class:`AutoOffloadCache`).
+        Outputs are the same in every mode.
     hot_experts : list of list of int or None
-        ``host`` mode: per MoE layer, the experts to place on the device, most important first.
+        ``host``/``auto`` mode: per MoE layer, the experts to place on the device first, most important first.
+    offload_cost : HostProfile, optional
+        ``auto`` mode: the host-regime profile that decides (default:
+        :data:`specfit.core.cost.DEFAULT_HOST_PROFILE`).
     """
 
     def __init__(self, spec: Qwen3MoeSpec, weights: dict[str, torch.Tensor], store: HostExpertStore,
                  device, dtype: torch.dtype, *, cache_slots: int | str | None = None, gpu_memory=None,
                  eviction: str = "lru", max_len: int = 4096, aux_layers: Sequence[int] | None = None,
                  admission: str = "all", offload: str = "transfer",
-                 hot_experts: Sequence[Sequence[int]] | None = None):
+                 hot_experts: Sequence[Sequence[int]] | None = None, offload_cost=None):
         self.spec, self.w, self.store = spec, weights, store
         self.offload, self.hot_experts = check_offload(offload), hot_experts
+        if self.offload == "auto" and offload_cost is None:
+            from specfit.core.cost import DEFAULT_HOST_PROFILE, get_host_profile
+            offload_cost = get_host_profile(DEFAULT_HOST_PROFILE)
+        self.offload_cost = offload_cost
         self.device, self.dtype = resolve_device(device), dtype
         check_positive_int("max_len", max_len)
         self.max_len = max_len
@@ -170,7 +179,8 @@ class OffloadedQwen3Moe:
             the slots follow after the resident weights and the KV cache), ``eviction``
             (``"lru"``/``"lfu"``), ``admission`` (``"all"``/``"accepted"``, see
             :meth:`DeviceExpertCache.settle`), ``max_len`` (KV capacity, tokens), ``aux_layers``,
-            ``offload`` (``"transfer"``/``"host"``), ``hot_experts`` (``host`` mode's static device set).
+            ``offload`` (``"transfer"``/``"host"``/``"auto"``), ``hot_experts`` (``host``/``auto``
+            mode's first device set), ``offload_cost`` (``auto`` mode's host-regime profile).
 
         Returns
         -------
@@ -395,10 +405,14 @@ class OffloadedQwen3Moe:
         self.cache = self._new_cache(cache_slots, policy, admission)
 
     def _new_cache(self, cache_slots: int | str, policy: str, admission: str = "all") -> DeviceExpertCache:
-        """The expert cache of the offload mode: LRU/LFU transfers (with ``admission``), or the host
-        mode's static hot set (nothing is admitted there, so ``admission`` does not apply)."""
+        """The expert cache of the offload mode: LRU/LFU transfers (with ``admission``), the host
+        mode's static hot set (nothing is admitted there, so ``admission`` does not apply), or the
+        auto mode's hot set that then admits what it copies."""
         if self.offload == "host":
             return HostComputeCache(self.store, self.device, cache_slots, policy, hot=self.hot_experts)
+        if self.offload == "auto":
+            return AutoOffloadCache(self.store, self.device, cache_slots, policy, hot=self.hot_experts,
+                                    admission=admission, cost=self.offload_cost)
         return DeviceExpertCache(self.store, self.device, cache_slots, policy, admission=admission)
 
     @property
@@ -493,7 +507,8 @@ class OffloadedQwen3Moe:
             return len(tok)
 
         top_cpu = top_i.cpu()
-        self.cache.run(layer, torch.unique(top_cpu).tolist(), compute)
+        ids, rows = torch.unique(top_cpu, return_counts=True)
+        self.cache.run(layer, ids.tolist(), compute, rows=rows.tolist(), num_tokens=h.shape[0])
         return out, top_cpu
 
     def _add_expert_ms(self, ms: float) -> None:

@@ -324,6 +324,15 @@ class HostProfile:
     GPU profile's ``fixed_ms + per_node_ms * n``. A proxy with L < R MoE layers stands for the
     deployed target as in :meth:`CostModel.for_layers`: each of its layers counts for R / L real ones.
 
+    The ``auto`` offload mode (issue 13, "choose per expert") may also copy some uncached experts
+    H2D into the device cache, each at :attr:`copy_ms` on the link, in series with the GPU part
+    while the host computes the rest: with ``c_l`` experts copied in layer l,
+
+        T_l = max(g + copy_ms * c_l, h_l) + sync_ms * [u_l > 0]
+
+    (``u_l``, ``r_l`` now count only the experts left to the host). ``c_l = 0`` is the host regime,
+    ``u_l = 0`` the transfer regime's ``g + per_expert_ms * c_l``. :meth:`split` chooses ``c_l``.
+
     The selection's cost model in the host regime (SPECFIT.md §3, "Host-compute regime"): an
     :class:`~specfit.core.instance.Instance` with this cost has T(S) = :meth:`cycle_ms` of
     ``|S|``, ``u_l(S) = |(union_v E[v][l]) \\ C[l]|`` and ``r_l(S) = sum_v |E[v][l] \\ C[l]|``, and the
@@ -334,7 +343,8 @@ class HostProfile:
     ----------
     name : str
     gpu : CostModel
-        The GPU side: a transfer-regime profile of :data:`PROFILES` (its ``per_expert_ms`` unused).
+        The GPU side: a transfer-regime profile of :data:`PROFILES` (its ``per_expert_ms`` is the
+        H2D copy of one expert, used only by the ``auto`` mode: :attr:`copy_ms`).
     dram_gb_per_s : float
         Datasheet peak DRAM bandwidth of the host (:data:`DRAM_GB_PER_S`).
     host_per_expert_ms : float
@@ -459,41 +469,109 @@ class HostProfile:
         """The GPU forward without host experts, ``gpu.fixed_ms + gpu.per_node_ms * n``, ms."""
         return self.gpu.fixed_ms + self.gpu.per_node_ms * num_nodes
 
-    def cycle_ms(self, num_nodes: int, host_experts_per_layer, host_rows_per_layer=None) -> float:
+    @property
+    def copy_ms(self) -> float:
+        """ms to copy one expert H2D (the GPU side's ``per_expert_ms``; a per-layer list: its mean)."""
+        pe = self.gpu.per_expert_ms
+        return float(np.mean(pe)) if isinstance(pe, tuple) else float(pe)
+
+    def cycle_ms(self, num_nodes: int, host_experts_per_layer, host_rows_per_layer=None,
+                 copied_per_layer=None) -> float:
         """Modeled verify ms (class docstring) for counts of shape (L,) each.
 
         ``host_rows_per_layer`` defaults to ``host_experts_per_layer``: one row per host expert, as
-        for a single node (the AR step).
+        for a single node (the AR step). ``copied_per_layer``: experts copied H2D by the ``auto``
+        mode (default none: the host regime).
 
         Raises
         ------
         SpecFitInputError
-            If the two count arrays differ in length.
+            If the count arrays differ in length.
         """
         u = np.asarray(host_experts_per_layer, dtype=np.float64)
         r = u if host_rows_per_layer is None else np.asarray(host_rows_per_layer, dtype=np.float64)
         if u.shape != r.shape:
             raise SpecFitInputError("host_rows_per_layer", f"must have the shape of the expert counts {u.shape}")
-        return self.layers_ms(num_nodes, u.reshape(-1).tolist(), r.reshape(-1).tolist())[0]
+        c = None
+        if copied_per_layer is not None:
+            c = np.asarray(copied_per_layer, dtype=np.float64)
+            if c.shape != u.shape:
+                raise SpecFitInputError("copied_per_layer", f"must have the shape of the expert counts {u.shape}")
+            c = c.reshape(-1).tolist()
+        return self.layers_ms(num_nodes, u.reshape(-1).tolist(), r.reshape(-1).tolist(), c)[0]
 
-    def layers_ms(self, num_nodes: int, host_experts: Sequence[float], host_rows: Sequence[float]) -> tuple[float, int]:
+    def layers_ms(self, num_nodes: int, host_experts: Sequence[float], host_rows: Sequence[float],
+                  copied: Sequence[float] | None = None) -> tuple[float, int]:
         """:meth:`cycle_ms` on plain per-layer lists (no checks; the solvers' inner loop), and the
-        bitmask of the layers where the GPU part binds (bit l set iff ``g >= h_l``)."""
+        bitmask of the layers where the GPU part binds (bit l set iff ``g + copy_ms * c_l >= h_l``)."""
         if not host_experts:
             return self.extra_ms + self.gpu_ms(num_nodes), 0
         g = self.gpu_ms(num_nodes) / self.reference_layers
-        pe, pr, sync = self.host_per_expert_ms, self.host_per_row_ms, self.sync_ms
+        pe, pr, sync, a = self.host_per_expert_ms, self.host_per_row_ms, self.sync_ms, self.copy_ms
         total, gpu_bound = 0.0, 0
         for l, (u, r) in enumerate(zip(host_experts, host_rows)):
             h = pe * u + pr * r
-            if g >= h:
-                total += g
+            gl = g + a * copied[l] if copied else g
+            if gl >= h:
+                total += gl
                 gpu_bound |= 1 << l
             else:
                 total += h
             if u:
                 total += sync
         return self.extra_ms + total * self.reference_layers / len(host_experts), gpu_bound
+
+    def split(self, num_nodes: int, rows: Sequence[int], max_copy: int) -> tuple[int, float]:
+        """The ``auto`` mode's choice in one MoE layer: how many of its uncached experts to copy H2D
+        (into the device cache) rather than compute on the host, to minimise the layer's time.
+
+        With ``k`` experts copied, T_l(k) = max(g + copy_ms * k, h(rest)) + sync_ms * [k < u] (class
+        docstring). For a fixed k the copy term does not depend on which experts are copied and the
+        host term is smallest when the k with the most rows go (each host expert costs
+        ``host_per_expert_ms + host_per_row_ms * rows``), so enumerating k = 0..min(u, max_copy) over
+        the row counts sorted in decreasing order finds the minimum exactly. Ties go to the smaller
+        k (fewer copies, fewer evictions).
+
+        Parameters
+        ----------
+        num_nodes : int
+            Tokens in the forward (verified nodes; 1 for an AR step).
+        rows : sequence of int, shape (u,)
+            (token, expert) rows of each uncached expert the forward needs, **in decreasing order**.
+        max_copy : int
+            Copies allowed (free device slots for this forward), >= 0.
+
+        Returns
+        -------
+        (int, float)
+            k, and T_l(k) in ms per real layer (without ``extra_ms``).
+
+        References
+        ----------
+        Issue 13 ("choose per expert"); SPECFIT.md §3, "Host-compute regime" (the ``auto`` mode).
+        """
+        g = self.gpu_ms(num_nodes) / self.reference_layers
+        pe, pr, sync, a = self.host_per_expert_ms, self.host_per_row_ms, self.sync_ms, self.copy_ms
+        u = len(rows)
+        host = pe * u + pr * float(sum(rows))
+        best_k, best = 0, max(g, host) + (sync if u else 0.0)
+        for k in range(1, min(u, max_copy) + 1):
+            if g + a * k >= best:  # the copy term only grows with k
+                break
+            host -= pe + pr * rows[k - 1]
+            t = max(g + a * k, host) + (sync if k < u else 0.0)
+            if t < best:
+                best_k, best = k, t
+        return best_k, best
+
+    def split_cycle_ms(self, num_nodes: int, rows_per_layer: Sequence[Sequence[int]]) -> float:
+        """Modeled verify ms when every layer splits its uncached experts as :meth:`split` chooses
+        (no cap on copies): the ``auto`` mode's time for the given uncached experts' rows per layer
+        (each list in decreasing order). For an AR step every row count is 1."""
+        if not rows_per_layer:
+            return self.extra_ms + self.gpu_ms(num_nodes)
+        total = sum(self.split(num_nodes, rows, len(rows))[1] for rows in rows_per_layer)
+        return self.extra_ms + total * self.reference_layers / len(rows_per_layer)
 
     def node_added_ms(self, root_new_per_layer, node_new, node_rows) -> np.ndarray:
         """Per draft node v, what verifying v beside the root adds to T(root alone), ms:

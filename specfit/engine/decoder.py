@@ -166,8 +166,9 @@ class CycleRecord:
     ``host_cpu_ms``: CPU ms of the engine's thread spent on the host side of the cycle (expert
     predictor, tree building, calibration, gate, solver; the head and target forwards excluded), by
     ``time.thread_time``: unlike wall-clock ms it does not grow with other processes' load.
-    ``host``: in the host offload mode (``offload="host"``), per MoE layer the experts computed on
-    the host (``"computed"``) and their (token, expert) rows (``"rows"``); empty in the transfer mode.
+    ``host``: in the host and auto offload modes (``offload="host"``/``"auto"``), per MoE layer the
+    experts computed on the host (``"computed"``) and their (token, expert) rows (``"rows"``); empty
+    in the transfer mode (in the auto mode ``transferred`` counts the experts it chose to copy).
     """
 
     levels: int = 0
@@ -551,7 +552,7 @@ class SpecDecoder:
         stats1 = self.target.cache.stats()
         rec.transferred = (_layer_counts(stats1, "misses") - _layer_counts(stats0, "misses")).tolist()
         rec.transfer_ms = stats1["total"]["transfer_ms"] - stats0["total"]["transfer_ms"]
-        if stats1.get("offload") == "host":
+        if stats1.get("offload") in ("host", "auto"):
             rec.host = {k: (_layer_counts(stats1, f"host_{k}") - _layer_counts(stats0, f"host_{k}")).tolist()
                         for k in ("computed", "rows")}
         rec.compute_ms = max(rec.verify_ms - rec.transfer_ms, 0.0)
@@ -577,7 +578,7 @@ class SpecDecoder:
         (:meth:`OnlineModel.observe`)."""
         layer = np.arange(cache.shape[0])[:, None]
         root_true = (~cache[layer, routing[0]]).sum(axis=1)  # (L,) the root's true uncached experts
-        rec.ar_step_ms = self.cost.cycle_ms(1, root_true)  # one token: a row per uncached expert
+        rec.ar_step_ms = self._ar_step_ms(root_true)
         if rec.decision != "ar" and rec.levels:
             self.online.observe_host(rec.levels, self._level_host_ms, rec.host_cpu_ms - self._level_host_ms)
         if self._root_new is None:
@@ -586,20 +587,31 @@ class SpecDecoder:
             self.online.observe(root_predicted_new=self._root_new, root_true_new=root_true)
             return
         predicted = rec.predicted_new if len(rec.predicted_new) == root_true.size else np.zeros(root_true.size)
-        experts, rows = self._uncached(rec)
+        counts = self._uncached(rec)
+        uncached = np.add(counts[0], counts[2]) if len(counts) == 3 else counts[0]  # host + copied
         self.online.observe(root_predicted_new=self._root_new, root_true_new=root_true,
-                            selected_predicted_new=predicted, transferred=experts,
+                            selected_predicted_new=predicted, transferred=uncached,
                             draft_nodes=rec.nodes_verified - 1, committed=rec.committed,
-                            cycle_ms=self.cost.cycle_ms(rec.nodes_verified, experts, rows)
+                            cycle_ms=self.cost.cycle_ms(rec.nodes_verified, *counts)
                             + rec.levels * (self.cost.draft_level_ms or 0.0) + rec.host_cpu_ms, ar_ms=rec.ar_step_ms)
 
     @staticmethod
-    def _uncached(rec: CycleRecord) -> tuple[list, list]:
-        """The verify's uncached experts per layer and their (token, expert) rows, for the cost's
-        ``cycle_ms``: the experts copied (transfer mode; rows unused) or computed on the host (host mode)."""
+    def _uncached(rec: CycleRecord) -> tuple:
+        """The verify's measured counts per layer, the arguments of the cost's ``cycle_ms`` after the
+        node count: transfer mode, the experts copied (twice: rows are unused); host and auto mode,
+        the experts computed on the host, their (token, expert) rows and the experts copied (0 in
+        the host mode)."""
         if rec.host:
-            return rec.host["computed"], rec.host["rows"]
+            return rec.host["computed"], rec.host["rows"], rec.transferred
         return rec.transferred, rec.transferred
+
+    def _ar_step_ms(self, root_true: np.ndarray) -> float:
+        """T of this cycle's counterfactual AR step, whose root needs ``root_true`` uncached experts
+        per layer, shape (L,) (one row each): in the auto offload mode the split of
+        :meth:`HostProfile.split` the runtime would choose, otherwise the cost's ``cycle_ms``."""
+        if getattr(self.target, "offload", "transfer") == "auto" and isinstance(self.cost, HostProfile):
+            return self.cost.split_cycle_ms(1, [[1] * int(u) for u in root_true])
+        return self.cost.cycle_ms(1, root_true)
 
     def _draft_and_select(self, root: int, cache: np.ndarray, rec: CycleRecord):
         """Grow the draft tree level by level and select its verified subtree.

@@ -70,3 +70,25 @@ def test_host_computed_experts_count_as_uncached_in_the_summary(first_run, host_
     assert all(r["experts_host_computed"] == 0 for r in read_results(first_run / "results.jsonl"))
     rows = {(r["dataset"], r["method"]): r for r in json.loads((host_run / "summary.json").read_text())["rows"]}
     assert rows[("gsm8k", "ar")]["experts_per_token"] > 0 and rows[("gsm8k", "ar")]["cache_hit_rate"] < 1
+
+
+def test_auto_run_equals_transfer_run_and_prices_its_copies(tiny, first_run, tmp_path):  # noqa: F811
+    out = tmp_path / "auto"
+    assert main(eval_args(tiny, out, "--offload", "auto", "--methods", "ar,specfit")) == 0
+    transfer = {(r["id"], r["dataset"], r["method"]): r for r in read_results(first_run / "results.jsonl")}
+    auto = read_results(out / "results.jsonl")
+    assert auto and all(r["output_ids"] == transfer[(r["id"], r["dataset"], r["method"])]["output_ids"] for r in auto)
+    assert all(r["experts_host_computed"] > 0 for r in auto)
+    assert "Offload auto" in (out / "summary.md").read_text()
+    assert json.loads((out / "summary.json").read_text())["config"]["offload"] == "auto"
+
+
+def test_auto_cycle_pricing_charges_copies_beside_the_host():
+    cost = get_host_profile("qwen3-30b-a3b-pcie4+host-ddr5-5600-2ch").for_layers(2)
+    host = CycleRecord(nodes_verified=1, true_experts=[8, 8], host={"computed": [6, 4], "rows": [6, 4]},
+                       transferred=[0, 0])
+    auto = CycleRecord(nodes_verified=1, true_experts=[8, 8], host={"computed": [5, 4], "rows": [5, 4]},
+                       transferred=[1, 0])
+    assert modeled_cycle_ms(host, cost)["total_ms"] == pytest.approx(cost.cycle_ms(1, [6, 4], [6, 4]))
+    assert modeled_cycle_ms(auto, cost)["total_ms"] == pytest.approx(cost.cycle_ms(1, [5, 4], [5, 4], [1, 0]))
+    assert modeled_cycle_ms(auto, cost)["total_ms"] < modeled_cycle_ms(host, cost)["total_ms"]  # the split pays

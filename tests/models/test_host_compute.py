@@ -130,3 +130,90 @@ def test_cli_generate_host_mode(ckpt, capsys):
     assert host["stats"]["offload"] == "host" and host["stats"]["total"]["bytes_moved"] == 0
     assert host["stats"]["total"]["host_computed"] > 0
     assert "host_computed" not in transfer["stats"]["total"]   # the transfer mode's stats are unchanged
+
+
+# -- the auto mode: copy or compute on the host, per expert -------------------------------------------
+
+def _profile(pe: float, pr: float = 0.0):
+    """A host-regime profile whose host experts cost ``pe`` ms (+ ``pr`` per row); copies 0.4 ms."""
+    from specfit.core.cost import CostModel, HostProfile
+
+    return HostProfile("t", CostModel(4.8, 0.1, 0.4, reference_layers=48), 80.0, pe, pr, 0.03)
+
+
+@pytest.mark.parametrize("slots", [0, 1, 2, 5, "all"])
+def test_auto_mode_equals_the_other_modes_and_counts_every_lookup(ckpt, slots):
+    path, ref = ckpt
+    E = ref.config.num_experts
+    prompt = torch.randint(0, VOCAB, (10,), generator=torch.Generator().manual_seed(1))
+    parents = random_tree(32, np.random.default_rng(3))
+    transfer = OffloadedQwen3Moe.from_pretrained(path, cache_slots=slots, max_len=96)
+    auto = OffloadedQwen3Moe.from_pretrained(path, cache_slots=slots, max_len=96, offload="auto",
+                                             hot_experts=_hot(E), offload_cost=_profile(pe=0.3))
+    for a, b in zip(_run(transfer, prompt, parents), _run(auto, prompt, parents)):
+        assert torch.equal(a.logits, b.logits)     # same CPU kernels, same summation order
+        assert torch.equal(a.routing, b.routing)
+    st = auto.cache.stats()
+    t, tt = st["total"], transfer.cache.stats()["total"]
+    assert st["offload"] == "auto"
+    assert t["hits"] + t["misses"] + t["host_computed"] == tt["hits"] + tt["misses"]
+    assert t["bytes_moved"] == t["misses"] * auto.store.expert_bytes   # what it copied, it counted
+    n = E if slots == "all" else slots
+    assert all(len(c) <= n for c in auto.cache.cached_experts())
+    if n in (0, E):
+        assert t["misses"] == 0             # nothing to copy into, or nothing uncached
+    else:
+        assert t["misses"] > 0 and t["host_computed"] > 0    # slow host experts: it did both
+
+
+def test_auto_mode_copies_only_when_that_shortens_the_layer(ckpt):
+    path, ref = ckpt
+    E = ref.config.num_experts
+    prompt = torch.arange(12) % VOCAB
+    cheap = OffloadedQwen3Moe.from_pretrained(path, cache_slots=3, offload="auto", hot_experts=_hot(E),
+                                              offload_cost=_profile(pe=1e-4))
+    host = OffloadedQwen3Moe.from_pretrained(path, cache_slots=3, offload="host", hot_experts=_hot(E))
+    cheap.prefill(prompt), host.prefill(prompt)
+    a, b = cheap.cache.stats(), host.cache.stats()
+    assert a["total"]["misses"] == 0                       # host experts nearly free: nothing copied ...
+    assert [x["host_computed"] for x in a["layers"]] == [x["host_computed"] for x in b["layers"]]   # ... as host
+    slow = OffloadedQwen3Moe.from_pretrained(path, cache_slots=3, offload="auto", hot_experts=_hot(E),
+                                             offload_cost=_profile(pe=5.0))
+    out = slow.prefill(prompt)
+    for layer, st in enumerate(slow.cache.stats()["layers"]):
+        hot = set(_hot(E)[layer][:3])
+        needed = set(torch.unique(out.routing[:, layer]).tolist())
+        free = 3 - len(needed & hot)
+        assert st["misses"] == min(free, len(needed - hot))   # slow host: it copies all it can
+        assert st["misses"] + st["host_computed"] == len(needed - hot)
+
+
+def test_auto_mode_admits_what_it_copies_and_resets_to_the_hot_set(ckpt):
+    path, ref = ckpt
+    E = ref.config.num_experts
+    model = OffloadedQwen3Moe.from_pretrained(path, cache_slots=2, offload="auto", hot_experts=_hot(E),
+                                              offload_cost=_profile(pe=5.0))
+    first = model.cache.cached_experts()
+    assert first == [sorted(h[:2]) for h in _hot(E)]
+    greedy_generate(model, [5, 17, 42, 8, 23], 6)
+    assert model.cache.cached_experts() != first               # copied experts were admitted
+    absent = min(set(range(E)) - set(model.cache.cached_experts()[0]))
+    assert model.cache.prefetch(0, [absent]) == [absent]       # a dynamic cache: prefetch moves experts
+    assert absent in model.cache.cached_experts()[0]
+    model.reset_cache(2)
+    assert type(model.cache).__name__ == "AutoOffloadCache" and model.cache.cached_experts() == first
+    with pytest.raises(SpecFitInputError, match="host_profile"):
+        from specfit.models.host_compute import AutoOffloadCache
+        AutoOffloadCache(model.store, "cpu", 2, cost="not a profile")
+
+
+def test_cli_generate_auto_mode(ckpt, capsys):
+    path, _ = ckpt
+    argv = ["generate", "--model", str(path), "--prompt-ids", "5,17,42", "--max-new-tokens", "6", "--cache-slots", "2",
+            "--json"]
+    assert cli_main(argv) == 0
+    transfer = json.loads(capsys.readouterr().out)
+    assert cli_main(argv + ["--offload", "auto"]) == 0
+    auto = json.loads(capsys.readouterr().out)
+    assert auto["output_ids"] == transfer["output_ids"]
+    assert auto["stats"]["offload"] == "auto" and "host_computed" in auto["stats"]["total"]
