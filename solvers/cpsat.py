@@ -39,8 +39,9 @@ An instance whose cost is a :class:`~specfit.core.cost.HostProfile` has, per MoE
 Boolean ``y_i`` per uncached item the root does not need (``x_v -> y_i`` for every node v needing
 it), an integer ``t_l`` with ``t_l >= g`` (linear in the ``x``) and ``t_l >= h_l`` (``y`` for the
 union, ``x`` times the node's rows for the rows), and a Boolean ``z_l`` with ``y_i -> z_l`` for the
-sync of a layer the root does not already pay; the objective subtracts ``λ c t_l`` and
-``λ c sync_ms z_l``, so at the optimum ``t_l`` is the max exactly and ``z_l`` the indicator. The
+sync of a layer the root does not already pay; the objective subtracts ``λ c t_l``,
+``λ c sync_ms z_l`` and ``λ node_extra_ms`` per draft node, so at the optimum ``t_l`` is the max
+exactly and ``z_l`` the indicator. The
 ``max_new_experts_per_layer`` budget bounds the ``y`` of each layer. Because the constraints carry
 λ, the model is rebuilt for each Dinkelbach step; ``t_l`` is measured in the objective's integer
 unit (1/s tokens), so every coefficient is rounded once, with the tolerance above.
@@ -296,8 +297,8 @@ def _host_model(instance: Instance, lam: float, precision_bits: int, hint: Seque
             model.add_implication(x[v], x[int(par[v])])
     if instance.max_nodes is not None:
         model.add(sum(x[1:]) <= instance.max_nodes - 1)
-    if L == 0:  # T = extra_ms + fixed_ms + per_node_ms * |S|: a linear objective
-        w = prob[1:] - lam * cost.gpu.per_node_ms
+    if L == 0:  # T = extra_ms + fixed_ms + (per_node_ms + node_extra_ms) * |S| + const: a linear objective
+        w = prob[1:] - lam * (cost.gpu.per_node_ms + cost.node_extra_ms)
         s = 2.0 ** precision_bits / max(float(np.abs(w).max(initial=0.0)), 1e-12)
         model.maximize(sum(int(round(s * wv)) * xv for wv, xv in zip(w, x[1:])))
         for v in range(1, n):
@@ -320,8 +321,9 @@ def _host_model(instance: Instance, lam: float, precision_bits: int, hint: Seque
     g_root, g_node = k * (cost.gpu.fixed_ms + cost.gpu.per_node_ms) / R, k * cost.gpu.per_node_ms / R
     w_exp, w_row, w_sync = k * cost.host_per_expert_ms, k * cost.host_per_row_ms, k * cost.sync_ms
     h_root = w_exp * root_u + w_row * rows[0]
+    w_node = lam * cost.node_extra_ms  # per draft node, outside the per-layer max
     mag = max(float(prob.max()), g_root, g_node, w_exp, w_row * float(rows.max(initial=0)), w_sync,
-              float(h_root.max(initial=0.0)))
+              float(h_root.max(initial=0.0)), w_node)
     s = 2.0 ** precision_bits / max(mag, 1e-12)
 
     def q(w: float) -> int:
@@ -336,7 +338,7 @@ def _host_model(instance: Instance, lam: float, precision_bits: int, hint: Seque
             layer = [y[it] for it in y if it // E == l]
             if layer:
                 model.add(sum(layer) <= instance.max_new_experts_per_layer - int(root_u[l]))
-    objective = [q(p) * xv for p, xv in zip(prob[1:], x[1:])]
+    objective = [q(p - w_node) * xv for p, xv in zip(prob[1:], x[1:])]
     for l in range(L):
         layer = [y[it] for it in y if it // E == l]
         gpu = [q(g_root)] + [q(g_node) * xv for xv in x[1:]]

@@ -315,7 +315,8 @@ class ExactSolver(Solver):
     def select(self, instance: Instance, rate: float | None):
         deadline = None if self.time_limit_s is None else time.perf_counter() + self.time_limit_s
         host = instance.cost.regime == "host"
-        if not instance.items.union(range(instance.n)):  # no uncached expert: T linear in |S|, a prefix is optimal
+        linear = not host or instance.cost.node_extra_ms <= instance.cost.gpu.fixed_ms + instance.cost.extra_ms
+        if linear and not instance.items.union(range(instance.n)):  # no uncached expert: T linear in |S|, a prefix is optimal
             if host:  # nothing on the host
                 instance = replace(instance, cost=instance.cost.gpu_only())
             return best_prefix(instance, None if rate is None else rate / 1000.0), "optimal"

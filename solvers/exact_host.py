@@ -20,8 +20,9 @@ and any completion S' ⊇ S. In a layer where the GPU part binds at S (g >= h_l)
 c · per_node_ms / R for every added node; where the host part binds (h_l > g) it grows by at least
 c · (host_per_row_ms · r_v,l + host_per_expert_ms · x_v,l) summed over the added nodes v, with x_v,l
 the items of layer l that v alone owns (no ancestor of v and no other node needs them: they are
-new whatever else is selected). The sync term never falls. So, with m_v(S) the sum over layers of
-the bound that applies in each layer at S, F_λ(S') <= F_λ(S) + sum_{v in S' \\ S} (P_v - λ m_v(S)),
+new whatever else is selected). The sync term never falls, and the profile's ``node_extra_ms``
+(outside the max) adds exactly that per node. So, with m_v(S) the sum over layers of the bound that
+applies in each layer at S plus ``node_extra_ms``, F_λ(S') <= F_λ(S) + sum_{v in S' \\ S} (P_v - λ m_v(S)),
 and the tree DP ``dp[v] = max(0, P_v - λ m_v(S) + sum dp[child])`` over the undecided subtrees
 hanging off S bounds what any completion adds (capped, under ``max_nodes``, by the largest positive
 terms the node budget admits). The bound never underestimates, so pruning loses no optimum. It is
@@ -100,6 +101,7 @@ class HostSearch:
             m = self.host_inc[:, ~gpu_layers].sum(axis=1) + self.c * self.dg * int(gpu_layers.sum())
         else:
             m = np.full(self.n, self.cost.gpu.per_node_ms)
+        m = m + self.cost.node_extra_ms  # outside the max: exactly what each draft node adds
         gain = (np.asarray(self.pp) - self.lam * m).tolist()
         dp = [0.0] * self.n
         for v in range(self.n - 1, 0, -1):

@@ -358,6 +358,11 @@ class HostProfile:
     extra_ms : float
         ms added to every T outside the per-layer max (:meth:`plus_ms`: the draft levels of the
         cycle already paid, whole-cycle objective); 0 for a profile.
+    node_extra_ms : float
+        ms every draft node (every node but the root) adds to T outside the per-layer max:
+        T = extra_ms + node_extra_ms * (n - 1) + sum_l T_l. The engine's price of the uncached
+        experts its expert predictor misses per draft node (:meth:`specfit.engine.online.OnlineModel.corrected_cost`);
+        0 for a profile.
 
     Raises
     ------
@@ -376,9 +381,10 @@ class HostProfile:
     sync_ms: float
     num_layers: int | None = None
     extra_ms: float = 0.0
+    node_extra_ms: float = 0.0
 
     def __post_init__(self):
-        for name in ("host_per_expert_ms", "host_per_row_ms", "sync_ms", "extra_ms"):
+        for name in ("host_per_expert_ms", "host_per_row_ms", "sync_ms", "extra_ms", "node_extra_ms"):
             object.__setattr__(self, name, check_ms(f"cost.{name}", getattr(self, name)))
 
     @property
@@ -405,14 +411,15 @@ class HostProfile:
 
     @property
     def min_node_ms(self) -> float:
-        """A lower bound (ms) on what one more verified node adds to T(S) for any S: **0**.
+        """A lower bound (ms) on what one more verified node adds to T(S) for any S: **0** (plus
+        ``node_extra_ms``, which every draft node adds outside the max).
 
         Per layer a node raises ``g`` by ``gpu.per_node_ms / R`` and ``h_l`` by at least
         ``host_per_row_ms * r_v,l``, so ``max(g, h_l)`` grows by at least the smaller of the two
         (``max(a + x, b + y) - max(a, b) >= min(x, y)`` for x, y >= 0). A node whose experts are all
         cached has ``r_v,l = 0``, and where the host part binds (``h_l >= g`` after the node) it adds
         nothing: no positive bound holds for every S and v (SPECFIT.md §3)."""
-        return 0.0
+        return self.node_extra_ms
 
     def min_node_ms_for(self, cache: np.ndarray) -> float:
         """:attr:`min_node_ms` given the expert cache of the cycle, ``cache`` of shape (L, num_experts):
@@ -429,9 +436,9 @@ class HostProfile:
         cache = np.asarray(cache, dtype=bool)
         L = cache.shape[0]
         if L == 0:
-            return self.gpu.per_node_ms
+            return self.gpu.per_node_ms + self.node_extra_ms
         self.check_layers(L)
-        return self.gpu.per_node_ms * int(cache.all(axis=1).sum()) / L
+        return self.gpu.per_node_ms * int(cache.all(axis=1).sum()) / L + self.node_extra_ms
 
     def plus_ms(self, ms: float) -> "HostProfile":
         """This profile with ``ms`` added to every T outside the per-layer max (``extra_ms``)."""
@@ -439,8 +446,15 @@ class HostProfile:
 
     def gpu_only(self) -> CostModel:
         """The transfer-regime model equal to this profile when nothing runs on the host (every
-        ``u_l = r_l = 0``): T = ``extra_ms + gpu.fixed_ms + gpu.per_node_ms * n``, linear in n."""
-        return CostModel(self.gpu.fixed_ms + self.extra_ms, self.gpu.per_node_ms, 0.0, name=f"{self.name}:gpu-only")
+        ``u_l = r_l = 0``): T = ``extra_ms + gpu.fixed_ms + gpu.per_node_ms * n + node_extra_ms * (n - 1)``,
+        linear in n (a cost model's ``fixed_ms`` is >= 0: needs ``node_extra_ms <= gpu.fixed_ms + extra_ms``).
+
+        Raises
+        ------
+        SpecFitInputError
+            If ``node_extra_ms`` exceeds ``gpu.fixed_ms + extra_ms``."""
+        return CostModel(self.gpu.fixed_ms + self.extra_ms - self.node_extra_ms, self.gpu.per_node_ms + self.node_extra_ms,
+                         0.0, name=f"{self.name}:gpu-only")
 
     def check_layers(self, num_layers: int) -> None:
         """Check that the profile can price an instance with ``num_layers`` MoE layers.
@@ -504,8 +518,9 @@ class HostProfile:
                   copied: Sequence[float] | None = None) -> tuple[float, int]:
         """:meth:`cycle_ms` on plain per-layer lists (no checks; the solvers' inner loop), and the
         bitmask of the layers where the GPU part binds (bit l set iff ``g + copy_ms * c_l >= h_l``)."""
+        extra = self.extra_ms + self.node_extra_ms * (num_nodes - 1) if self.node_extra_ms else self.extra_ms
         if not host_experts:
-            return self.extra_ms + self.gpu_ms(num_nodes), 0
+            return extra + self.gpu_ms(num_nodes), 0
         g = self.gpu_ms(num_nodes) / self.reference_layers
         pe, pr, sync, a = self.host_per_expert_ms, self.host_per_row_ms, self.sync_ms, self.copy_ms
         total, gpu_bound = 0.0, 0
@@ -519,7 +534,7 @@ class HostProfile:
                 total += h
             if u:
                 total += sync
-        return self.extra_ms + total * self.reference_layers / len(host_experts), gpu_bound
+        return extra + total * self.reference_layers / len(host_experts), gpu_bound
 
     def split(self, num_nodes: int, rows: Sequence[int], max_copy: int) -> tuple[int, float]:
         """The ``auto`` mode's choice in one MoE layer: how many of its uncached experts to copy H2D
@@ -590,10 +605,10 @@ class HostProfile:
         return {"regime": "host", "name": self.name, "gpu": self.gpu.to_json(), "dram_gb_per_s": self.dram_gb_per_s,
                 "host_per_expert_ms": self.host_per_expert_ms, "host_per_row_ms": self.host_per_row_ms,
                 "sync_ms": self.sync_ms, "reference_layers": self.reference_layers, "num_layers": self.num_layers,
-                "extra_ms": self.extra_ms}
+                "extra_ms": self.extra_ms, "node_extra_ms": self.node_extra_ms}
 
     _JSON_REQUIRED = ("regime", "gpu", "host_per_expert_ms", "host_per_row_ms", "sync_ms")
-    _JSON_OPTIONAL = ("name", "dram_gb_per_s", "reference_layers", "num_layers", "extra_ms")
+    _JSON_OPTIONAL = ("name", "dram_gb_per_s", "reference_layers", "num_layers", "extra_ms", "node_extra_ms")
 
     @classmethod
     def from_json(cls, obj) -> "HostProfile":
@@ -624,7 +639,8 @@ class HostProfile:
         except (TypeError, ValueError):
             raise SpecFitInputError("cost.dram_gb_per_s", f"must be a number (GB/s), got {obj['dram_gb_per_s']!r}") from None
         return cls(str(obj.get("name", "custom")), gpu, dram, obj["host_per_expert_ms"],
-                   obj["host_per_row_ms"], obj["sync_ms"], layers, obj.get("extra_ms", 0.0))
+                   obj["host_per_row_ms"], obj["sync_ms"], layers, obj.get("extra_ms", 0.0),
+                   obj.get("node_extra_ms", 0.0))
 
 
 def _host_profile(host: str, gpu: str) -> HostProfile:

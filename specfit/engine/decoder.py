@@ -772,8 +772,8 @@ class SpecDecoder:
 
     def _cycle_cost(self, tree: DraftTree, cache: np.ndarray) -> CostModel:
         """The cost model of this cycle's selection: the engine's, with the predictor's learned error
-        priced in for calibrated methods in the transfer regime (:meth:`OnlineModel.corrected_cost`;
-        a host-regime profile is used as it is); records the root's predicted uncached experts for the
+        priced in for calibrated methods (:meth:`OnlineModel.corrected_cost`; for a host-regime
+        profile the draft nodes' part only); records the root's predicted uncached experts for the
         online model."""
         self._root_new = np.asarray(tree.items(cache).root_new_per_layer)
         if self.online is None:

@@ -16,7 +16,8 @@ Three things the cycle's objective needs and no datasheet gives (issue 9, SPECFI
   (:meth:`OnlineModel.corrected_cost`): a draft node costs, on average, the experts the predictor
   missed. The solver stays exact for this corrected model; the stop rule's proof needs only that
   every node costs at least ``per_node_ms``, which the correction keeps. A host-regime profile
-  (``offload="host"``) is used uncorrected.
+  (``offload="host"``/``"auto"``) gets the node correction as a per-draft-node term outside its
+  per-layer max (``HostProfile.node_extra_ms``): the missed experts computed on the host.
 * **The AR gate's measured utility.** Every drafted cycle carries its own counterfactual: the AR step
   of the same cycle would have verified the root alone, whose true experts the verify returns, so
   ``T_AR = fixed_ms + per_node_ms + Σ_l w_l |true root experts \\ C|_l`` is known exactly after the
@@ -57,7 +58,7 @@ from typing import Callable
 import numpy as np
 
 from specfit.core.acceptance import AcceptanceCalibrator
-from specfit.core.cost import CostModel
+from specfit.core.cost import CostModel, HostProfile
 
 
 class OnlineModel:
@@ -143,21 +144,32 @@ class OnlineModel:
         Parameters
         ----------
         cost : CostModel or HostProfile
-            The engine's cost model (per-layer ``per_expert_ms`` for the model's L layers); a
-            host-regime profile is returned unchanged (the corrections model copied experts).
+            The engine's cost model (per-layer ``per_expert_ms`` for the model's L layers). A
+            host-regime profile (scaled to L layers) gets the node correction alone, outside its
+            per-layer max: ``node_extra_ms = max(0, (R / L) (host_per_expert_ms + host_per_row_ms) Σ_l m_l)``,
+            each missed expert computed on the host for the one row of the node that needs it, in
+            every layer whichever part binds (an upper bound on what it adds); the root's error is
+            paid by the AR step alike and is left out there.
         root_new_per_layer : array-like of int, shape (L,)
             This cycle's predicted uncached root experts per layer, ``|predicted root experts \\ C|_l``;
             the root correction never takes T(root alone) below ``fixed_ms + per_node_ms``.
 
         Returns
         -------
-        CostModel
+        CostModel or HostProfile
             ``max(0, fixed_ms + max(Σ_l w_l e_l, -Σ_l w_l root_new_l))`` (a cost model's ``fixed_ms`` is
             >= 0: an over-predicting predictor's correction stops there) and
-            ``per_node_ms + max(0, Σ_l w_l m_l)``, the rest of ``cost`` unchanged.
+            ``per_node_ms + max(0, Σ_l w_l m_l)``, the rest of ``cost`` unchanged; a host-regime
+            profile with ``node_extra_ms`` as above.
         """
         e, m = self.root_correction(), self.node_correction()
-        if (e is None and m is None) or not isinstance(cost, CostModel):  # a host-regime profile: as given
+        if isinstance(cost, HostProfile):
+            if m is None:
+                return cost
+            c = cost.reference_layers / m.size if m.size else 0.0
+            extra = c * (cost.host_per_expert_ms + cost.host_per_row_ms) * float(m.sum())
+            return replace(cost, node_extra_ms=max(0.0, extra))
+        if e is None and m is None:
             return cost
         n = (e if e is not None else m).size
         w = cost.per_expert_array(n)

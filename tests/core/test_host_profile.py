@@ -58,3 +58,16 @@ def test_named_host_profiles_read_experts_at_datasheet_bandwidth():
 def test_transfer_profiles_are_unchanged():
     assert set(PROFILES) == {"qwen3-30b-a3b-pcie4", "qwen3-30b-a3b-h200"}
     assert PROFILES["qwen3-30b-a3b-pcie4"].to_json() == {"fixed_ms": 6.0, "per_node_ms": 0.1, "per_expert_ms": 0.3932}
+
+
+def test_node_extra_is_paid_per_draft_node_outside_the_max_and_round_trips():
+    p = profile(pe=0.1, pr=0.02, sync=0.03).for_layers(2)
+    q = HostProfile(p.name, p.gpu, p.dram_gb_per_s, p.host_per_expert_ms, p.host_per_row_ms, p.sync_ms, 2,
+                    node_extra_ms=0.7)
+    assert q.cycle_ms(1, [3, 0], [3, 0]) == pytest.approx(p.cycle_ms(1, [3, 0], [3, 0]))   # the root pays none
+    assert q.cycle_ms(5, [3, 1], [6, 2]) == pytest.approx(p.cycle_ms(5, [3, 1], [6, 2]) + 4 * 0.7)
+    assert q.min_node_ms == 0.7
+    assert HostProfile.from_json(q.to_json()) == q
+    assert q.gpu_only().cycle_ms(4, [0]) == pytest.approx(q.cycle_ms(4, [0, 0], [0, 0]))
+    with pytest.raises(SpecFitInputError, match="node_extra_ms"):
+        HostProfile("t", GPU, 80.0, 0.1, 0.02, 0.03, node_extra_ms=-1.0)

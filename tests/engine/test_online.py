@@ -103,13 +103,25 @@ def test_corrected_cost_stays_a_valid_cost_model():
     assert c.fixed_ms + c.per_node_ms > 0 and c.fixed_ms == 0.5
 
 
-def test_a_host_regime_profile_is_used_as_given():
+def test_a_host_regime_profile_gets_the_draft_nodes_correction_outside_its_max():
     from specfit.core.cost import HOST_PROFILES
 
     host = next(iter(HOST_PROFILES.values())).for_layers(2)
     on = OnlineModel(depth=4)
     on.observe(root_predicted_new=[1, 1], root_true_new=[2, 2])
-    assert on.corrected_cost(host, [1, 1]) is host  # the corrections model copied experts only
+    assert on.corrected_cost(host, [1, 1]) is host  # the root's error alone: the AR step pays it too
+    # a drafted cycle of 2 draft nodes whose verify computed 3 + 1 host experts beyond the root's,
+    # where the selection predicted 1 + 0: 1.5 missed experts per draft node, summed over layers
+    on.observe(root_predicted_new=[1, 1], root_true_new=[1, 1], selected_predicted_new=[2, 1],
+               transferred=[4, 2], draft_nodes=2, committed=2, cycle_ms=30.0, ar_ms=12.0)
+    got = on.corrected_cost(host, [1, 1])
+    per_expert = host.host_per_expert_ms + host.host_per_row_ms
+    assert got.node_extra_ms == pytest.approx(24 * per_expert * 1.5)          # R / L = 48 / 2 real layers each
+    assert got.cycle_ms(3, [2, 2]) == pytest.approx(host.cycle_ms(3, [2, 2]) + 2 * got.node_extra_ms)
+    assert got.min_node_ms == got.node_extra_ms                                 # the stop rule's per-node bound
+    on.observe(root_predicted_new=[1, 1], root_true_new=[1, 1], selected_predicted_new=[9, 9],
+               transferred=[1, 1], draft_nodes=2, committed=2, cycle_ms=30.0, ar_ms=12.0)
+    assert on.corrected_cost(host, [1, 1]).node_extra_ms >= 0.0                # over-prediction: never below 0
 
 
 def test_host_costs_are_measured_means_with_the_profile_as_prior():
