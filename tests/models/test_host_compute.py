@@ -34,18 +34,25 @@ def _run(model, prompt, parents):
     return out
 
 
+def _equal_to_transfer(path, slots, prompt, **mode):
+    """A transfer-mode model and one in ``mode`` after the same prefill, decode and verify, whose
+    logits and routing are asserted bit-identical; returns (transfer, other, other's first cache)."""
+    parents = random_tree(32, np.random.default_rng(3))
+    transfer = OffloadedQwen3Moe.from_pretrained(path, cache_slots=slots, max_len=96)
+    other = OffloadedQwen3Moe.from_pretrained(path, cache_slots=slots, max_len=96, **mode)
+    resident = other.cache.cached_experts()
+    for a, b in zip(_run(transfer, prompt, parents), _run(other, prompt, parents)):
+        assert torch.equal(a.logits, b.logits)     # same CPU kernels, same summation order
+        assert torch.equal(a.routing, b.routing)
+    return transfer, other, resident
+
+
 @pytest.mark.parametrize("slots", [0, 1, 2, 5, "all"])
 def test_host_mode_equals_transfer_mode_and_reference(ckpt, slots):
     path, ref = ckpt
     E = ref.config.num_experts
     prompt = torch.randint(0, VOCAB, (10,), generator=torch.Generator().manual_seed(1))
-    parents = random_tree(32, np.random.default_rng(3))
-    transfer = OffloadedQwen3Moe.from_pretrained(path, cache_slots=slots, max_len=96)
-    host = OffloadedQwen3Moe.from_pretrained(path, cache_slots=slots, max_len=96, offload="host", hot_experts=_hot(E))
-    resident = host.cache.cached_experts()
-    for a, b in zip(_run(transfer, prompt, parents), _run(host, prompt, parents)):
-        assert torch.equal(a.logits, b.logits)     # same CPU kernels, same summation order
-        assert torch.equal(a.routing, b.routing)
+    transfer, host, resident = _equal_to_transfer(path, slots, prompt, offload="host", hot_experts=_hot(E))
     fresh = OffloadedQwen3Moe.from_pretrained(path, offload="host", cache_slots=slots, hot_experts=_hot(E))
     torch.testing.assert_close(fresh.prefill(prompt).logits, ref_logits(ref, prompt), atol=ATOL, rtol=0)
     st = host.cache.stats()
@@ -118,17 +125,19 @@ def test_bad_offload_and_hot_set_are_input_errors(ckpt, capsys):
     assert exc.value.code == 2
 
 
-def test_cli_generate_host_mode(ckpt, capsys):
+@pytest.mark.parametrize("offload", ["host", "auto"])
+def test_cli_generate_offload_modes(ckpt, capsys, offload):
     path, _ = ckpt
     argv = ["generate", "--model", str(path), "--prompt-ids", "5,17,42", "--max-new-tokens", "6", "--cache-slots", "2",
             "--json"]
     assert cli_main(argv) == 0
     transfer = json.loads(capsys.readouterr().out)
-    assert cli_main(argv + ["--offload", "host"]) == 0
-    host = json.loads(capsys.readouterr().out)
-    assert host["output_ids"] == transfer["output_ids"]
-    assert host["stats"]["offload"] == "host" and host["stats"]["total"]["bytes_moved"] == 0
-    assert host["stats"]["total"]["host_computed"] > 0
+    assert cli_main(argv + ["--offload", offload]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["output_ids"] == transfer["output_ids"]
+    assert got["stats"]["offload"] == offload and got["stats"]["total"]["host_computed"] > 0
+    if offload == "host":
+        assert got["stats"]["total"]["bytes_moved"] == 0           # the host mode copies nothing
     assert "host_computed" not in transfer["stats"]["total"]   # the transfer mode's stats are unchanged
 
 
@@ -146,13 +155,8 @@ def test_auto_mode_equals_the_other_modes_and_counts_every_lookup(ckpt, slots):
     path, ref = ckpt
     E = ref.config.num_experts
     prompt = torch.randint(0, VOCAB, (10,), generator=torch.Generator().manual_seed(1))
-    parents = random_tree(32, np.random.default_rng(3))
-    transfer = OffloadedQwen3Moe.from_pretrained(path, cache_slots=slots, max_len=96)
-    auto = OffloadedQwen3Moe.from_pretrained(path, cache_slots=slots, max_len=96, offload="auto",
-                                             hot_experts=_hot(E), offload_cost=_profile(pe=0.3))
-    for a, b in zip(_run(transfer, prompt, parents), _run(auto, prompt, parents)):
-        assert torch.equal(a.logits, b.logits)     # same CPU kernels, same summation order
-        assert torch.equal(a.routing, b.routing)
+    transfer, auto, _ = _equal_to_transfer(path, slots, prompt, offload="auto", hot_experts=_hot(E),
+                                           offload_cost=_profile(pe=0.3))
     st = auto.cache.stats()
     t, tt = st["total"], transfer.cache.stats()["total"]
     assert st["offload"] == "auto"
@@ -206,14 +210,3 @@ def test_auto_mode_admits_what_it_copies_and_resets_to_the_hot_set(ckpt):
         from specfit.models.host_compute import AutoOffloadCache
         AutoOffloadCache(model.store, "cpu", 2, cost="not a profile")
 
-
-def test_cli_generate_auto_mode(ckpt, capsys):
-    path, _ = ckpt
-    argv = ["generate", "--model", str(path), "--prompt-ids", "5,17,42", "--max-new-tokens", "6", "--cache-slots", "2",
-            "--json"]
-    assert cli_main(argv) == 0
-    transfer = json.loads(capsys.readouterr().out)
-    assert cli_main(argv + ["--offload", "auto"]) == 0
-    auto = json.loads(capsys.readouterr().out)
-    assert auto["output_ids"] == transfer["output_ids"]
-    assert auto["stats"]["offload"] == "auto" and "host_computed" in auto["stats"]["total"]
