@@ -507,9 +507,9 @@ class DeviceExpertCache:
         compute : callable
             ``compute(expert_id, gate_up (2I, H), down (H, I))``; device tensors valid during the call.
         rows : sequence of int, optional
-            (token, expert) rows of each expert of ``experts`` in the forward, and
+            (token, expert) rows of each expert of ``experts`` in the forward. Unused here, as is
         num_tokens : int, optional
-            the forward's tokens: unused here; the ``auto`` offload mode's cache chooses with them.
+            the forward's token count: the ``auto`` offload mode's cache chooses with both.
         """
         st, slot_of = self._stats[layer], self._slot_of[layer]
         self._touch(layer, experts)

@@ -14,6 +14,11 @@ time), chosen per expert from measured routing frequencies rather than per layer
 the cache stays empty and every expert runs on the host (there is no routing statistic to pick a
 static set from, and a set picked at random would only waste device memory).
 
+The ``auto`` mode (:class:`AutoOffloadCache`, issue 13 "choose per expert") starts from the same hot
+set and, in each layer of each forward, copies into the cache the uncached experts whose copy
+shortens the layer (the idle link works while the host computes the rest;
+:meth:`specfit.core.cost.HostProfile.split`), which then stay cached under the cache's eviction policy.
+
 Numerics: the model calls ``compute`` for the needed experts in increasing expert id, the order
 of the transfer mode with 0 slots or all slots, so on the CPU the two modes give bit-identical
 outputs; on CUDA the host experts run the CPU kernels, equal within floating-point tolerance.
