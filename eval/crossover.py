@@ -80,8 +80,8 @@ def crossover_markdown(rows: list[dict], note: str = "") -> str:
     lines += ["", "tok/s modeled and the ratios are modeled on the run's hardware profile (each cache size's "
               "summary.md says how); × best baseline: over the best of " + ", ".join(BASELINES) +
               " present in the same run; × oracle: over oracle in the same run (same calibrated objective, "
-              "true routing instead of predicted experts); experts/token: H2D expert transfers per committed "
-              "token; AR-step share: cycles the AR gate took as plain AR steps; host share: predictor, solver "
+              "true routing instead of predicted experts); experts/token: uncached experts per committed token "
+              "(copied H2D, or computed on the host under --offload host/auto); AR-step share: cycles the AR gate took as plain AR steps; host share: predictor, solver "
               "and bookkeeping CPU time over the modeled time.", note, ""]
     return "\n".join(lines)
 

@@ -31,16 +31,25 @@ Not modeled: the prefill (excluded from every tokens/s figure) and the verifier'
 
 from __future__ import annotations
 
-from specfit.core.cost import CostModel, HostProfile, get_profile
+from specfit.core.cost import CostModel, HostProfile, get_host_profile, get_profile
 from specfit.core.errors import SpecFitInputError
 
 #: The parts of a modeled cycle (keys of :func:`modeled_cycle_ms` besides ``total_ms``).
 MODELED_PARTS = ("compute_ms", "transfer_ms", "draft_ms", "host_ms")
 
 
-def cost_scaling_note(num_layers: int, profile: str) -> str:
+def cost_scaling_note(num_layers: int, profile: str, offload: str = "transfer", host_profile: str | None = None) -> str:
     """One sentence that says how modeled time scales for a target with ``num_layers`` MoE layers
-    (the profile's ``reference_layers``: 48 for Qwen3-30B-A3B)."""
+    (the profile's ``reference_layers``: 48 for Qwen3-30B-A3B); with ``offload`` ``"host"`` or
+    ``"auto"``, for the host-regime profile ``host_profile``."""
+    if offload != "transfer":
+        ref = get_host_profile(host_profile).reference_layers
+        if num_layers == ref:
+            return f"Modeled times use host-regime profile {host_profile} with the measured per-layer counts as they are."
+        return (f"Modeled times use host-regime profile {host_profile} for the {ref}-layer Qwen3-30B-A3B: the model "
+                f"evaluated has {num_layers} MoE layers, so each layer's measured counts (host experts, rows, "
+                f"copies) stand for {ref}/{num_layers} = {ref / num_layers:.2f} real layers (HostProfile.for_layers); "
+                f"the engine's selection uses the same scaled model.")
     ref = get_profile(profile).reference_layers
     if num_layers == ref:
         return f"Modeled times use profile {profile} with the measured per-layer expert transfers as they are."

@@ -222,7 +222,9 @@ def markdown(rows: list[dict], meta: dict) -> str:
         f"top-{meta['top_k']}); head `{meta['resolved']['draft']}`.",
         f"Tree total_tokens={c['total_tokens']} depth={c['depth']} top_k={c['top_k']}; {c['cache_slots']} expert-cache "
         f"slots per layer ({c['eviction']}, admission {c.get('admission', 'all')}; eagle3-vanilla: none); predictor {c['predictor']}; temperature "
-        f"{c['temperature']}; max_new_tokens {c['max_new_tokens']}; profile {c['profile']}.",
+        f"{c['temperature']}; max_new_tokens {c['max_new_tokens']}; " + (
+            f"profile {c['profile']}." if c.get("offload", "transfer") == "transfer"
+            else f"offload {c['offload']}, host-regime profile {c['host_profile']}."),
         "", head, "|" + "---|" * len(COLUMNS),
     ]
     for r in rows:
@@ -231,7 +233,10 @@ def markdown(rows: list[dict], meta: dict) -> str:
         "",
         f"tok/s wall: new tokens per second of the decode loop on this machine ({meta['machine']['cpu']}, "
         f"{meta['machine']['cpu_count']} CPUs; prefill excluded). tok/s modeled: the same cycles priced on "
-        f"the profile (eval/modeled.py): verify = fixed + per_node × nodes + per_expert × transferred, draft = "
+        f"the profile (eval/modeled.py): verify = "
+        + ("fixed + per_node × nodes + per_expert × transferred" if c.get("offload", "transfer") == "transfer"
+           else "the host-regime profile's per-layer time (below)")
+        + ", draft = "
         f"levels × {meta['draft_level_ms']} ms, plus the host CPU ms measured for the predictor, solver and "
         f"engine bookkeeping (thread CPU time; host share). τ counts the bonus token.",
         meta["cost_scaling"],
@@ -313,6 +318,12 @@ def _save(fig, path: Path) -> None:
     plt.close(fig)
 
 
+#: How each generation's expert cache starts, per offload mode (the summary's ``cache``).
+_CACHE_START = {"transfer": "every generation starts with an empty expert cache, warmed by its own prefill",
+                "host": "every generation starts with the static hot set of the routing trace, which never changes",
+                "auto": "every generation starts with the static hot set of the routing trace, then admits what it copies"}
+
+
 def write_summary(out: str | Path, records: list[dict], meta: dict, prompts) -> tuple[list[dict], str, dict]:
     """Summarise ``records`` and write ``summary.json``, ``summary.md`` and the plots into ``out``.
 
@@ -336,8 +347,9 @@ def write_summary(out: str | Path, records: list[dict], meta: dict, prompts) -> 
     c = meta["config"]
     rows = summarise(records, c["depth"], c["temperature"])
     meta = {**meta, "versions": versions(), "machine": machine(device=c.get("device", "cpu")),
-            "cost_scaling": cost_scaling_note(meta["num_layers"], c["profile"]),
-            "cache": "every generation starts with an empty expert cache, warmed by its own prefill",
+            "cost_scaling": cost_scaling_note(meta["num_layers"], c["profile"], c.get("offload", "transfer"),
+                                              c.get("host_profile")),
+            "cache": _CACHE_START[c.get("offload", "transfer")],
             "prompts_per_dataset": {d: sum(p.dataset == d for p in prompts) for d in dict.fromkeys(p.dataset for p in prompts)},
             "date_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
     text = markdown(rows, meta)

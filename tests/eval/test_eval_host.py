@@ -92,3 +92,12 @@ def test_auto_cycle_pricing_charges_copies_beside_the_host():
     assert modeled_cycle_ms(host, cost)["total_ms"] == pytest.approx(cost.cycle_ms(1, [6, 4], [6, 4]))
     assert modeled_cycle_ms(auto, cost)["total_ms"] == pytest.approx(cost.cycle_ms(1, [5, 4], [5, 4], [1, 0]))
     assert modeled_cycle_ms(auto, cost)["total_ms"] < modeled_cycle_ms(host, cost)["total_ms"]  # the split pays
+
+
+def test_offload_summaries_name_the_host_profile_and_the_cache_start(first_run, host_run):  # noqa: F811
+    host = json.loads((host_run / "summary.json").read_text())
+    assert "host-regime profile" in host["cost_scaling"] and "hot set" in host["cache"]
+    md = (host_run / "summary.md").read_text()
+    assert "offload host, host-regime profile" in md and "per_expert × transferred" not in md
+    transfer = json.loads((first_run / "summary.json").read_text())
+    assert "empty expert cache" in transfer["cache"] and "per_expert × transferred" in (first_run / "summary.md").read_text()
