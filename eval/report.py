@@ -189,7 +189,8 @@ def reliability_plot(records: list[ResultRecord], out: Path) -> dict[str, Path]:
                 top = max(top, max(xs), max(ys))
         ax.plot([1, top], [1, top], ":", color="gray")
         ax.set(title=ds, xlabel="predicted A(S), tokens per cycle", ylabel="committed tokens per cycle (mean)")
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:  # no drafted cycle in this panel: nothing to label
+            ax.legend(fontsize=7)
     path = out / "reliability.png"
     _save(fig, path)
     return {"reliability_png": path}

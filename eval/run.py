@@ -217,7 +217,11 @@ def plan(config: EvalConfig) -> Plan:
     from specfit.models.host_compute import check_offload
 
     check_offload(config.offload)
-    get_host_profile(config.host_profile)
+    gpu_side = get_host_profile(config.host_profile).gpu.name
+    if config.offload != "transfer" and config.profile != gpu_side:
+        raise SpecFitInputError("profile", f"with offload {config.offload!r} the GPU side of the cost model is host_profile "
+                                f"{config.host_profile!r}'s ({gpu_side!r}), not {config.profile!r}: leave profile at "
+                                f"{gpu_side!r} or pick another host_profile")
     if get_profile(config.profile).draft_level_ms is None:
         raise SpecFitInputError("profile", f"no draft-level time is modeled for {config.profile!r}")
     from specfit.models.predictors import PREDICTORS

@@ -119,10 +119,13 @@ def _run_generate(args) -> int:
         print(rep["text"])
     tot = rep["stats"]["total"]
     print(f"output_ids  {rep['output_ids']}")
-    print(f"experts     {tot['hits']} hits, {tot['misses']} misses (hit rate {tot['hit_rate']:.3f}), "
-          f"{tot['bytes_moved']} bytes moved in {tot['transfer_ms']:.2f} ms; slots/layer {rep['stats']['slots']}")
-    if args.offload != "transfer":
-        print(f"host        {tot['host_computed']} experts computed on the host ({tot['host_rows']} token rows)")
+    if args.offload == "transfer":
+        print(f"experts     {tot['hits']} hits, {tot['misses']} misses (hit rate {tot['hit_rate']:.3f}), "
+              f"{tot['bytes_moved']} bytes moved in {tot['transfer_ms']:.2f} ms; slots/layer {rep['stats']['slots']}")
+    else:  # the uncached experts were copied (auto) or computed on the host
+        print(f"experts     {tot['hits']} hits, {tot['misses']} copied H2D ({tot['bytes_moved']} bytes in "
+              f"{tot['transfer_ms']:.2f} ms), {tot['host_computed']} computed on the host ({tot['host_rows']} token rows); "
+              f"hit rate {tot['hit_rate']:.3f} of all three; slots/layer {rep['stats']['slots']}")
     return 0
 
 

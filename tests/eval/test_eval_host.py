@@ -101,3 +101,10 @@ def test_offload_summaries_name_the_host_profile_and_the_cache_start(first_run, 
     assert "offload host, host-regime profile" in md and "per_expert × transferred" not in md
     transfer = json.loads((first_run / "summary.json").read_text())
     assert "empty expert cache" in transfer["cache"] and "per_expert × transferred" in (first_run / "summary.md").read_text()
+
+
+def test_a_transfer_profile_other_than_the_host_profiles_gpu_side_is_refused(tiny, tmp_path, capsys):  # noqa: F811
+    assert main(eval_args(tiny, tmp_path / "c", "--offload", "auto", "--profile", "qwen3-30b-a3b-h200")) == 2
+    err = capsys.readouterr().err
+    assert "--profile" in err and "qwen3-30b-a3b-pcie4" in err
+    assert not (tmp_path / "c").exists()

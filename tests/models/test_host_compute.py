@@ -210,3 +210,11 @@ def test_auto_mode_admits_what_it_copies_and_resets_to_the_hot_set(ckpt):
         from specfit.models.host_compute import AutoOffloadCache
         AutoOffloadCache(model.store, "cpu", 2, cost="not a profile")
 
+
+
+def test_cli_generate_auto_mode_text_splits_the_uncached_experts(ckpt, capsys):
+    path, _ = ckpt
+    assert cli_main(["generate", "--model", str(path), "--prompt-ids", "5,17,42", "--max-new-tokens", "4",
+                     "--cache-slots", "2", "--offload", "auto"]) == 0
+    out = capsys.readouterr().out
+    assert "copied H2D" in out and "computed on the host" in out and "misses" not in out
