@@ -43,20 +43,16 @@ def cost_scaling_note(num_layers: int, profile: str, offload: str = "transfer", 
     (the profile's ``reference_layers``: 48 for Qwen3-30B-A3B); with ``offload`` ``"host"`` or
     ``"auto"``, for the host-regime profile ``host_profile``."""
     if offload != "transfer":
-        ref = get_host_profile(host_profile).reference_layers
-        if num_layers == ref:
-            return f"Modeled times use host-regime profile {host_profile} with the measured per-layer counts as they are."
-        return (f"Modeled times use host-regime profile {host_profile} for the {ref}-layer Qwen3-30B-A3B: the model "
-                f"evaluated has {num_layers} MoE layers, so each layer's measured counts (host experts, rows, "
-                f"copies) stand for {ref}/{num_layers} = {ref / num_layers:.2f} real layers (HostProfile.for_layers); "
-                f"the engine's selection uses the same scaled model.")
-    ref = get_profile(profile).reference_layers
+        name, ref = f"host-regime profile {host_profile}", get_host_profile(host_profile).reference_layers
+        counts, how = "counts (host experts, rows, copies)", "HostProfile.for_layers"
+    else:
+        name, ref = f"profile {profile}", get_profile(profile).reference_layers
+        counts, how = "expert transfers", "per_expert_ms scaled by that factor, CostModel.for_layers"
     if num_layers == ref:
-        return f"Modeled times use profile {profile} with the measured per-layer expert transfers as they are."
-    return (f"Modeled times use profile {profile} for the {ref}-layer Qwen3-30B-A3B: the model "
-            f"evaluated has {num_layers} MoE layers, so each layer's measured expert transfers stand for "
-            f"{ref}/{num_layers} = {ref / num_layers:.2f} real layers (per_expert_ms "
-            f"scaled by that factor, CostModel.for_layers); the engine's selection uses the same scaled model.")
+        return f"Modeled times use {name} with the measured per-layer {counts} as they are."
+    return (f"Modeled times use {name} for the {ref}-layer Qwen3-30B-A3B: the model evaluated has {num_layers} "
+            f"MoE layers, so each layer's measured {counts} stand for {ref}/{num_layers} = {ref / num_layers:.2f} "
+            f"real layers ({how}); the engine's selection uses the same scaled model.")
 
 
 def modeled_cycle_ms(cycle, cost: CostModel) -> dict[str, float]:
