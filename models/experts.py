@@ -475,11 +475,12 @@ class DeviceExpertCache:
         self._stats[layer].prefetched += len(new)
         return new
 
-    def _touch(self, layer: int, experts: Sequence[int]) -> None:
-        """Count one use of each of ``experts`` now (recency, use count; journalled in a tentative forward)."""
+    def _touch(self, layer: int, experts: Sequence[int], journal: bool = True) -> None:
+        """Count one use of each of ``experts`` now (recency, use count; journalled in a tentative
+        forward unless ``journal`` is False: a static cache has nothing to rank)."""
         slot_of = self._slot_of[layer]
         self._tick += 1
-        if self._journal is not None:
+        if journal and self._journal is not None:
             seen = self._journal[layer]
             for e in experts:
                 if e not in seen:

@@ -149,14 +149,19 @@ class HostComputeCache(DeviceExpertCache):
         parameters are those of :meth:`DeviceExpertCache.run` (``rows``, ``num_tokens`` unused); the
         weights handed to ``compute`` are device tensors for hits and host tensors for the others.
         """
+        self._touch(layer, experts, journal=False)
+        slot_of = self._slot_of[layer]
+        self._stats[layer].hits += sum(e in slot_of for e in experts)
+        self._compute(layer, experts, compute)
+
+    def _compute(self, layer: int, experts: Sequence[int],
+                 compute: Callable[[int, torch.Tensor, torch.Tensor], int | None]) -> None:
+        """``compute`` every expert in increasing id: resident ones on their device slot, the others on
+        the host store's tensors (counted in ``host_computed`` and ``host_rows``)."""
         st, slot_of = self._stats[layer], self._slot_of[layer]
-        self._tick += 1
         gu, dn = self.gate_up[layer], self.down[layer]
         for e in sorted(experts):
-            self._last_use[layer][e] = self._tick
-            self._uses[layer][e] += 1
             if e in slot_of:
-                st.hits += 1
                 compute(e, gu[slot_of[e]], dn[slot_of[e]])
             else:
                 st.host_computed += 1
@@ -254,10 +259,4 @@ class AutoOffloadCache(HostComputeCache):
         copy = uncached[:k]
         st.misses += len(copy)
         self._load(layer, copy, self._assign(layer, copy, set(hits)))
-        gu, dn = self.gate_up[layer], self.down[layer]
-        for e in sorted(experts):
-            if e in slot_of:
-                compute(e, gu[slot_of[e]], dn[slot_of[e]])
-            else:
-                st.host_computed += 1
-                st.host_rows += int(compute(e, self.store.gate_up[layer][e], self.store.down[layer][e]) or 0)
+        self._compute(layer, experts, compute)  # the copied experts are resident now

@@ -581,8 +581,22 @@ class HostProfile:
 
     def split_cycle_ms(self, num_nodes: int, rows_per_layer: Sequence[Sequence[int]]) -> float:
         """Modeled verify ms when every layer splits its uncached experts as :meth:`split` chooses
-        (no cap on copies): the ``auto`` mode's time for the given uncached experts' rows per layer
-        (each list in decreasing order). For an AR step every row count is 1."""
+        (no cap on copies): the ``auto`` mode's verify time.
+
+        Parameters
+        ----------
+        num_nodes : int
+            Tokens verified (1 for an AR step).
+        rows_per_layer : sequence of sequence of int, shape (L, u_l)
+            Per MoE layer, the (token, expert) rows of each uncached expert, in decreasing order
+            (for an AR step every row count is 1).
+
+        Returns
+        -------
+        float
+            ms: ``extra_ms`` plus the sum of each layer's :meth:`split` time, scaled by R / L
+            (issue 13; SPECFIT.md §3, "The `auto` offload mode").
+        """
         if not rows_per_layer:
             return self.extra_ms + self.gpu_ms(num_nodes)
         total = sum(self.split(num_nodes, rows, len(rows))[1] for rows in rows_per_layer)

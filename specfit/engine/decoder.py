@@ -208,14 +208,16 @@ class _Drafted:
     :func:`specfit.solvers.stop.selectable`). Calibration learns from every drafted node.
 
     Attributes: ``parents``, ``tokens``, ``depth`` (N,) int64; ``raw`` (N,) the head's path
-    probabilities; ``cal`` (N,) the objective's (calibrated) ones; ``tree_ids`` (N,) each node's id in
-    the priced tree or -1; ``full_ids`` (n,) each priced node's drafted id.
+    probabilities; ``q`` (N,) its conditional ones, P_v / P_parent (1 for the root); ``cal`` (N,) the
+    objective's (calibrated) path probabilities; ``tree_ids`` (N,) each node's id in the priced tree
+    or -1; ``full_ids`` (n,) each priced node's drafted id.
     """
 
     parents: np.ndarray
     tokens: np.ndarray
     depth: np.ndarray
     raw: np.ndarray
+    q: np.ndarray
     cal: np.ndarray
     tree_ids: np.ndarray
     full_ids: np.ndarray
@@ -224,10 +226,10 @@ class _Drafted:
     def of_root(cls, root: int) -> "_Drafted":
         zero = np.zeros(1, dtype=np.int64)
         return cls(np.full(1, -1, dtype=np.int64), np.full(1, root, dtype=np.int64), zero, np.ones(1), np.ones(1),
-                   zero, zero)
+                   np.ones(1), zero, zero)
 
-    def add(self, parents: np.ndarray, tokens: np.ndarray, raw: np.ndarray, cal: np.ndarray, keep: np.ndarray,
-            first_tree_id: int) -> None:
+    def add(self, parents: np.ndarray, tokens: np.ndarray, raw: np.ndarray, q: np.ndarray, cal: np.ndarray,
+            keep: np.ndarray, first_tree_id: int) -> None:
         """Append one drafted level (m,); the nodes where ``keep`` is True became priced nodes
         ``first_tree_id, first_tree_id + 1, ...`` in order."""
         kept = np.flatnonzero(keep)
@@ -236,7 +238,8 @@ class _Drafted:
         self.full_ids = np.concatenate([self.full_ids, self.parents.size + kept])
         self.depth = np.concatenate([self.depth, self.depth[parents] + 1])
         self.parents, self.tokens = np.concatenate([self.parents, parents]), np.concatenate([self.tokens, tokens])
-        self.raw, self.cal = np.concatenate([self.raw, raw]), np.concatenate([self.cal, cal])
+        self.raw, self.q, self.cal = (np.concatenate([self.raw, raw]), np.concatenate([self.q, q]),
+                                      np.concatenate([self.cal, cal]))
         self.tree_ids = np.concatenate([self.tree_ids, ids])
 
 
@@ -537,7 +540,7 @@ class SpecDecoder:
             else:
                 nodes, ok = verify_trials(sub_parents, acc.path)
                 old = full[nodes]
-            self.acceptance.update(self._raw_q(drafted.parents, drafted.raw)[old], drafted.depth[old], ok)
+            self.acceptance.update(drafted.q[old], drafted.depth[old], ok)
             rec.host_cpu_ms += (time.thread_time() - c0) * 1e3
         if self.reference is not None:
             if self._reference_verified:  # it verified the whole drafted tree: commit in its node ids
@@ -588,7 +591,7 @@ class SpecDecoder:
             return
         predicted = rec.predicted_new if len(rec.predicted_new) == root_true.size else np.zeros(root_true.size)
         counts = self._uncached(rec)
-        uncached = np.add(counts[0], counts[2]) if len(counts) == 3 else counts[0]  # host + copied
+        uncached = np.add(rec.host["computed"], rec.transferred) if rec.host else rec.transferred  # host + copied
         self.online.observe(root_predicted_new=self._root_new, root_true_new=root_true,
                             selected_predicted_new=predicted, transferred=uncached,
                             draft_nodes=rec.nodes_verified - 1, committed=rec.committed,
@@ -681,9 +684,9 @@ class SpecDecoder:
             # EAGLE's float32 products can differ from the parent's by an ulp; keep P non-increasing
             up = d.raw[parents]
             raw = np.minimum(level.path_prob.double().cpu().numpy(), up)
+            q = np.where(up > 0, raw / np.where(up > 0, up, 1.0), 0.0)  # conditional draft probabilities
             pp = raw
             if cal is not None:  # calibrated conditional acceptance, multiplied along the path
-                q = np.where(up > 0, raw / np.where(up > 0, up, 1.0), 0.0)
                 pp = cal.level_path_prob(d.cal, parents, q, d.depth[parents] + 1)
             keep = d.tree_ids[parents] >= 0
             if prune:
@@ -701,7 +704,7 @@ class SpecDecoder:
                 elif experts_known:
                     experts = np.zeros((kept.size,) + tree.experts.shape[1:], dtype=np.int64)
                 tree.add_level(d.tree_ids[parents[kept]], pp[kept], tokens[kept], experts)
-            d.add(parents, tokens, raw, pp, keep, tree.n - kept.size)
+            d.add(parents, tokens, raw, q, pp, keep, tree.n - kept.size)
             rec.predict_ms += (time.perf_counter() - t0) * 1e3
             if not kept.size:  # every deeper node descends from a dropped one: in no optimal selection either
                 break
@@ -817,12 +820,6 @@ class SpecDecoder:
         new = (~have[layer[None], exp[1:]]).sum(axis=2)  # (n-1, L); a node's k ids per layer are distinct
         rows = (~cache[layer[None], exp[1:]]).sum(axis=2)  # (n-1, L): each node's uncached experts
         return float(self.cost.node_added_ms(tree.items(cache).root_new_per_layer, new, rows).min())
-
-    @staticmethod
-    def _raw_q(parents: np.ndarray, raw: np.ndarray) -> np.ndarray:
-        """Conditional draft probabilities q_v = P_v / P_parent from the raw path probabilities (q_0 = 1)."""
-        up = raw[np.maximum(parents, 0)]
-        return np.where(up > 0, raw / np.where(up > 0, up, 1.0), 0.0)
 
     def _select(self, tree: DraftTree, cache: np.ndarray, rate: float | None, rec: CycleRecord,
                 cost: CostModel | None, sunk_ms: float = 0.0):
