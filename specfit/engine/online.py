@@ -33,8 +33,9 @@ Three things the cycle's objective needs and no datasheet gives (issue 9, SPECFI
   :attr:`OnlineModel.WARMUP` drafted cycles (acceptance and the predictor's error are being learned:
   they do not enter Ŝ) and the :attr:`OnlineModel.MIN_DRAFTED` after them, then iff Ŝ > 1, and, while
   it keeps taking the AR step, drafts once after ``explore_after`` AR steps (4, doubling after each
-  exploration that leaves Ŝ below :attr:`OnlineModel.EXPLORE_MARGIN`, up to :attr:`EXPLORE_MAX`; back
-  to 4 while Ŝ is at or above it, where an exploring cycle costs at most 5% of an AR step): a bounded
+  exploration that leaves Ŝ below :attr:`OnlineModel.EXPLORE_MARGIN` or whose own selection verified
+  the root alone, up to :attr:`EXPLORE_MAX`; back to 4 while Ŝ is at or above it and the exploring
+  cycle verified draft nodes, where an exploring cycle costs at most 5% of an AR step): a bounded
   share of exploring cycles.
 
 * **The host's own cost, measured.** The predictor, the tree and the solver run on the host CPU every
@@ -108,6 +109,7 @@ class OnlineModel:
         self.explorations = 0
         self.skips = 0
         self.explore_after = self.EXPLORE_FIRST
+        self.verified_draft = False  # did the last drafted cycle's selection verify a draft node?
         self.min_expert_ms: deque = deque(maxlen=self.GATE_WINDOW)
         self.host_ms = np.zeros(4)  # decayed sums: level host ms, levels, rest-of-cycle host ms, cycles
 
@@ -208,6 +210,7 @@ class OnlineModel:
         self.root_weight = d * self.root_weight + 1.0
         if cycle_ms is None:
             return
+        self.verified_draft = draft_nodes > 0
         if draft_nodes > 0:
             extra = ((np.asarray(transferred, dtype=np.float64) - np.asarray(root_true_new, dtype=np.float64))
                      - (np.asarray(selected_predicted_new, dtype=np.float64)
@@ -245,9 +248,11 @@ class OnlineModel:
             return "draft"
         if self.skips >= self.explore_after:
             self.skips = 0
-            if s < self.EXPLORE_MARGIN:  # drafting measured clearly slower: explore ever more rarely
+            if s < self.EXPLORE_MARGIN or not self.verified_draft:
+                # drafting measured clearly slower, or the last drafted cycle's own exact selection kept
+                # the root alone (the model found no draft worth verifying): explore ever more rarely
                 self.explore_after = min(2 * self.explore_after, self.EXPLORE_MAX)
-            else:  # nearly break-even: an exploration costs at most 1 - Ŝ of a cycle, keep measuring
+            else:  # nearly break-even with drafts verified: an exploration costs at most 1 - Ŝ of a cycle
                 self.explore_after = self.EXPLORE_FIRST
             self.explorations += 1
             return "explore"

@@ -162,3 +162,18 @@ def test_near_break_even_keeps_exploring_clearly_worse_backs_off():
     near = gate(0.97)  # Ŝ = 0.97 >= EXPLORE_MARGIN: one exploration every EXPLORE_FIRST AR steps
     assert near == ("aaaae" * 8)
     assert gate(0.5) == "aaaae" + "a" * 8 + "e" + "a" * 16 + "e" + "a" * 9  # Ŝ = 0.5: doubling
+
+
+def test_explorations_that_verify_the_root_alone_back_off_near_break_even():
+    on = OnlineModel(depth=4)
+    for _ in range(on.WARMUP + on.MIN_DRAFTED):  # Ŝ = 0.97, but every drafted cycle verified the root alone
+        on.observe(root_predicted_new=[0, 0], root_true_new=[0, 0], selected_predicted_new=[0, 0],
+                   transferred=[0, 0], draft_nodes=0, committed=1, cycle_ms=10.0, ar_ms=9.7)
+    assert on.speedup == pytest.approx(0.97) and not on.verified_draft
+    assert "".join(on.decide()[0] for _ in range(40)) == "aaaae" + "a" * 8 + "e" + "a" * 16 + "e" + "a" * 9
+    # an exploration that verifies draft nodes again restores the short interval
+    on.observe(root_predicted_new=[0, 0], root_true_new=[0, 0], selected_predicted_new=[0, 0],
+               transferred=[0, 0], draft_nodes=2, committed=1.0, cycle_ms=10.0, ar_ms=9.7)
+    assert on.verified_draft and on.speedup >= on.EXPLORE_MARGIN
+    on.skips = on.explore_after  # the next decision explores
+    assert on.decide() == "explore" and on.explore_after == on.EXPLORE_FIRST
