@@ -4,16 +4,22 @@ A draft tree's path probability ``P_v`` (the product of the draft's conditional 
 along the root → v path) is EAGLE-2's stand-in for ``Pr[v accepted]`` (Li et al. 2024, §3). Measured
 on the shipped proxy it is not calibrated (issue 9: A(S) = 2.84 predicted against 4.87 committed).
 :class:`AcceptanceCalibrator` learns the *conditional* acceptance ``Pr[v accepted | parent accepted]``
-per (depth, confidence bin of q) online:
+per (depth, sibling-rank class, confidence bin of q) online:
 
-    c(q, d) = (s * q + a[d, b]) / (s + n[d, b])        b = bin of q,  d = min(depth, max_depth)
+    π(q, r, b, d) = (s * q + a'[d, r, b]) / (s + n'[d, r, b])     a', n': cell (r, b) at the other depths
+    c(q, d, r)    = (s * π + a[d, r, b]) / (s + n[d, r, b])        b = bin of q,  d = min(depth, max_depth)
 
-a Beta-binomial posterior mean whose prior is ``Beta(s q, s (1 - q))`` (centred on the draft's own
-q, worth ``s`` pseudo-trials), updated by ``n`` trials of which ``a`` were accepted. The calibrated
-path probability is the product along the path, ``P̂_v = P̂_parent(v) * c(q_v, depth_v)``; since every
-c <= 1, P̂ is non-increasing along every path (what the solvers and the stop rule rely on). Siblings
-are mutually exclusive (at most one child of a node is accepted, greedy or sampling verification), so
-the calibrated conditionals of one node's children are scaled down to sum to at most 1.
+a Beta-binomial posterior mean whose prior (worth ``s`` pseudo-trials) is the same rank class and bin
+pooled over the other depths, itself with a prior ``Beta(s q, s (1 - q))`` centred on the draft's own
+q; ``n`` trials of which ``a`` were accepted. The rank class r is 0 for the most likely child of its
+parent (the largest q among its siblings, :func:`sibling_rank`) and 1 for the others: an EAGLE head's
+q is under-confident for its top child and not for the others (SPECFIT.md §3). c is linear in q within
+a cell, ``α q + β``; both are recomputed after each update. The calibrated path probability is the
+product along the path, ``P̂_v = P̂_parent(v) * c``; since every c <= 1, P̂ is non-increasing along
+every path (what the solvers and the stop rule rely on). Siblings are mutually exclusive (at most one
+child of a node is accepted, greedy or sampling verification), so one node's children's calibrated
+conditionals are capped to sum to at most 1: the most likely children's first, then the others' to
+what those leave.
 
 Trials (SPECFIT.md §3, "Calibrated acceptance"): after a verify, every verified draft node whose
 parent lies on the accepted path is one Bernoulli trial, a success iff the node is on it
@@ -29,19 +35,23 @@ import numpy as np
 
 from specfit.core.errors import SpecFitInputError, check_positive_int
 
+#: Sibling-rank classes of the tables: the most likely child of its parent, and the others.
+RANKS = 2
+
 #: Default upper edges of the confidence bins of q (the last bin ends at 1).
 DEFAULT_EDGES = (0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 
 
 class AcceptanceCalibrator:
-    """Online Beta-binomial calibration of conditional acceptance per depth × confidence bin.
+    """Online Beta-binomial calibration of conditional acceptance per depth × sibling-rank class ×
+    confidence bin (module docstring).
 
     Parameters
     ----------
     max_depth : int
         Depths beyond it share the last depth's counts.
     prior_strength : float
-        ``s``, pseudo-trials of the prior centred on the draft's own q (> 0).
+        ``s``, pseudo-trials of each prior: the depth-pooled one, and its own centred on the draft's q (> 0).
     edges : sequence of float
         Increasing upper edges of the q bins in (0, 1).
 
@@ -59,15 +69,30 @@ class AcceptanceCalibrator:
         if e.ndim != 1 or np.any(np.diff(e) <= 0) or (e.size and (e[0] <= 0 or e[-1] >= 1)):
             raise SpecFitInputError("edges", "must be increasing numbers in (0, 1)")
         self.max_depth, self.prior_strength, self.edges = int(max_depth), float(prior_strength), e
-        self.trials = np.zeros((self.max_depth, e.size + 1))
-        self.accepted = np.zeros((self.max_depth, e.size + 1))
+        self.trials = np.zeros((self.max_depth, RANKS, e.size + 1))
+        self.accepted = np.zeros((self.max_depth, RANKS, e.size + 1))
+        self.refresh()
 
-    def _cell(self, q: np.ndarray, depth: np.ndarray) -> np.ndarray:
-        """Flat index ``d * bins + b`` of each node's (depth, q bin) cell in :attr:`trials` (q clipped)."""
+    def _cell(self, q: np.ndarray, depth: np.ndarray, rank) -> np.ndarray:
+        """Flat index of each node's (depth, rank class, q bin) cell in :attr:`trials` (q clipped)."""
         d = np.minimum(np.maximum(np.asarray(depth, dtype=np.int64), 1), self.max_depth) - 1
-        return d * self.trials.shape[1] + np.searchsorted(self.edges, q, side="left")
+        bins = self.trials.shape[2]
+        r = 0 if rank is None else np.minimum(np.asarray(rank, dtype=np.int64), RANKS - 1)
+        return d * (RANKS * bins) + r * bins + np.searchsorted(self.edges, q, side="left")
 
-    def conditional(self, q, depth) -> np.ndarray:
+    def refresh(self) -> None:
+        """Recompute every cell's ``α``, ``β`` (``c = α q + β``, module docstring) from :attr:`trials` and
+        :attr:`accepted`; :meth:`update` calls it, a caller that changes the tables directly must too."""
+        s, n, a = self.prior_strength, self.trials, self.accepted
+        other_n, other_a = n.sum(axis=0) - n, a.sum(axis=0) - a  # the same rank class and bin at the other depths
+        self._alpha = (s * s / ((s + other_n) * (s + n))).ravel()
+        self._beta = ((s * other_a / (s + other_n) + a) / (s + n)).ravel()
+
+    def _rate(self, q, cell) -> np.ndarray:
+        """The posterior mean of cells ``cell`` (flat ids) at draft probabilities q."""
+        return self._alpha[cell] * q + self._beta[cell]
+
+    def conditional(self, q, depth, rank=None) -> np.ndarray:
         """Calibrated ``Pr[accepted | parent accepted]`` of nodes with draft probability q at a depth.
 
         Parameters
@@ -76,15 +101,16 @@ class AcceptanceCalibrator:
             The nodes' conditional draft probabilities, in [0, 1].
         depth : array-like of int, shape (m,)
             Their depths (root 0, so >= 1 for draft nodes).
+        rank : array-like of int, shape (m,), optional
+            Their sibling-rank classes (:func:`sibling_rank`: 0 for the most likely child, 1 for
+            the others); default 0.
 
         Returns
         -------
         numpy.ndarray of float64, shape (m,), values in [0, 1]
         """
         q = _unit(q)
-        cell = self._cell(q, depth)
-        s = self.prior_strength
-        return (s * q + self.accepted.ravel()[cell]) / (s + self.trials.ravel()[cell])
+        return self._rate(q, self._cell(q, depth, rank))
 
     def level_path_prob(self, parent_cal, parents, q, depth) -> np.ndarray:
         """Calibrated path probabilities of one draft level, ``P̂_parent * c`` (module docstring).
@@ -94,45 +120,82 @@ class AcceptanceCalibrator:
         parent_cal : numpy.ndarray of float64, shape (n,)
             Calibrated path probabilities of the nodes already in the tree.
         parents : array-like of int, shape (m,)
-            The new nodes' parents (ids into ``parent_cal``).
+            The new nodes' parents (ids into ``parent_cal``); all children of a node are in one level.
         q, depth : array-like, shape (m,)
             The new nodes' conditional draft probabilities and depths.
 
         Returns
         -------
         numpy.ndarray of float64, shape (m,)
-            Each at most its parent's; each parent's children's conditionals sum to at most 1.
+            Each at most its parent's; each parent's children's conditionals sum to at most 1 (at most
+            one child is accepted): the most likely children's (:func:`sibling_rank`) are scaled to sum
+            to at most 1, then the others' to at most what those leave.
         """
-        par = np.asarray(parents, dtype=np.int64)
-        c = self.conditional(q, depth)
-        total = np.bincount(par, weights=c, minlength=len(parent_cal))  # each parent's children's sum
-        if (total > 1.0).any():  # else every scale is 1 and c * 1 = c
-            c = c * np.where(total > 1.0, 1.0 / np.maximum(total, 1e-300), 1.0)[par]
-        return np.asarray(parent_cal)[par] * np.minimum(c, 1.0)
+        return self.level(parent_cal, parents, q, depth)[0]
+
+    def level(self, parent_cal, parents, q, depth) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`level_path_prob` and the nodes' sibling-rank classes (:func:`sibling_rank`), both shape (m,)."""
+        par, q = np.asarray(parents, dtype=np.int64), _unit(q)
+        rank = sibling_rank(par, q)
+        c = np.minimum(self.conditional(q, depth, rank), 1.0)
+        top = rank == 0
+        top_sum = np.bincount(par, weights=np.where(top, c, 0.0))
+        rest_sum = np.bincount(par, weights=np.where(top, 0.0, c), minlength=top_sum.size)
+        if q.size and (top_sum + rest_sum).max() > 1.0:  # else nothing to cap
+            top_scale = np.minimum(1.0, 1.0 / np.maximum(top_sum, 1e-300))  # tied most likely children share 1
+            left = 1.0 - top_sum * top_scale
+            rest_scale = np.minimum(1.0, left / np.maximum(rest_sum, 1e-300))
+            c = c * np.where(top, top_scale[par], rest_scale[par])
+        return np.asarray(parent_cal)[par] * c, rank
 
     def max_conditional(self, depth: int) -> float:
         """The largest calibrated conditional acceptance any node at ``depth`` can get (q in [0, 1])."""
-        d = min(max(int(depth), 1), self.max_depth) - 1
-        s = self.prior_strength
-        upper = np.concatenate([self.edges, [1.0]])  # c grows with q inside a bin: take each bin's top
-        return float(min(1.0, np.max((s * upper + self.accepted[d]) / (s + self.trials[d]))))
+        bins = self.trials.shape[2]
+        upper = np.tile(np.concatenate([self.edges, [1.0]]), RANKS)  # c grows with q inside a bin: each bin's top
+        every = np.arange(RANKS * bins)
+        return float(min(1.0, np.max(self._rate(upper, self._cell(upper, np.full(every.size, depth), every // bins)))))
 
-    def update(self, q, depth, accepted) -> None:
+    def update(self, q, depth, accepted, rank=None) -> None:
         """Record Bernoulli trials: nodes (q, depth) whose parent was accepted, and whether each was.
 
         Parameters
         ----------
         q, depth : array-like, shape (m,)
         accepted : array-like of bool, shape (m,)
+        rank : array-like of int, shape (m,), optional
+            Their sibling-rank classes (:func:`sibling_rank`); default 0.
         """
         q = _unit(q)
         if q.size == 0:
             return
-        cell = self._cell(q, depth)
+        cell = self._cell(q, depth, rank)
         # 1-D add.at (numpy's fast path) into ravel() views: contiguous tables (no copy when they already are)
         self.trials, self.accepted = np.ascontiguousarray(self.trials), np.ascontiguousarray(self.accepted)
         np.add.at(self.trials.ravel(), cell, 1.0)
         np.add.at(self.accepted.ravel(), cell, np.asarray(accepted, dtype=np.float64))
+        self.refresh()
+
+
+def sibling_rank(parents, q) -> np.ndarray:
+    """Each node's sibling-rank class: 0 if its q is the largest among its parent's children (ties
+    included), else 1.
+
+    Parameters
+    ----------
+    parents : array-like of int, shape (m,)
+        One draft level's parents (all children of a node are drafted in the same level).
+    q : array-like of float, shape (m,)
+
+    Returns
+    -------
+    numpy.ndarray of int64, shape (m,), values in {0, 1}
+    """
+    par, q = np.asarray(parents, dtype=np.int64), np.asarray(q, dtype=np.float64)
+    if not q.size:
+        return np.zeros(0, dtype=np.int64)
+    best = np.full(int(par.max()) + 1, -np.inf)
+    np.maximum.at(best, par, q)
+    return (q < best[par]).astype(np.int64)
 
 
 def _unit(q) -> np.ndarray:

@@ -115,8 +115,8 @@ def _check_experts(experts, n: int, num_experts, start: int = 0) -> np.ndarray:
     if exp.shape[1] and not exp.shape[2]:
         raise SpecFitInputError("experts", "each node routes to at least one expert per MoE layer; "
                                 "got empty expert lists")
-    bad = np.argwhere((exp < 0) | (exp >= num_experts))
-    if bad.size:
+    if exp.size and (exp.min() < 0 or exp.max() >= num_experts):  # two reductions; argwhere only on error
+        bad = np.argwhere((exp < 0) | (exp >= num_experts))
         v, l, j = (int(x) for x in bad[0])
         raise SpecFitInputError(f"experts[{v + start}][{l}]", f"expert id {exp[v, l, j]} is out of range [0, {num_experts})")
     return exp

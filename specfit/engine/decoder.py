@@ -210,7 +210,8 @@ class _Drafted:
     Attributes: ``parents``, ``tokens``, ``depth`` (N,) int64; ``raw`` (N,) the head's path
     probabilities; ``q`` (N,) its conditional ones, P_v / P_parent (1 for the root); ``cal`` (N,) the
     objective's (calibrated) path probabilities; ``tree_ids`` (N,) each node's id in the priced tree
-    or -1; ``full_ids`` (n,) each priced node's drafted id.
+    or -1; ``full_ids`` (n,) each priced node's drafted id; ``rank`` (N,) each node's rank among its
+    siblings by q (:func:`specfit.core.acceptance.sibling_rank`; 0 for the root).
     """
 
     parents: np.ndarray
@@ -221,15 +222,16 @@ class _Drafted:
     cal: np.ndarray
     tree_ids: np.ndarray
     full_ids: np.ndarray
+    rank: np.ndarray
 
     @classmethod
     def of_root(cls, root: int) -> "_Drafted":
         zero = np.zeros(1, dtype=np.int64)
         return cls(np.full(1, -1, dtype=np.int64), np.full(1, root, dtype=np.int64), zero, np.ones(1), np.ones(1),
-                   np.ones(1), zero, zero)
+                   np.ones(1), zero, zero, zero)
 
     def add(self, parents: np.ndarray, tokens: np.ndarray, raw: np.ndarray, q: np.ndarray, cal: np.ndarray,
-            keep: np.ndarray, first_tree_id: int) -> None:
+            rank: np.ndarray, keep: np.ndarray, first_tree_id: int) -> None:
         """Append one drafted level (m,); the nodes where ``keep`` is True became priced nodes
         ``first_tree_id, first_tree_id + 1, ...`` in order."""
         kept = np.flatnonzero(keep)
@@ -241,6 +243,7 @@ class _Drafted:
         self.raw, self.q, self.cal = (np.concatenate([self.raw, raw]), np.concatenate([self.q, q]),
                                       np.concatenate([self.cal, cal]))
         self.tree_ids = np.concatenate([self.tree_ids, ids])
+        self.rank = np.concatenate([self.rank, rank])
 
 
 @dataclass
@@ -301,9 +304,10 @@ def tau(cycles: Sequence[CycleRecord]) -> float:
     return sum(c.committed for c in cycles) / len(cycles) if cycles else 0.0
 
 
-def _cache_mask(target, num_layers: int, num_experts: int) -> np.ndarray:
-    mask = np.zeros((num_layers, num_experts), dtype=bool)
-    for layer, ids in enumerate(target.cache.cached_experts()):
+def _cache_mask(target, num_experts: int) -> np.ndarray:
+    cached = target.cache.cached_experts()
+    mask = np.zeros((len(cached), num_experts), dtype=bool)
+    for layer, ids in enumerate(cached):
         mask[layer, ids] = True
     return mask
 
@@ -540,7 +544,7 @@ class SpecDecoder:
             else:
                 nodes, ok = verify_trials(sub_parents, acc.path)
                 old = full[nodes]
-            self.acceptance.update(drafted.q[old], drafted.depth[old], ok)
+            self.acceptance.update(drafted.q[old], drafted.depth[old], ok, drafted.rank[old])
             rec.host_cpu_ms += (time.thread_time() - c0) * 1e3
         if self.reference is not None:
             if self._reference_verified:  # it verified the whole drafted tree: commit in its node ids
@@ -684,10 +688,10 @@ class SpecDecoder:
             # EAGLE's float32 products can differ from the parent's by an ulp; keep P non-increasing
             up = d.raw[parents]
             raw = np.minimum(level.path_prob.double().cpu().numpy(), up)
-            q = np.where(up > 0, raw / np.where(up > 0, up, 1.0), 0.0)  # conditional draft probabilities
-            pp = raw
+            q = np.divide(raw, up, out=np.zeros_like(raw), where=up > 0)  # conditional draft probabilities
+            pp, rank = raw, None
             if cal is not None:  # calibrated conditional acceptance, multiplied along the path
-                pp = cal.level_path_prob(d.cal, parents, q, d.depth[parents] + 1)
+                pp, rank = cal.level(d.cal, parents, q, d.depth[parents] + 1)
             keep = d.tree_ids[parents] >= 0
             if prune:
                 if rate is not None:
@@ -704,7 +708,8 @@ class SpecDecoder:
                 elif experts_known:
                     experts = np.zeros((kept.size,) + tree.experts.shape[1:], dtype=np.int64)
                 tree.add_level(d.tree_ids[parents[kept]], pp[kept], tokens[kept], experts)
-            d.add(parents, tokens, raw, q, pp, keep, tree.n - kept.size)
+            d.add(parents, tokens, raw, q, pp, np.zeros(parents.size, dtype=np.int64) if rank is None else rank,
+                  keep, tree.n - kept.size)
             rec.predict_ms += (time.perf_counter() - t0) * 1e3
             if not kept.size:  # every deeper node descends from a dropped one: in no optimal selection either
                 break
@@ -746,8 +751,7 @@ class SpecDecoder:
         if cache is not None:
             self._cache = cache
         elif self._cache is None:
-            self._cache = _cache_mask(
-                self.target, len(self.target.cache.stats()["layers"]), self.num_experts)
+            self._cache = _cache_mask(self.target, self.num_experts)
         return self._cache
 
     def _predict(self, tokens: np.ndarray, hidden) -> np.ndarray:

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specfit.core.acceptance import AcceptanceCalibrator, greedy_trials, verify_trials
+from specfit.core.acceptance import RANKS, AcceptanceCalibrator, greedy_trials, sibling_rank, verify_trials
 from specfit.core.errors import SpecFitInputError
 from specfit.core.tree import DraftTree
 
@@ -24,7 +24,27 @@ def test_learns_an_understating_draft():
     cal.update(q, np.ones(400, dtype=int), np.arange(400) < 280)  # accepted 70% of the time
     c = float(cal.conditional([0.35], [1])[0])
     assert c == pytest.approx((4.0 * 0.35 + 280) / 404)
-    assert float(cal.conditional([0.35], [2])[0]) == pytest.approx(0.35)  # other depths untouched
+    # another depth has no trials: its prior is the same rank class and bin pooled over the other depths
+    assert float(cal.conditional([0.35], [2])[0]) == pytest.approx(c)
+    assert float(cal.conditional([0.35], [1], [1])[0]) == pytest.approx(0.35)  # the other rank class untouched
+
+
+def test_the_most_likely_sibling_and_the_others_are_calibrated_apart():
+    cal = AcceptanceCalibrator()
+    rank = np.tile([0, 1, 1, 1], 100)  # the most likely child accepted 90% of the time, the others 4 of 300
+    ok = np.where(rank == 0, np.arange(400) % 40 < 36, np.arange(400) % 50 == 0)
+    cal.update(np.full(400, 0.25), np.ones(400, dtype=int), ok, rank)
+    top, other = cal.conditional([0.25, 0.25], [1, 1], [0, 1])
+    assert top == pytest.approx((4 * 0.25 + 90) / 104) and other == pytest.approx((4 * 0.25 + 4) / 304)
+    # one parent's children: the most likely keeps its calibrated value, the others share what it leaves
+    pp, rk = cal.level(np.array([1.0]), [0, 0, 0, 0], [0.3, 0.25, 0.25, 0.2], [1, 1, 1, 1])
+    assert rk.tolist() == [0, 1, 1, 1] and pp[0] == pytest.approx(float(cal.conditional([0.3], [1], [0])[0]))
+    assert pp.sum() <= 1.0 + 1e-12 and np.all(pp[1:] <= cal.conditional([0.25, 0.25, 0.2], [1, 1, 1], [1, 1, 1]) + 1e-12)
+
+
+def test_sibling_rank_marks_the_most_likely_children():
+    assert sibling_rank([0, 0, 1, 0, 1, 2], [0.1, 0.5, 0.3, 0.5, 0.9, 0.2]).tolist() == [1, 0, 1, 0, 0, 0]
+    assert sibling_rank([], []).tolist() == []
 
 
 @settings(max_examples=50, deadline=None)
@@ -34,7 +54,8 @@ def test_calibrated_path_probabilities_are_a_valid_draft_tree(data):
     m = data.draw(st.integers(1, 200))
     cal.update(data.draw(st.lists(st.floats(0, 1), min_size=m, max_size=m)),
                data.draw(st.lists(st.integers(1, 6), min_size=m, max_size=m)),
-               data.draw(st.lists(st.booleans(), min_size=m, max_size=m)))
+               data.draw(st.lists(st.booleans(), min_size=m, max_size=m)),
+               data.draw(st.lists(st.integers(0, 3), min_size=m, max_size=m)))
     pp, parents = np.array([1.0]), [-1]
     for depth in range(1, 5):
         prev = [v for v in range(len(parents)) if (depth == 1 and v == 0) or (v and v >= len(parents) - 16)]
@@ -47,53 +68,72 @@ def test_calibrated_path_probabilities_are_a_valid_draft_tree(data):
         pp = np.concatenate([pp, new])
         parents += par.tolist()
     DraftTree(parents, path_prob=pp)  # validates P in [0, 1] and non-increasing along paths
-    for j in range(1, 5):  # the gate's bound holds every node
-        assert cal.max_conditional(j) >= cal.conditional(np.linspace(0, 1, 101), np.full(101, j)).max() - 1e-12
+    for j in range(1, 5):  # the gate's bound holds every node, of either rank class
+        for r in range(RANKS):
+            c = cal.conditional(np.linspace(0, 1, 101), np.full(101, j), np.full(101, r))
+            assert cal.max_conditional(j) >= c.max() - 1e-12
 
 
 class ReferenceCalibrator(AcceptanceCalibrator):
-    """The module docstring's formulas with plain np.clip and np.add.at (no shortcuts)."""
+    """The module docstring's formulas with plain loops over nodes and cells (no shortcuts)."""
 
-    def conditional(self, q, depth):
+    def _cell3(self, q, depth, rank):
+        d = min(max(int(depth), 1), self.max_depth) - 1
+        return d, min(int(rank), RANKS - 1), int(np.searchsorted(self.edges, q, side="left"))
+
+    def conditional(self, q, depth, rank=None):
         q = np.clip(np.asarray(q, dtype=np.float64), 0.0, 1.0)
-        d = np.clip(np.asarray(depth, dtype=np.int64), 1, self.max_depth) - 1
-        b = np.searchsorted(self.edges, q, side="left")
-        s = self.prior_strength
-        return (s * q + self.accepted[d, b]) / (s + self.trials[d, b])
+        rank = np.zeros(q.size, dtype=int) if rank is None else rank
+        s, out = self.prior_strength, np.empty(q.size)
+        for i in range(q.size):
+            d, r, b = self._cell3(q[i], depth[i], rank[i])
+            n, a = self.trials[d, r, b], self.accepted[d, r, b]
+            on, oa = self.trials[:, r, b].sum() - n, self.accepted[:, r, b].sum() - a
+            prior = (s * q[i] + oa) / (s + on)
+            out[i] = (s * prior + a) / (s + n)
+        return out
 
     def level_path_prob(self, parent_cal, parents, q, depth):
-        par = np.asarray(parents, dtype=np.int64)
-        c = self.conditional(q, depth)
-        total = np.zeros(len(parent_cal))
-        np.add.at(total, par, c)
-        scale = np.where(total > 1.0, 1.0 / np.maximum(total, 1e-300), 1.0)
-        return np.asarray(parent_cal)[par] * np.minimum(c * scale[par], 1.0)
-
-    def update(self, q, depth, accepted):
         q = np.clip(np.asarray(q, dtype=np.float64), 0.0, 1.0)
-        if q.size == 0:
-            return
-        d = np.clip(np.asarray(depth, dtype=np.int64), 1, self.max_depth) - 1
-        b = np.searchsorted(self.edges, q, side="left")
-        np.add.at(self.trials, (d, b), 1.0)
-        np.add.at(self.accepted, (d, b), np.asarray(accepted, dtype=np.float64))
+        par = [int(p) for p in parents]
+        rank = [int(any(q[j] > q[i] for j in range(len(par)) if par[j] == par[i])) for i in range(len(par))]
+        c = np.minimum(self.conditional(q, depth, rank), 1.0)
+        out = np.empty(len(par))
+        for i, p in enumerate(par):
+            top = sum(c[j] for j in range(len(par)) if par[j] == p and rank[j] == 0)
+            rest = sum(c[j] for j in range(len(par)) if par[j] == p and rank[j] == 1)
+            scale = 1.0
+            if top + rest > 1.0:
+                top_scale = min(1.0, 1.0 / max(top, 1e-300))
+                scale = top_scale if rank[i] == 0 else min(1.0, (1.0 - top * top_scale) / max(rest, 1e-300))
+            out[i] = parent_cal[p] * c[i] * scale
+        return out
+
+    def update(self, q, depth, accepted, rank=None):
+        q = np.clip(np.asarray(q, dtype=np.float64), 0.0, 1.0)
+        rank = np.zeros(q.size, dtype=int) if rank is None else rank
+        for i in range(q.size):
+            cell = self._cell3(q[i], depth[i], rank[i])
+            self.trials[cell] += 1.0
+            self.accepted[cell] += float(accepted[i])
 
 
 @settings(max_examples=100, deadline=None)
 @given(st.data())
-def test_calibration_equals_the_reference_bit_for_bit(data):
-    """bincount / flat add.at / min-max clipping give the very bits of np.add.at and np.clip, with
-    sibling sums above 1, q outside [0, 1], depths beyond max_depth and empty levels."""
+def test_calibration_equals_the_reference(data):
+    """The vectorised calibrator against plain loops over the module docstring's formulas, with sibling
+    sums above 1, tied most likely siblings, q outside [0, 1], depths beyond max_depth and empty levels."""
     max_depth = data.draw(st.integers(1, 5))
     fast, ref = AcceptanceCalibrator(max_depth=max_depth), ReferenceCalibrator(max_depth=max_depth)
-    qs = st.floats(-0.5, 1.5, allow_nan=False)
+    qs = st.one_of(st.floats(-0.5, 1.5, allow_nan=False), st.sampled_from([0.25, 0.5]))  # ties happen
     for _ in range(data.draw(st.integers(1, 4))):
         m = data.draw(st.integers(0, 30))
         q = data.draw(st.lists(qs, min_size=m, max_size=m))
         depth = data.draw(st.lists(st.integers(0, 8), min_size=m, max_size=m))
         ok = data.draw(st.lists(st.booleans(), min_size=m, max_size=m))
-        fast.update(q, depth, ok)
-        ref.update(q, depth, ok)
+        rank = data.draw(st.lists(st.integers(0, 3), min_size=m, max_size=m))
+        fast.update(q, depth, ok, rank)
+        ref.update(q, depth, ok, rank)
         np.testing.assert_array_equal(fast.trials, ref.trials)
         np.testing.assert_array_equal(fast.accepted, ref.accepted)
         n = data.draw(st.integers(1, 6))
@@ -102,16 +142,17 @@ def test_calibration_equals_the_reference_bit_for_bit(data):
         par = data.draw(st.lists(st.integers(0, n - 1), min_size=m, max_size=m))  # many siblings: sums > 1
         q = data.draw(st.lists(qs, min_size=m, max_size=m))
         depth = data.draw(st.lists(st.integers(0, 8), min_size=m, max_size=m))
-        np.testing.assert_array_equal(fast.conditional(q, depth), ref.conditional(q, depth))
-        np.testing.assert_array_equal(fast.level_path_prob(parent_cal, par, q, depth),
-                                      ref.level_path_prob(parent_cal, par, q, depth))
+        rank = data.draw(st.lists(st.integers(0, 1), min_size=m, max_size=m))
+        np.testing.assert_allclose(fast.conditional(q, depth, rank), ref.conditional(q, depth, rank), rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(fast.level_path_prob(parent_cal, par, q, depth),
+                                   ref.level_path_prob(parent_cal, par, q, depth), rtol=1e-12, atol=1e-15)
 
 
 def test_update_records_into_tables_a_caller_replaced():
     """update adds into flat views; a non-contiguous table assigned from outside must still count."""
     cal = AcceptanceCalibrator(max_depth=3)
-    cal.trials = np.zeros((cal.trials.shape[1], 3)).T  # same shape, not C-contiguous
-    cal.accepted = np.zeros((cal.trials.shape[1], 3)).T
+    cal.trials = np.zeros(cal.trials.shape[::-1]).T  # same shape, not C-contiguous
+    cal.accepted = np.zeros(cal.accepted.shape[::-1]).T
     cal.update([0.5, 0.5, 0.01], [1, 1, 3], [True, False, True])
     assert cal.trials.sum() == 3 and cal.accepted.sum() == 2
     assert cal.conditional([0.5], [1])[0] == pytest.approx((4.0 * 0.5 + 1) / (4.0 + 2))

@@ -221,6 +221,7 @@ def test_configuration_errors(ckpt):
 def test_ar_gate_takes_the_ar_step_when_drafting_does_not_pay_and_explores(ckpt, ar_outputs):
     dec = decoder(ckpt, "specfit", SelfDrafter(ckpt), tree=TreeSettings(8, 3, 3))
     dec.acceptance.trials[:] = 1e4  # learned: nothing the draft proposes is ever accepted
+    dec.acceptance.refresh()
     online = dec.online
     gen = dec.generate(PROMPTS[1], 48)
     assert gen.output_ids == decoder(ckpt, "ar", None).generate(PROMPTS[1], 48).output_ids
@@ -276,7 +277,7 @@ def test_oracle_with_every_expert_resident_keeps_its_reference_in_step(ckpt):
     expected = decoder(ckpt, "ar", None).generate(PROMPTS[1], 24).output_ids
     dec.generate(PROMPTS[0], 24)  # warms the cache
     from specfit.engine.decoder import _cache_mask
-    assert _cache_mask(target, LAYERS, EXPERTS).all()  # every expert resident from here on
+    assert _cache_mask(target, EXPERTS).shape == (LAYERS, EXPERTS) and _cache_mask(target, EXPERTS).all()  # every expert resident from here on
     gen = dec.generate(PROMPTS[1], 24)
     assert gen.output_ids == expected
     assert any(c.nodes_verified > 1 for c in gen.cycles)  # the mirrored verify had draft nodes in it
