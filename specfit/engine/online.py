@@ -32,9 +32,12 @@ Three things the cycle's objective needs and no datasheet gives (issue 9, SPECFI
   measured utility in the same way). :meth:`OnlineModel.decide` drafts for the first
   :attr:`OnlineModel.WARMUP` drafted cycles (acceptance and the predictor's error are being learned:
   they do not enter Ŝ) and the :attr:`OnlineModel.MIN_DRAFTED` after them, then iff Ŝ > 1, and, while
-  it keeps taking the AR step, drafts once after ``explore_after`` AR steps (4, doubling after each
+  it keeps taking the AR step, explores after ``explore_after`` AR steps: a burst of
+  :attr:`OnlineModel.EXPLORE_BURST` drafted cycles, cut short by a cycle that verifies the root alone
+  (the first cycles after AR steps pay for experts the AR steps' cache lacks, so one cycle alone
+  under-measures drafting) (``explore_after`` 4, doubling after each
   exploration that leaves Ŝ below :attr:`OnlineModel.EXPLORE_MARGIN` or whose own selection verified
-  the root alone, up to :attr:`EXPLORE_MAX`; back to 4 while Ŝ is at or above it and the exploring
+  the root alone, up to :attr:`EXPLORE_MAX`; 16 while Ŝ is at or above it and the exploring
   cycle verified draft nodes, where an exploring cycle costs at most 5% of an AR step): a bounded
   share of exploring cycles.
 
@@ -91,6 +94,9 @@ class OnlineModel:
     #: AR steps before the first exploration, and the most between two explorations.
     EXPLORE_FIRST = 4
     EXPLORE_MAX = 128
+    #: Consecutive cycles one exploration drafts (fewer if one verifies the root alone): the first
+    #: cycles after AR steps pay for the draft nodes' experts the AR steps' cache lacks.
+    EXPLORE_BURST = 4
     #: Ŝ at or above which the gate does not back off between explorations: drafting then loses at most
     #: 1 - EXPLORE_MARGIN of an AR step per exploring cycle, and one in EXPLORE_FIRST + 1 cycles explores.
     EXPLORE_MARGIN = 0.95
@@ -110,6 +116,7 @@ class OnlineModel:
         self.skips = 0
         self.explore_after = self.EXPLORE_FIRST
         self.verified_draft = False  # did the last drafted cycle's selection verify a draft node?
+        self.burst_left = 0  # exploring cycles left in the current burst
         self.min_expert_ms: deque = deque(maxlen=self.GATE_WINDOW)
         self.host_ms = np.zeros(4)  # decayed sums: level host ms, levels, rest-of-cycle host ms, cycles
 
@@ -244,16 +251,23 @@ class OnlineModel:
         if s is None or self.drafted < self.WARMUP + self.MIN_DRAFTED:
             return "draft"
         if s > 1.0 and sound_can_draft():
-            self.skips, self.explore_after = 0, self.EXPLORE_FIRST
+            self.skips, self.explore_after, self.burst_left = 0, self.EXPLORE_FIRST, 0
             return "draft"
+        if self.burst_left > 0 and self.verified_draft:  # an exploration goes on while it verifies drafts
+            self.burst_left -= 1
+            self.explorations += 1
+            return "explore"
+        self.burst_left = 0
         if self.skips >= self.explore_after:
+            self.burst_left = self.EXPLORE_BURST - 1
             self.skips = 0
             if s < self.EXPLORE_MARGIN or not self.verified_draft:
                 # drafting measured clearly slower, or the last drafted cycle's own exact selection kept
                 # the root alone (the model found no draft worth verifying): explore ever more rarely
                 self.explore_after = min(2 * self.explore_after, self.EXPLORE_MAX)
-            else:  # nearly break-even with drafts verified: an exploration costs at most 1 - Ŝ of a cycle
-                self.explore_after = self.EXPLORE_FIRST
+            else:  # nearly break-even with drafts verified: each exploring cycle costs at most 1 - Ŝ of a
+                # cycle; one burst per EXPLORE_FIRST * EXPLORE_BURST AR steps keeps one cycle in 5 exploring
+                self.explore_after = self.EXPLORE_FIRST * self.EXPLORE_BURST
             self.explorations += 1
             return "explore"
         self.skips += 1

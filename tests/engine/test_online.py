@@ -58,7 +58,7 @@ def test_gate_drafts_until_measured_then_by_measured_speedup():
                transferred=[0, 0], draft_nodes=1, committed=1.2, cycle_ms=15.0, ar_ms=10.0)
     assert on.speedup == pytest.approx(1.2 * 10 / 15)
     seq = "".join(on.decide()[0] for _ in range(40))
-    assert seq == "aaaae" + "a" * 8 + "e" + "a" * 16 + "e" + "a" * 9
+    assert seq == "aaaa" + "eeee" + "a" * 8 + "eeee" + "a" * 16 + "eeee"  # bursts of EXPLORE_BURST, doubling gaps
     # an exploration that finds drafting better: the gate drafts again and exploration resets
     for _ in range(30):
         on.observe(root_predicted_new=[0, 0], root_true_new=[0, 0], selected_predicted_new=[0, 0],
@@ -90,7 +90,8 @@ def test_exploration_share_is_bounded():
                    transferred=[0, 0], draft_nodes=1, committed=1, cycle_ms=15.0, ar_ms=10.0)
     n = 5000
     explored = sum(on.decide() == "explore" for _ in range(n))
-    assert explored <= n / on.EXPLORE_MAX + 8  # after the doubling, one exploration per EXPLORE_MAX AR steps
+    # after the doubling, one burst per EXPLORE_MAX AR steps
+    assert explored <= on.EXPLORE_BURST * (n / on.EXPLORE_MAX + 8)
 
 
 def test_corrected_cost_stays_a_valid_cost_model():
@@ -159,9 +160,27 @@ def test_near_break_even_keeps_exploring_clearly_worse_backs_off():
                        transferred=[0, 0], draft_nodes=1, committed=committed, cycle_ms=10.0, ar_ms=10.0)
         return "".join(on.decide()[0] for _ in range(40))
 
-    near = gate(0.97)  # Ŝ = 0.97 >= EXPLORE_MARGIN: one exploration every EXPLORE_FIRST AR steps
-    assert near == ("aaaae" * 8)
-    assert gate(0.5) == "aaaae" + "a" * 8 + "e" + "a" * 16 + "e" + "a" * 9  # Ŝ = 0.5: doubling
+    # bursts of EXPLORE_BURST exploring cycles (each verifies draft nodes here)
+    near = gate(0.97)  # Ŝ = 0.97 >= EXPLORE_MARGIN: one burst every EXPLORE_FIRST * EXPLORE_BURST AR steps
+    assert near == "aaaa" + "eeee" + "a" * 16 + "eeee" + "a" * 12
+    assert gate(0.5) == "aaaa" + "eeee" + "a" * 8 + "eeee" + "a" * 16 + "eeee"  # Ŝ = 0.5: doubling
+
+
+def test_an_exploring_burst_ends_when_drafting_pays_or_verifies_the_root_alone():
+    on = OnlineModel(depth=4)
+    for _ in range(on.WARMUP + on.MIN_DRAFTED):
+        on.observe(root_predicted_new=[0], root_true_new=[0], selected_predicted_new=[0], transferred=[0],
+                   draft_nodes=1, committed=0.9, cycle_ms=10.0, ar_ms=10.0)
+    assert "".join(on.decide()[0] for _ in range(6)) == "aaaaee"
+    on.observe(root_predicted_new=[0], root_true_new=[0], selected_predicted_new=[0], transferred=[0],
+               draft_nodes=0, committed=1, cycle_ms=10.0, ar_ms=9.0)  # the root alone: the burst ends
+    assert on.decide() == "ar" and on.burst_left == 0
+    on.skips = on.explore_after
+    assert on.decide() == "explore"
+    for _ in range(3):  # drafting now pays: the gate drafts, the burst is over
+        on.observe(root_predicted_new=[0], root_true_new=[0], selected_predicted_new=[0], transferred=[0],
+                   draft_nodes=3, committed=4, cycle_ms=10.0, ar_ms=10.0)
+    assert on.speedup > 1 and on.decide() == "draft" and on.burst_left == 0
 
 
 def test_explorations_that_verify_the_root_alone_back_off_near_break_even():
@@ -176,4 +195,4 @@ def test_explorations_that_verify_the_root_alone_back_off_near_break_even():
                transferred=[0, 0], draft_nodes=2, committed=1.0, cycle_ms=10.0, ar_ms=9.7)
     assert on.verified_draft and on.speedup >= on.EXPLORE_MARGIN
     on.skips = on.explore_after  # the next decision explores
-    assert on.decide() == "explore" and on.explore_after == on.EXPLORE_FIRST
+    assert on.decide() == "explore" and on.explore_after == on.EXPLORE_FIRST * on.EXPLORE_BURST
