@@ -126,12 +126,12 @@ def draft_can_beat_ar(ar_ms: float, level_mass, level_ms: float, per_node_ms: fl
         ms of drafting one level (:attr:`CostModel.level_ms`).
     per_node_ms : float
         A lower bound on what each draft node adds (the cost's ``min_node_ms``: ``per_node_ms`` in
-        the transfer regime, 0 in the host-compute regime).
+        the transfer regime, ``node_extra_ms`` in the host-compute regime).
     min_expert_ms : float
         A lower bound on the ms that any non-empty set N of draft nodes adds to T(AR) beyond
         ``|N| per_node_ms``. Transfer regime: the transfer of experts neither cached nor the root's.
-        Host-compute regime: ``min_v T({root, v}) - T({root})`` over the nodes v that can be drafted
-        (``HostProfile.node_added_ms``).
+        Host-compute regime: ``min_v T({root, v}) - T({root}) - node_extra_ms`` over the nodes v that
+        can be drafted (``HostProfile.node_added_ms``).
 
     Returns
     -------

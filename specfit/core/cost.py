@@ -603,13 +603,14 @@ class HostProfile:
         return self.extra_ms + total * self.reference_layers / len(rows_per_layer)
 
     def node_added_ms(self, root_new_per_layer, node_new, node_rows) -> np.ndarray:
-        """Per draft node v, what verifying v beside the root adds to T(root alone), ms:
-        ``T({root, v}) - T({root})`` (beyond :attr:`min_node_ms` = 0). T is monotone in S, so any
-        selection holding v costs at least T(root) plus this. Arguments and shapes as
-        :meth:`CostModel.node_added_ms` (the root's uncached experts are also its rows); float64 of
-        shape (m,)."""
+        """Per draft node v, what verifying v beside the root adds to T(root alone) beyond
+        :attr:`min_node_ms` (``node_extra_ms``, which every draft node adds), ms:
+        ``T({root, v}) - T({root}) - node_extra_ms`` (>= 0: the per-layer max is monotone). T is
+        monotone in S, so any selection holding v costs at least T(root) + min_node_ms plus this.
+        Arguments and shapes as :meth:`CostModel.node_added_ms` (the root's uncached experts are also
+        its rows); float64 of shape (m,)."""
         root = np.asarray(root_new_per_layer)
-        base = self.cycle_ms(1, root)
+        base = self.cycle_ms(1, root) + self.node_extra_ms
         return np.array([self.cycle_ms(2, root + new, root + rows) - base
                          for new, rows in zip(np.asarray(node_new), np.asarray(node_rows))], dtype=np.float64)
 

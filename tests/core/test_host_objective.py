@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -86,6 +88,11 @@ def test_node_added_ms_is_the_single_node_increment():
     want = [predicted_ms(inst, [0, v]) - predicted_ms(inst, [0]) for v in (1, 2)]
     assert got == pytest.approx(want)
     assert GPU.node_added_ms(root, new, inst.items.rows[1:]) == pytest.approx(new @ [0.4, 0.4])
+    # node_extra_ms is every draft node's, so min_node_ms: the increment beyond it is unchanged
+    extra = Instance(inst.tree, replace(p, node_extra_ms=0.5), inst.cache)
+    assert extra.cost.min_node_ms == 0.5
+    assert extra.cost.node_added_ms(root, new, inst.items.rows[1:]) == pytest.approx(want)
+    assert [predicted_ms(extra, [0, v]) - predicted_ms(extra, [0]) for v in (1, 2)] == pytest.approx(np.add(want, 0.5))
 
 
 @settings(max_examples=60, deadline=None)
