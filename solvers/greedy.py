@@ -51,8 +51,10 @@ def best_prefix(instance: Instance, lam: float | None = None) -> list[int]:
         Sorted node ids of the best prefix, root included (ancestor-closed). The scan stops at the
         first prefix that breaks a budget (a longer prefix breaks it too).
     """
-    cov = GrowingSelection(instance)
     order = path_prob_order(instance)
+    if instance.cost.regime != "host" and not instance.items.union(range(instance.n)):
+        return _linear_prefix(instance, order, lam)
+    cov = GrowingSelection(instance)
     best, best_len = cov.value(lam), 1
     for k, v in enumerate(order[1:], start=2):
         if not cov.fits(v):
@@ -62,6 +64,19 @@ def best_prefix(instance: Instance, lam: float | None = None) -> list[int]:
         if val > best:
             best, best_len = val, k
     return sorted(order[:best_len])
+
+
+def _linear_prefix(instance: Instance, order: list[int], lam: float | None) -> list[int]:
+    """:func:`best_prefix` when no node needs an uncached expert: T of a k-node prefix is
+    ``fixed_ms + k per_node_ms``, so the scan is two cumulative sums and an argmax. The sums run in
+    the scan's order and the first maximum wins, as in the scan: the same floats, the same prefix."""
+    k = len(order) if instance.max_nodes is None else min(len(order), instance.max_nodes)
+    prob = instance.tree.path_prob[np.asarray(order[:k])]
+    prob[0] = 1.0  # the root
+    a = np.cumsum(prob)
+    t = np.cumsum(np.r_[instance.cost.fixed_ms, np.full(k, instance.cost.per_node_ms)])[1:]
+    value = a / t if lam is None else a - lam * t
+    return sorted(order[:int(np.argmax(value)) + 1])
 
 
 class EagleSolver(Solver):

@@ -104,7 +104,14 @@ def _check_path_prob(child: np.ndarray, parent: np.ndarray, first_id: int) -> No
                                 f"got {child[i]}: path probabilities are products of q <= 1")
 
 
-def _check_experts(experts, n: int, num_experts, start: int = 0) -> np.ndarray:
+def check_experts(experts, n: int, num_experts, start: int = 0) -> np.ndarray:
+    """Experts of n nodes as int64 (n, L, k), ids in ``[0, num_experts)``, k >= 1 when L >= 1.
+
+    Raises
+    ------
+    SpecFitInputError
+        Naming ``experts`` (or ``experts[i][l]``, i counted from ``start``) or ``num_experts``.
+    """
     exp = _as_int_array(experts, "experts", 3)
     if exp.shape[0] != n:
         raise SpecFitInputError("experts", f"must have one entry per node ({n}), got {exp.shape[0]}")
@@ -187,7 +194,7 @@ class DraftTree:
             tok = _as_int_array(tokens, "tokens", 1)
             if tok.shape != (n,):
                 raise SpecFitInputError("tokens", f"must have one entry per node ({n}), got {tok.shape[0]}")
-        exp = None if experts is None else _check_experts(experts, n, num_experts)
+        exp = None if experts is None else check_experts(experts, n, num_experts)
         self._parents = par
         self._path_prob = pp
         self._tokens = tok
@@ -228,7 +235,6 @@ class DraftTree:
         n = self.n
         par = _as_int_array(parents, "parents", 1, copy=False)  # concatenated below: a copy anyway
         m = par.shape[0]
-        ids = np.arange(n, n + m, dtype=np.int64)
         if m and (par.min() < 0 or par.max() >= n):
             i = int(np.flatnonzero((par < 0) | (par >= n))[0])
             raise SpecFitInputError(f"parents[{n + i}]", f"must be an existing node in [0, {n}), got {par[i]}")
@@ -247,22 +253,44 @@ class DraftTree:
                 raise SpecFitInputError("tokens", f"must have one entry per new node ({m}), got {tok.shape[0]}")
         exp = None
         if experts is not None:
-            exp = _check_experts(experts, m, self.num_experts, start=n) if m else self._experts[:0]
+            exp = check_experts(experts, m, self.num_experts, start=n) if m else self._experts[:0]
             if exp.shape[1:] != self._experts.shape[1:]:
                 raise SpecFitInputError("experts", f"new nodes must have shape (L, k) = {self._experts.shape[1:]}, "
                                         f"got {exp.shape[1:]}")
-        self._parents = np.concatenate([self._parents, par])
-        self._path_prob = np.concatenate([self._path_prob, pp_new])
-        if tok is not None:
-            self._tokens = np.concatenate([self._tokens, tok])
-        if exp is not None:
-            self._experts = np.concatenate([self._experts, exp])
+        return self._append_level(par, pp_new, tok, exp)
+
+    def _append_level(self, parents: np.ndarray, path_prob: np.ndarray, tokens: np.ndarray | None,
+                      experts: np.ndarray | None) -> np.ndarray:
+        """:meth:`add_level` of arrays already checked (int64 parents in the tree, float64 P in [0, 1]
+        at most the parent's, int64 tokens and experts iff the tree has them): the engine's path,
+        whose levels come from its own arrays."""
+        n = self.n
+        ids = np.arange(n, n + parents.shape[0], dtype=np.int64)
+        self._parents = np.concatenate([self._parents, parents])
+        self._path_prob = np.concatenate([self._path_prob, path_prob])
+        if tokens is not None:
+            self._tokens = np.concatenate([self._tokens, tokens])
+        if experts is not None:
+            self._experts = np.concatenate([self._experts, experts])
         self._forget_views()
         if self._items is not None:
-            self._items.extend(par.tolist(), self._item_experts(n))
+            self._items.extend(parents.tolist(), self._item_experts(n))
         self.last_level = ids
         self.labels = None
         return ids
+
+    @classmethod
+    def _of_arrays(cls, parents: np.ndarray, path_prob: np.ndarray, tokens: np.ndarray | None,
+                   experts: np.ndarray | None, num_experts: int | None) -> "DraftTree":
+        """A tree of arrays already in internal form and valid, without the constructor's checks
+        (a subtree of a valid tree, the engine's root)."""
+        tree = cls.__new__(cls)
+        tree._parents, tree._path_prob, tree._tokens, tree._experts = parents, path_prob, tokens, experts
+        tree.num_experts = None if num_experts is None else int(num_experts)
+        tree._items = None
+        tree.last_level = np.zeros(0, dtype=np.int64)
+        tree.labels = None
+        return tree
 
     def set_experts(self, experts) -> None:
         """Replace the experts of every node (shape (n, L, k), e.g. the true routing for the oracle);
@@ -273,7 +301,7 @@ class DraftTree:
         SpecFitInputError
             If the shape does not match the tree or an id is out of range.
         """
-        self._experts = _check_experts(experts, self.n, self.num_experts)
+        self._experts = check_experts(experts, self.n, self.num_experts)
         self._items = None
 
     def _forget_views(self) -> None:
@@ -402,10 +430,9 @@ class DraftTree:
         new_of = np.full(self.n, -1, dtype=np.int64)
         new_of[keep] = np.arange(keep.shape[0])
         par = np.concatenate([[-1], new_of[self._parents[keep[1:]]]])
-        sub = DraftTree(par, path_prob=self._path_prob[keep],
-                        tokens=None if self._tokens is None else self._tokens[keep],
-                        experts=None if self._experts is None else self._experts[keep],
-                        num_experts=self.num_experts)
+        sub = DraftTree._of_arrays(par.astype(np.int64, copy=False), self._path_prob[keep],
+                                   None if self._tokens is None else self._tokens[keep],
+                                   None if self._experts is None else self._experts[keep], self.num_experts)
         if self.labels is not None:
             sub.labels = [self.labels[int(o)] for o in keep]
         return sub, keep

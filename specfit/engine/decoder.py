@@ -36,7 +36,7 @@ from specfit.core.acceptance import greedy_trials, verify_trials
 from specfit.core.cost import CostModel, HostProfile, calibrate
 from specfit.core.errors import SpecFitInputError, check_context, check_positive_int, check_single_sequence, lookup
 from specfit.core.instance import Instance
-from specfit.core.tree import DraftTree
+from specfit.core.tree import DraftTree, check_experts
 from specfit.engine.online import OnlineModel
 from specfit.engine.verify import verify_greedy, verify_sampling
 from specfit.solvers import get_solver
@@ -302,6 +302,12 @@ def tau(cycles: Sequence[CycleRecord]) -> float:
 
     Spec-Bench's convention (docs/PITFALLS.md, "Measurement")."""
     return sum(c.committed for c in cycles) / len(cycles) if cycles else 0.0
+
+
+def _root_only(root: int, experts: np.ndarray | None, num_experts: int) -> DraftTree:
+    """The draft tree of the root alone (token ``root``, P = 1, ``experts`` (1, L, k) checked or None)."""
+    return DraftTree._of_arrays(np.full(1, -1, dtype=np.int64), np.ones(1), np.full(1, root, dtype=np.int64),
+                                experts, num_experts)
 
 
 def _cache_mask(target, num_experts: int) -> np.ndarray:
@@ -652,7 +658,7 @@ class SpecDecoder:
             tree, cost = self._root_tree(root, cache)
         else:  # the oracle's experts: a placeholder until the true routing is known
             experts = np.zeros((1, cache.shape[0], int(self.target.spec.top_k)), dtype=np.int64) if experts_known else None
-            tree = DraftTree([-1], path_prob=[1.0], tokens=[root], experts=experts, num_experts=self.num_experts)
+            tree = _root_only(root, experts, self.num_experts)
             cost = self._cycle_cost(tree, cache) if experts_known else self.cost
         rec.predict_ms += (time.perf_counter() - t0) * 1e3
         d = self._drafted = _Drafted.of_root(root)
@@ -688,7 +694,9 @@ class SpecDecoder:
             # EAGLE's float32 products can differ from the parent's by an ulp; keep P non-increasing
             up = d.raw[parents]
             raw = np.minimum(level.path_prob.double().cpu().numpy(), up)
-            q = np.divide(raw, up, out=np.zeros_like(raw), where=up > 0)  # conditional draft probabilities
+            if not ((raw >= 0.0) & (raw <= 1.0)).all():  # NaN fails both; the drafter's contract
+                raise SpecFitInputError("path_prob", "the drafter's path probabilities must lie in [0, 1]")
+            q = raw / np.maximum(up, 1e-300)  # conditional draft probabilities (raw <= up: 0 where up is 0)
             pp, rank = raw, None
             if cal is not None:  # calibrated conditional acceptance, multiplied along the path
                 pp, rank = cal.level(d.cal, parents, q, d.depth[parents] + 1)
@@ -707,7 +715,10 @@ class SpecDecoder:
                     experts = self._predict(tokens[kept], hidden)
                 elif experts_known:
                     experts = np.zeros((kept.size,) + tree.experts.shape[1:], dtype=np.int64)
-                tree.add_level(d.tree_ids[parents[kept]], pp[kept], tokens[kept], experts)
+                if experts is not None and experts.shape[1:] != tree.experts.shape[1:]:
+                    raise SpecFitInputError("experts", f"the predictor's must have shape (m, L, k) = (m,) + "
+                                            f"{tree.experts.shape[1:]}, got {experts.shape}")
+                tree._append_level(d.tree_ids[parents[kept]], pp[kept], tokens[kept], experts)  # all checked
             d.add(parents, tokens, raw, q, pp, np.zeros(parents.size, dtype=np.int64) if rank is None else rank,
                   keep, tree.n - kept.size)
             rec.predict_ms += (time.perf_counter() - t0) * 1e3
@@ -760,14 +771,14 @@ class SpecDecoder:
             toks, rows = zip(*self._unobserved)
             self.predictor.observe(np.concatenate(toks), np.concatenate(rows), None)
             self._unobserved.clear()
-        return self.predictor.predict(tokens, hidden)
+        return check_experts(self.predictor.predict(tokens, hidden), len(tokens), self.num_experts)
 
     def _root_tree(self, root: int, cache: np.ndarray) -> tuple[DraftTree, CostModel]:
         """This cycle's root-only draft tree with the root's predicted experts, and the cycle's cost
         model (:meth:`_cycle_cost`); built once per cycle, shared by the AR gate and the drafting."""
         if self._root is None:
             experts = self._predict(np.asarray([root]), None)[:1]
-            tree = DraftTree([-1], path_prob=[1.0], tokens=[root], experts=experts, num_experts=self.num_experts)
+            tree = _root_only(root, experts, self.num_experts)
             self._root = (tree, self._cycle_cost(tree, cache))
         return self._root
 

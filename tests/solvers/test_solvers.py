@@ -169,3 +169,29 @@ def test_cpsat_handles_denormal_costs():
                               num_experts=1),
                     CostModel(1.0, 2.2250738585e-313, 0.0), max_nodes=1, max_new_experts_per_layer=0)
     assert get_solver("cpsat").solve(inst).nodes == get_solver("exact").solve(inst).nodes == (0,)
+
+
+def _scanned_prefix(instance: Instance, lam):
+    """best_prefix's scan, node by node (the reference for its closed form without uncached experts)."""
+    from specfit.core.coverage import GrowingSelection
+
+    cov, order = GrowingSelection(instance), path_prob_order(instance)
+    best, best_len = cov.value(lam), 1
+    for k, v in enumerate(order[1:], start=2):
+        if not cov.fits(v):
+            break
+        cov.add(v)
+        if cov.value(lam) > best:
+            best, best_len = cov.value(lam), k
+    return sorted(order[:best_len])
+
+
+@settings(max_examples=200, deadline=None)
+@given(instances(max_nodes=14, budget="nodes"), st.one_of(st.none(), st.floats(0.0, 2.0)),
+       st.booleans())
+def test_best_prefix_without_uncached_experts_is_the_scan(inst, lam, all_cached):
+    from specfit.solvers.greedy import best_prefix
+
+    if all_cached:  # every expert resident: the closed form applies
+        inst = Instance(inst.tree, inst.cost, np.ones_like(inst.cache), inst.max_nodes, inst.max_new_experts_per_layer)
+    assert best_prefix(inst, lam) == _scanned_prefix(inst, lam)
