@@ -77,7 +77,7 @@ class AcceptanceCalibrator:
         """Flat index of each node's (depth, rank class, q bin) cell in :attr:`trials` (q clipped)."""
         d = np.minimum(np.maximum(np.asarray(depth, dtype=np.int64), 1), self.max_depth) - 1
         bins = self.trials.shape[2]
-        r = 0 if rank is None else np.minimum(np.asarray(rank, dtype=np.int64), RANKS - 1)
+        r = 0 if rank is None else np.minimum(np.maximum(np.asarray(rank, dtype=np.int64), 0), RANKS - 1)
         return d * (RANKS * bins) + r * bins + np.searchsorted(self.edges, q, side="left")
 
     def refresh(self) -> None:

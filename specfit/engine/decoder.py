@@ -210,8 +210,8 @@ class _Drafted:
     Attributes: ``parents``, ``tokens``, ``depth`` (N,) int64; ``raw`` (N,) the head's path
     probabilities; ``q`` (N,) its conditional ones, P_v / P_parent (1 for the root); ``cal`` (N,) the
     objective's (calibrated) path probabilities; ``tree_ids`` (N,) each node's id in the priced tree
-    or -1; ``full_ids`` (n,) each priced node's drafted id; ``rank`` (N,) each node's rank among its
-    siblings by q (:func:`specfit.core.acceptance.sibling_rank`; 0 for the root).
+    or -1; ``full_ids`` (n,) each priced node's drafted id; ``rank`` (N,) each node's sibling-rank class
+    (:func:`specfit.core.acceptance.sibling_rank`: 0 for its parent's most likely child; 0 for the root).
     """
 
     parents: np.ndarray

@@ -290,3 +290,38 @@ def test_the_engine_bounds_each_solve_in_time(ckpt):
     assert spec.solver.time_limit_s == SpecDecoder.SOLVE_TIME_LIMIT_S > 0
     eagle = SpecDecoder(load(ckpt), SelfDrafter(ckpt), "eagle3", cost=COST)
     assert not hasattr(eagle.solver, "time_limit_s")
+
+
+class _Corrupt:
+    """Wraps a drafter or predictor and corrupts its output (the engine's checks of extension points)."""
+
+    def __init__(self, inner, **change):
+        self.inner, self.change = inner, change
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def draft_levels(self, root, top_k, depth):
+        for level in self.inner.draft_levels(root, top_k, depth):
+            yield SimpleNamespace(**{**vars(level), **{k: f(level) for k, f in self.change.items()}})
+
+    def predict(self, tokens, hidden):
+        return self.change["experts"](self.inner.predict(tokens, hidden))
+
+
+@pytest.mark.parametrize("drafted,predicted,field", [
+    ({"path_prob": lambda lv: torch.full_like(lv.path_prob, float("nan"))}, None, "path_prob"),
+    (None, lambda e: e + EXPERTS, r"experts\[\d+\]\[0\]: expert id \d+ is out of range"),
+    (None, lambda e: e[:, :1], "experts"),  # one layer instead of LAYERS
+])
+def test_bad_drafter_or_predictor_output_is_refused_by_field(ckpt, drafted, predicted, field):
+    drafter = SelfDrafter(ckpt) if drafted is None else _Corrupt(SelfDrafter(ckpt), **drafted)
+    dec = decoder(ckpt, "specfit", drafter, tree=TreeSettings(8, 3, 3))
+    if predicted is not None:
+        dec.predictor = _Corrupt(dec.predictor, experts=predicted)
+        # the root's prediction is checked too: only the draft levels' output is corrupted
+        real = dec.predictor.inner
+        dec.predictor.predict = lambda tokens, hidden: (predicted(real.predict(tokens, hidden)) if len(tokens) > 1
+                                                        else real.predict(tokens, hidden))
+    with pytest.raises(SpecFitInputError, match=field):
+        dec.generate(PROMPTS[0], 16)
