@@ -97,8 +97,9 @@ class OnlineModel:
     #: Consecutive cycles one exploration drafts (fewer if one verifies the root alone): the first
     #: cycles after AR steps pay for the draft nodes' experts the AR steps' cache lacks.
     EXPLORE_BURST = 4
-    #: Ŝ at or above which the gate does not back off between explorations: drafting then loses at most
-    #: 1 - EXPLORE_MARGIN of an AR step per exploring cycle, and one in EXPLORE_FIRST + 1 cycles explores.
+    #: Ŝ at or above which the gate does not back off between explorations (if they verify draft nodes):
+    #: drafting then loses at most 1 - EXPLORE_MARGIN of an AR step per exploring cycle, and one burst
+    #: per EXPLORE_FIRST * EXPLORE_BURST AR steps (one cycle in 5) explores.
     EXPLORE_MARGIN = 0.95
     #: Drafted cycles over which the sound gate's cheapest-node expert bound is taken.
     GATE_WINDOW = 4
@@ -245,7 +246,8 @@ class OnlineModel:
         -------
         str
             ``"draft"`` (Ŝ > 1, or fewer than :attr:`WARMUP` + :attr:`MIN_DRAFTED` drafted cycles), ``"explore"`` (a draft although the AR
-            step is measured better, after ``explore_after`` AR steps) or ``"ar"``.
+            step is measured better: up to :attr:`EXPLORE_BURST` in a row after ``explore_after`` AR
+            steps) or ``"ar"``.
         """
         s = self.speedup
         if s is None or self.drafted < self.WARMUP + self.MIN_DRAFTED:
