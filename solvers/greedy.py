@@ -51,9 +51,9 @@ def best_prefix(instance: Instance, lam: float | None = None) -> list[int]:
         Sorted node ids of the best prefix, root included (ancestor-closed). The scan stops at the
         first prefix that breaks a budget (a longer prefix breaks it too).
     """
-    order = path_prob_order(instance)
     if instance.cost.regime != "host" and not instance.items.union(range(instance.n)):
-        return _linear_prefix(instance, order, lam)
+        return linear_prefix(instance, lam)
+    order = path_prob_order(instance)
     cov = GrowingSelection(instance)
     best, best_len = cov.value(lam), 1
     for k, v in enumerate(order[1:], start=2):
@@ -66,10 +66,27 @@ def best_prefix(instance: Instance, lam: float | None = None) -> list[int]:
     return sorted(order[:best_len])
 
 
-def _linear_prefix(instance: Instance, order: list[int], lam: float | None) -> list[int]:
-    """:func:`best_prefix` when no node needs an uncached expert: T of a k-node prefix is
-    ``fixed_ms + k per_node_ms``, so the scan is two cumulative sums and an argmax. The sums run in
-    the scan's order and the first maximum wins, as in the scan: the same floats, the same prefix."""
+def linear_prefix(instance: Instance, lam: float | None = None) -> list[int]:
+    """:func:`best_prefix` of a transfer-regime instance in which no node needs an uncached expert.
+
+    T of a k-node prefix is then ``fixed_ms + k * per_node_ms`` (ms) and A its ``1 + Σ P`` (tokens),
+    so the scan is two cumulative sums and an argmax (SPECFIT.md §3: with T linear in |S| a prefix of
+    the path-probability order is optimal). The sums run in the scan's order and the first maximum
+    wins, as in the scan: the same floats, the same prefix. The caller checks the precondition.
+
+    Parameters
+    ----------
+    instance : Instance
+        Cost a :class:`~specfit.core.cost.CostModel`; ``max_nodes`` is honoured.
+    lam : float, optional
+        λ in tokens per ms: maximise ``A - λT``; default ``A / T``.
+
+    Returns
+    -------
+    list of int
+        Sorted node ids of the best prefix, root included.
+    """
+    order = path_prob_order(instance)
     k = len(order) if instance.max_nodes is None else min(len(order), instance.max_nodes)
     prob = instance.tree.path_prob[np.asarray(order[:k])]
     prob[0] = 1.0  # the root

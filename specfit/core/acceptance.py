@@ -150,10 +150,10 @@ class AcceptanceCalibrator:
 
     def max_conditional(self, depth: int) -> float:
         """The largest calibrated conditional acceptance any node at ``depth`` can get (q in [0, 1])."""
-        bins = self.trials.shape[2]
-        upper = np.tile(np.concatenate([self.edges, [1.0]]), RANKS)  # c grows with q inside a bin: each bin's top
-        every = np.arange(RANKS * bins)
-        return float(min(1.0, np.max(self._rate(upper, self._cell(upper, np.full(every.size, depth), every // bins)))))
+        d = min(max(int(depth), 1), self.max_depth) - 1
+        upper = np.concatenate([self.edges, [1.0]])  # c grows with q inside a bin: each bin's top
+        alpha, beta = self._alpha.reshape(self.trials.shape)[d], self._beta.reshape(self.trials.shape)[d]
+        return float(min(1.0, (alpha * upper + beta).max()))  # over both rank classes and every bin
 
     def update(self, q, depth, accepted, rank=None) -> None:
         """Record Bernoulli trials: nodes (q, depth) whose parent was accepted, and whether each was.
