@@ -91,7 +91,9 @@ def linear_prefix(instance: Instance, lam: float | None = None) -> list[int]:
     prob = instance.tree.path_prob[np.asarray(order[:k])]
     prob[0] = 1.0  # the root
     a = np.cumsum(prob)
-    t = np.cumsum(np.r_[instance.cost.fixed_ms, np.full(k, instance.cost.per_node_ms)])[1:]
+    t = np.full(k + 1, float(instance.cost.per_node_ms))
+    t[0] = instance.cost.fixed_ms
+    t = np.cumsum(t)[1:]
     value = a / t if lam is None else a - lam * t
     return sorted(order[:int(np.argmax(value)) + 1])
 

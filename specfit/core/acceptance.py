@@ -4,16 +4,18 @@ A draft tree's path probability ``P_v`` (the product of the draft's conditional 
 along the root → v path) is EAGLE-2's stand-in for ``Pr[v accepted]`` (Li et al. 2024, §3). Measured
 on the shipped proxy it is not calibrated (issue 9: A(S) = 2.84 predicted against 4.87 committed).
 :class:`AcceptanceCalibrator` learns the *conditional* acceptance ``Pr[v accepted | parent accepted]``
-per (depth, sibling-rank class, confidence bin of q) online:
+per (depth, confidence bin of q) online, optionally split by sibling-rank class:
 
     π(q, r, b, d) = (s * q + a'[d, r, b]) / (s + n'[d, r, b])     a', n': cell (r, b) at the other depths
     c(q, d, r)    = (s * π + a[d, r, b]) / (s + n[d, r, b])        b = bin of q,  d = min(depth, max_depth)
 
 a Beta-binomial posterior mean whose prior (worth ``s`` pseudo-trials) is the same rank class and bin
 pooled over the other depths, itself with a prior ``Beta(s q, s (1 - q))`` centred on the draft's own
-q; ``n`` trials of which ``a`` were accepted. The rank class r is 0 for the most likely child of its
-parent (the largest q among its siblings, :func:`sibling_rank`) and 1 for the others: an EAGLE head's
-q is under-confident for its top child and not for the others (SPECFIT.md §3). c is linear in q within
+q; ``n`` trials of which ``a`` were accepted. With ``rank_classes=2`` the rank class r is 0 for the
+most likely child of its parent (the largest q among its siblings, :func:`sibling_rank`) and 1 for the
+others (an EAGLE head's q is under-confident for its top child and not for the others); the default,
+one class (r = 0 for every node), learns from twice the trials per cell and measured better on runs of
+a few hundred cycles (SPECFIT.md §3). c is linear in q within
 a cell, ``α q + β``; both are recomputed after each update. The calibrated path probability is the
 product along the path, ``P̂_v = P̂_parent(v) * c``; since every c <= 1, P̂ is non-increasing along
 every path (what the solvers and the stop rule rely on). Siblings are mutually exclusive (at most one
@@ -35,16 +37,13 @@ import numpy as np
 
 from specfit.core.errors import SpecFitInputError, check_positive_int
 
-#: Sibling-rank classes of the tables: the most likely child of its parent, and the others.
-RANKS = 2
-
 #: Default upper edges of the confidence bins of q (the last bin ends at 1).
 DEFAULT_EDGES = (0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 
 
 class AcceptanceCalibrator:
-    """Online Beta-binomial calibration of conditional acceptance per depth × sibling-rank class ×
-    confidence bin (module docstring).
+    """Online Beta-binomial calibration of conditional acceptance per depth × confidence bin, optionally
+    × sibling-rank class (module docstring).
 
     Parameters
     ----------
@@ -54,31 +53,38 @@ class AcceptanceCalibrator:
         ``s``, pseudo-trials of each prior: the depth-pooled one, and its own centred on the draft's q (> 0).
     edges : sequence of float
         Increasing upper edges of the q bins in (0, 1).
+    rank_classes : int
+        1 (default): one table per depth; 2: the most likely child of its parent and the others
+        apart (:func:`sibling_rank`). Caps use the sibling ranks either way.
 
     Raises
     ------
     SpecFitInputError
-        On a non-positive ``max_depth`` or ``prior_strength`` or bad edges.
+        On a non-positive ``max_depth`` or ``prior_strength``, bad edges or ``rank_classes`` not 1 or 2.
     """
 
-    def __init__(self, max_depth: int = 8, prior_strength: float = 4.0, edges=DEFAULT_EDGES):
+    def __init__(self, max_depth: int = 8, prior_strength: float = 4.0, edges=DEFAULT_EDGES, rank_classes: int = 1):
         check_positive_int("max_depth", max_depth)
         if not (prior_strength > 0 and np.isfinite(prior_strength)):
             raise SpecFitInputError("prior_strength", f"must be a finite number > 0, got {prior_strength!r}")
         e = np.asarray(edges, dtype=np.float64)
         if e.ndim != 1 or np.any(np.diff(e) <= 0) or (e.size and (e[0] <= 0 or e[-1] >= 1)):
             raise SpecFitInputError("edges", "must be increasing numbers in (0, 1)")
+        if rank_classes not in (1, 2):
+            raise SpecFitInputError("rank_classes", f"must be 1 or 2, got {rank_classes!r}")
+        self.rank_classes = int(rank_classes)
         self.max_depth, self.prior_strength, self.edges = int(max_depth), float(prior_strength), e
-        self.trials = np.zeros((self.max_depth, RANKS, e.size + 1))
-        self.accepted = np.zeros((self.max_depth, RANKS, e.size + 1))
+        self.trials = np.zeros((self.max_depth, self.rank_classes, e.size + 1))
+        self.accepted = np.zeros((self.max_depth, self.rank_classes, e.size + 1))
         self.refresh()
 
     def _cell(self, q: np.ndarray, depth: np.ndarray, rank) -> np.ndarray:
-        """Flat index of each node's (depth, rank class, q bin) cell in :attr:`trials` (q clipped)."""
-        d = np.minimum(np.maximum(np.asarray(depth, dtype=np.int64), 1), self.max_depth) - 1
-        bins = self.trials.shape[2]
-        r = 0 if rank is None else np.minimum(np.maximum(np.asarray(rank, dtype=np.int64), 0), RANKS - 1)
-        return d * (RANKS * bins) + r * bins + np.searchsorted(self.edges, q, side="left")
+        """Flat index of each node's (depth, rank class, q bin) cell in :attr:`trials` (q clipped; rank
+        classes past the last, and every rank with one class, count as the last)."""
+        d = np.minimum(np.maximum(np.asarray(depth, dtype=np.int64), 1), self.max_depth)
+        k = self.rank_classes
+        r = 0 if rank is None or k == 1 else np.minimum(np.maximum(np.asarray(rank, dtype=np.int64), 0), k - 1)
+        return (d * k + (r - k)) * self.trials.shape[2] + np.searchsorted(self.edges, q, side="left")
 
     def refresh(self) -> None:
         """Recompute every cell's ``α``, ``β`` (``c = α q + β``, module docstring) from :attr:`trials` and
@@ -103,7 +109,7 @@ class AcceptanceCalibrator:
             Their depths (root 0, so >= 1 for draft nodes).
         rank : array-like of int, shape (m,), optional
             Their sibling-rank classes (:func:`sibling_rank`: 0 for the most likely child, 1 for
-            the others); default 0.
+            the others; ignored with one rank class); default 0.
 
         Returns
         -------
@@ -136,16 +142,19 @@ class AcceptanceCalibrator:
     def level(self, parent_cal, parents, q, depth) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`level_path_prob` and the nodes' sibling-rank classes (:func:`sibling_rank`), both shape (m,)."""
         par, q = np.asarray(parents, dtype=np.int64), _unit(q)
-        rank = sibling_rank(par, q)
-        c = np.minimum(self.conditional(q, depth, rank), 1.0)
-        top = rank == 0
-        top_sum = np.bincount(par, weights=np.where(top, c, 0.0))
-        rest_sum = np.bincount(par, weights=np.where(top, 0.0, c), minlength=top_sum.size)
-        if q.size and (top_sum + rest_sum).max() > 1.0:  # else nothing to cap
-            top_scale = np.minimum(1.0, 1.0 / np.maximum(top_sum, 1e-300))  # tied most likely children share 1
-            left = 1.0 - top_sum * top_scale
-            rest_scale = np.minimum(1.0, left / np.maximum(rest_sum, 1e-300))
-            c = c * np.where(top, top_scale[par], rest_scale[par])
+        if not q.size:
+            return np.zeros(0), np.zeros(0, dtype=np.int64)
+        nb = int(par.max()) + 1
+        rank = _sibling_rank(par, q, nb)
+        cell = self._cell(q, depth, rank)
+        c = np.minimum(self._alpha[cell] * q + self._beta[cell], 1.0)
+        # per parent: its most likely children's conditionals (column 0) and the others' (column 1)
+        sums = np.bincount(2 * par + rank, weights=c, minlength=2 * nb).reshape(nb, 2)
+        if sums.sum(axis=1).max(initial=0.0) > 1.0:  # else nothing to cap
+            top_scale = np.minimum(1.0, 1.0 / np.maximum(sums[:, 0], 1e-300))  # tied most likely children share 1
+            left = 1.0 - sums[:, 0] * top_scale
+            scale = np.stack([top_scale, np.minimum(1.0, left / np.maximum(sums[:, 1], 1e-300))], axis=1)
+            c = c * scale[par, rank]
         return np.asarray(parent_cal)[par] * c, rank
 
     def max_conditional(self, depth: int) -> float:
@@ -153,7 +162,7 @@ class AcceptanceCalibrator:
         d = min(max(int(depth), 1), self.max_depth) - 1
         upper = np.concatenate([self.edges, [1.0]])  # c grows with q inside a bin: each bin's top
         alpha, beta = self._alpha.reshape(self.trials.shape)[d], self._beta.reshape(self.trials.shape)[d]
-        return float(min(1.0, (alpha * upper + beta).max()))  # over both rank classes and every bin
+        return float(min(1.0, (alpha * upper + beta).max()))  # over every rank class and bin
 
     def update(self, q, depth, accepted, rank=None) -> None:
         """Record Bernoulli trials: nodes (q, depth) whose parent was accepted, and whether each was.
@@ -193,7 +202,12 @@ def sibling_rank(parents, q) -> np.ndarray:
     par, q = np.asarray(parents, dtype=np.int64), np.asarray(q, dtype=np.float64)
     if not q.size:
         return np.zeros(0, dtype=np.int64)
-    best = np.full(int(par.max()) + 1, -np.inf)
+    return _sibling_rank(par, q, int(par.max()) + 1)
+
+
+def _sibling_rank(par: np.ndarray, q: np.ndarray, nb: int) -> np.ndarray:
+    """:func:`sibling_rank` of a non-empty level whose parents are ``< nb``."""
+    best = np.full(nb, -np.inf)
     np.maximum.at(best, par, q)
     return (q < best[par]).astype(np.int64)
 

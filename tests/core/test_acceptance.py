@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specfit.core.acceptance import RANKS, AcceptanceCalibrator, greedy_trials, sibling_rank, verify_trials
+from specfit.core.acceptance import AcceptanceCalibrator, greedy_trials, sibling_rank, verify_trials
 from specfit.core.errors import SpecFitInputError
 from specfit.core.tree import DraftTree
 
@@ -26,11 +26,15 @@ def test_learns_an_understating_draft():
     assert c == pytest.approx((4.0 * 0.35 + 280) / 404)
     # another depth has no trials: its prior is the same rank class and bin pooled over the other depths
     assert float(cal.conditional([0.35], [2])[0]) == pytest.approx(c)
-    assert float(cal.conditional([0.35], [1], [1])[0]) == pytest.approx(0.35)  # the other rank class untouched
+    assert float(cal.conditional([0.35], [1], [1])[0]) == pytest.approx(c)  # one rank class: ranks ignored
+    two = AcceptanceCalibrator(prior_strength=4.0, rank_classes=2)
+    two.update(q, np.ones(400, dtype=int), np.arange(400) < 280)
+    assert float(two.conditional([0.35], [1])[0]) == pytest.approx(c)
+    assert float(two.conditional([0.35], [1], [1])[0]) == pytest.approx(0.35)  # the other rank class untouched
 
 
 def test_the_most_likely_sibling_and_the_others_are_calibrated_apart():
-    cal = AcceptanceCalibrator()
+    cal = AcceptanceCalibrator(rank_classes=2)
     rank = np.tile([0, 1, 1, 1], 100)  # the most likely child accepted 90% of the time, the others 4 of 300
     ok = np.where(rank == 0, np.arange(400) % 40 < 36, np.arange(400) % 50 == 0)
     cal.update(np.full(400, 0.25), np.ones(400, dtype=int), ok, rank)
@@ -50,7 +54,7 @@ def test_sibling_rank_marks_the_most_likely_children():
 @settings(max_examples=50, deadline=None)
 @given(st.data())
 def test_calibrated_path_probabilities_are_a_valid_draft_tree(data):
-    cal = AcceptanceCalibrator(max_depth=4)
+    cal = AcceptanceCalibrator(max_depth=4, rank_classes=data.draw(st.sampled_from([1, 2])))
     m = data.draw(st.integers(1, 200))
     cal.update(data.draw(st.lists(st.floats(0, 1), min_size=m, max_size=m)),
                data.draw(st.lists(st.integers(1, 6), min_size=m, max_size=m)),
@@ -69,7 +73,7 @@ def test_calibrated_path_probabilities_are_a_valid_draft_tree(data):
         parents += par.tolist()
     DraftTree(parents, path_prob=pp)  # validates P in [0, 1] and non-increasing along paths
     for j in range(1, 5):  # the gate's bound holds every node, of either rank class
-        for r in range(RANKS):
+        for r in range(2):
             c = cal.conditional(np.linspace(0, 1, 101), np.full(101, j), np.full(101, r))
             assert cal.max_conditional(j) >= c.max() - 1e-12
 
@@ -79,7 +83,7 @@ class ReferenceCalibrator(AcceptanceCalibrator):
 
     def _cell3(self, q, depth, rank):
         d = min(max(int(depth), 1), self.max_depth) - 1
-        return d, min(int(rank), RANKS - 1), int(np.searchsorted(self.edges, q, side="left"))
+        return d, min(int(rank), self.rank_classes - 1), int(np.searchsorted(self.edges, q, side="left"))
 
     def conditional(self, q, depth, rank=None):
         q = np.clip(np.asarray(q, dtype=np.float64), 0.0, 1.0)
@@ -124,7 +128,8 @@ def test_calibration_equals_the_reference(data):
     """The vectorised calibrator against plain loops over the module docstring's formulas, with sibling
     sums above 1, tied most likely siblings, q outside [0, 1], depths beyond max_depth and empty levels."""
     max_depth = data.draw(st.integers(1, 5))
-    fast, ref = AcceptanceCalibrator(max_depth=max_depth), ReferenceCalibrator(max_depth=max_depth)
+    k = data.draw(st.sampled_from([1, 2]))
+    fast, ref = AcceptanceCalibrator(max_depth=max_depth, rank_classes=k), ReferenceCalibrator(max_depth=max_depth, rank_classes=k)
     qs = st.one_of(st.floats(-0.5, 1.5, allow_nan=False), st.sampled_from([0.25, 0.5]))  # ties happen
     for _ in range(data.draw(st.integers(1, 4))):
         m = data.draw(st.integers(0, 30))
@@ -192,7 +197,7 @@ def test_greedy_trials_count_unverified_children_of_accepted_nodes():
 
 
 @pytest.mark.parametrize("kwargs,field", [({"max_depth": 0}, "max_depth"), ({"prior_strength": 0.0}, "prior_strength"),
-                                          ({"edges": (0.5, 0.2)}, "edges")])
+                                          ({"edges": (0.5, 0.2)}, "edges"), ({"rank_classes": 3}, "rank_classes")])
 def test_bad_settings_are_refused(kwargs, field):
     with pytest.raises(SpecFitInputError, match=field):
         AcceptanceCalibrator(**kwargs)

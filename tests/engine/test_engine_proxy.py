@@ -65,6 +65,8 @@ def test_dropping_unselectable_nodes_changes_no_selection(proxy, monkeypatch):
     spec = targets[32].spec
     cost = get_profile("qwen3-30b-a3b-pcie4").for_layers(len(spec.moe_layers))
     monkeypatch.setattr(OnlineModel, "decide", lambda self, sound_can_draft=None: "draft")  # every cycle drafts
+    # the measured host ms enter the objective (level costs): the profile's priors keep both runs' costs equal
+    monkeypatch.setattr(OnlineModel, "observe_host", lambda self, levels, level_ms, rest_ms: None)
 
     def run():
         predictor = get_predictor("recency", num_layers=len(spec.moe_layers), num_experts=spec.num_experts,
