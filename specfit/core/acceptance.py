@@ -269,9 +269,9 @@ def greedy_trials(parents, tokens, path, bonus_token: int) -> tuple[np.ndarray, 
     ok = tok[nodes] == nxt[par[nodes]]
     # equal sibling tokens: only the first is the one verification takes (specfit.engine.verify)
     seen: set = set()
-    for i, v in enumerate(nodes.tolist()):
-        if ok[i]:
-            key = (int(par[v]), int(tok[v]))
-            ok[i] = key not in seen
-            seen.add(key)
+    for i in np.flatnonzero(ok).tolist():  # in node order: the first of equal siblings stays a success
+        v = int(nodes[i])
+        key = (int(par[v]), int(tok[v]))
+        ok[i] = key not in seen
+        seen.add(key)
     return nodes, ok

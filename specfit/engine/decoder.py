@@ -207,11 +207,13 @@ class _Drafted:
     and which of its nodes the priced :class:`DraftTree` holds (the others are in no optimal selection,
     :func:`specfit.solvers.stop.selectable`). Calibration learns from every drafted node.
 
-    Attributes: ``parents``, ``tokens``, ``depth`` (N,) int64; ``raw`` (N,) the head's path
-    probabilities; ``q`` (N,) its conditional ones, P_v / P_parent (1 for the root); ``cal`` (N,) the
-    objective's (calibrated) path probabilities; ``tree_ids`` (N,) each node's id in the priced tree
-    or -1; ``full_ids`` (n,) each priced node's drafted id; ``rank`` (N,) each node's sibling-rank class
-    (:func:`specfit.core.acceptance.sibling_rank`: 0 for its parent's most likely child; 0 for the root).
+    Attributes: ``n`` the nodes drafted (root included); ``parents``, ``tokens``, ``depth`` int64;
+    ``raw`` the head's path probabilities; ``q`` its conditional ones, P_v / P_parent (1 for the root);
+    ``cal`` the objective's (calibrated) path probabilities; ``tree_ids`` each node's id in the priced
+    tree or -1; ``rank`` each node's sibling-rank class (:func:`specfit.core.acceptance.sibling_rank`:
+    0 for its parent's most likely child; 0 for the root): buffers whose first ``n`` entries hold the
+    nodes (one allocation per cycle, grown when a level overflows them); ``full_ids`` (tree size,) each
+    priced node's drafted id.
     """
 
     parents: np.ndarray
@@ -223,27 +225,37 @@ class _Drafted:
     tree_ids: np.ndarray
     full_ids: np.ndarray
     rank: np.ndarray
+    n: int = 1
+
+    _BUFFERS = ("parents", "tokens", "depth", "raw", "q", "cal", "tree_ids", "rank")
 
     @classmethod
-    def of_root(cls, root: int) -> "_Drafted":
-        zero = np.zeros(1, dtype=np.int64)
-        return cls(np.full(1, -1, dtype=np.int64), np.full(1, root, dtype=np.int64), zero, np.ones(1), np.ones(1),
-                   np.ones(1), zero, zero, zero)
+    def of_root(cls, root: int, capacity: int = 1) -> "_Drafted":
+        """The root alone, with room for ``capacity`` drafted nodes (root included)."""
+        c = max(int(capacity), 1)
+        ints = [np.zeros(c, dtype=np.int64) for _ in range(5)]
+        parents, tokens, depth, tree_ids, rank = ints
+        parents[0], tokens[0] = -1, root
+        return cls(parents, tokens, depth, np.ones(c), np.ones(c), np.ones(c), tree_ids, np.zeros(1, dtype=np.int64), rank)
 
     def add(self, parents: np.ndarray, tokens: np.ndarray, raw: np.ndarray, q: np.ndarray, cal: np.ndarray,
             rank: np.ndarray, keep: np.ndarray, first_tree_id: int) -> None:
         """Append one drafted level (m,); the nodes where ``keep`` is True became priced nodes
         ``first_tree_id, first_tree_id + 1, ...`` in order."""
+        n, m = self.n, len(parents)
+        if n + m > self.parents.size:
+            for name in self._BUFFERS:
+                buf = getattr(self, name)
+                setattr(self, name, np.concatenate([buf, np.zeros(max(n + m, 2 * buf.size) - buf.size, dtype=buf.dtype)]))
         kept = np.flatnonzero(keep)
-        ids = np.full(len(parents), -1, dtype=np.int64)
-        ids[kept] = np.arange(first_tree_id, first_tree_id + kept.size)
-        self.full_ids = np.concatenate([self.full_ids, self.parents.size + kept])
-        self.depth = np.concatenate([self.depth, self.depth[parents] + 1])
-        self.parents, self.tokens = np.concatenate([self.parents, parents]), np.concatenate([self.tokens, tokens])
-        self.raw, self.q, self.cal = (np.concatenate([self.raw, raw]), np.concatenate([self.q, q]),
-                                      np.concatenate([self.cal, cal]))
-        self.tree_ids = np.concatenate([self.tree_ids, ids])
-        self.rank = np.concatenate([self.rank, rank])
+        self.full_ids = np.concatenate([self.full_ids, n + kept])
+        end = n + m
+        self.depth[n:end] = self.depth[parents] + 1
+        self.parents[n:end], self.tokens[n:end], self.rank[n:end] = parents, tokens, rank
+        self.raw[n:end], self.q[n:end], self.cal[n:end] = raw, q, cal
+        self.tree_ids[n:end] = -1
+        self.tree_ids[n + kept] = np.arange(first_tree_id, first_tree_id + kept.size)
+        self.n = end
 
 
 @dataclass
@@ -541,12 +553,13 @@ class SpecDecoder:
         else:
             acc = verify_greedy(sub_tokens, sub_parents, logits)
         self.target.commit(acc.path)
-        if self.acceptance is not None and drafted is not None and drafted.parents.size > 1:
+        if self.acceptance is not None and drafted is not None and drafted.n > 1:
             c0 = time.thread_time()  # host work of the cycle (host_cpu_ms), like the drafting's
             # in the whole drafted tree's ids (pruned nodes too: they were drafted, only not priced)
             full = drafted.full_ids[np.asarray(keep)]
             if self.temperature == 0:  # every drafted child of an accepted node is a trial, verified or not
-                old, ok = greedy_trials(drafted.parents, drafted.tokens, full[acc.path], acc.bonus_token)
+                n = drafted.n
+                old, ok = greedy_trials(drafted.parents[:n], drafted.tokens[:n], full[acc.path], acc.bonus_token)
             else:
                 nodes, ok = verify_trials(sub_parents, acc.path)
                 old = full[nodes]
@@ -661,7 +674,7 @@ class SpecDecoder:
             tree = _root_only(root, experts, self.num_experts)
             cost = self._cycle_cost(tree, cache) if experts_known else self.cost
         rec.predict_ms += (time.perf_counter() - t0) * 1e3
-        d = self._drafted = _Drafted.of_root(root)
+        d = self._drafted = _Drafted.of_root(root, 1 + sum(ts.level_width(j) for j in range(1, ts.depth + 1)))
         if not experts_known:  # no expert term: an empty layer axis
             if m.needs_experts:  # all resident: the root brings none either
                 self._root_new = np.zeros(cache.shape[0], dtype=np.int64)
@@ -750,7 +763,7 @@ class SpecDecoder:
                         break
         levels.close()
         self._level_host_ms = (time.thread_time() - u_levels - (self._untimed_s - untimed0)) * 1e3
-        rec.nodes_drafted, rec.nodes_pruned = d.parents.size - 1, d.parents.size - tree.n
+        rec.nodes_drafted, rec.nodes_pruned = d.n - 1, d.n - tree.n
         if selection is None:
             selection = self._select(tree, cache, rate, rec, cost, host_ms + rec.levels * level_ms)
         if self.online is not None and tree.n > 1:
