@@ -31,8 +31,7 @@ Three things the cycle's objective needs and no datasheet gives (issue 9, SPECFI
   the measured speedup of drafting over AR (Cascade, arXiv 2506.20675, gates speculation by its
   measured utility in the same way). :meth:`OnlineModel.decide` drafts for the first
   :attr:`OnlineModel.WARMUP` drafted cycles (acceptance and the predictor's error are being learned:
-  they do not enter Ŝ) and the :attr:`OnlineModel.MIN_DRAFTED` after them (ended early by one whose
-  selection verified the root alone), then iff Ŝ > 1, and, while
+  they do not enter Ŝ) and the :attr:`OnlineModel.MIN_DRAFTED` after them, then iff Ŝ > 1, and, while
   it keeps taking the AR step, explores after ``explore_after`` AR steps: a burst of
   :attr:`OnlineModel.EXPLORE_BURST` drafted cycles, cut short by a cycle that verifies the root alone
   (the first cycles after AR steps pay for experts the AR steps' cache lacks, so one cycle alone
@@ -90,8 +89,7 @@ class OnlineModel:
     SPEEDUP_DECAY = 0.9
     #: Drafted cycles that calibrate acceptance and the predictor's error before Ŝ measures any.
     WARMUP = 10
-    #: Drafted cycles measured before the gate trusts Ŝ (one unlucky cycle must not stop drafting); a
-    #: measured cycle whose own selection verified the root alone ends this phase (no luck in that).
+    #: Drafted cycles measured before the gate trusts Ŝ (one unlucky cycle must not stop drafting).
     MIN_DRAFTED = 10
     #: AR steps before the first exploration, and the most between two explorations.
     EXPLORE_FIRST = 4
@@ -247,13 +245,12 @@ class OnlineModel:
         Returns
         -------
         str
-            ``"draft"`` (Ŝ > 1, or fewer than :attr:`WARMUP` + :attr:`MIN_DRAFTED` drafted cycles, each
-            measured one verifying draft nodes), ``"explore"`` (a draft although the AR
+            ``"draft"`` (Ŝ > 1, or fewer than :attr:`WARMUP` + :attr:`MIN_DRAFTED` drafted cycles), ``"explore"`` (a draft although the AR
             step is measured better: up to :attr:`EXPLORE_BURST` in a row after ``explore_after`` AR
             steps) or ``"ar"``.
         """
         s = self.speedup
-        if s is None or (self.drafted < self.WARMUP + self.MIN_DRAFTED and self.verified_draft):
+        if s is None or self.drafted < self.WARMUP + self.MIN_DRAFTED:
             return "draft"
         if s > 1.0 and sound_can_draft():
             self.skips, self.explore_after, self.burst_left = 0, self.EXPLORE_FIRST, 0

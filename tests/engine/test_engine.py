@@ -174,9 +174,9 @@ def test_root_only_selections_are_plain_ar_steps(ckpt, ar_outputs):
     assert all(c.nodes_verified == 1 and c.committed == 1 for c in gen.cycles)
     assert gen.tau == 1.0
     # the stop rule ends drafting after the first level; once drafting is measured slower than AR (after
-    # OnlineModel.WARMUP drafted cycles and one measured that verified the root alone) the gate takes AR steps
+    # OnlineModel.WARMUP + MIN_DRAFTED drafted cycles) the AR gate skips drafting altogether
     assert all(c.levels == (0 if c.decision == "ar" else 1) for c in gen.cycles)
-    assert [c.decision for c in gen.cycles][dec.online.WARMUP + 1] == "ar"
+    assert [c.decision for c in gen.cycles][dec.online.WARMUP + dec.online.MIN_DRAFTED] == "ar"
 
 
 def test_rate_mode_is_lossless(ckpt, ar_outputs):
@@ -226,9 +226,8 @@ def test_ar_gate_takes_the_ar_step_when_drafting_does_not_pay_and_explores(ckpt,
     gen = dec.generate(PROMPTS[1], 48)
     assert gen.output_ids == decoder(ckpt, "ar", None).generate(PROMPTS[1], 48).output_ids
     decisions = "".join(c.decision[0] for c in gen.cycles)  # d(raft) / e(xplore) / a(r)
-    # learning, then one measured cycle: it verified the root alone, so Ŝ is trusted at once (MIN_DRAFTED)
-    warm = online.WARMUP + 1
-    assert decisions[:warm] == "d" * warm
+    warm = online.WARMUP + online.MIN_DRAFTED
+    assert decisions[:warm] == "d" * warm  # learning, then Ŝ not trusted before MIN_DRAFTED measured cycles
     gaps = [len(r) for r in decisions[warm:].split("e")]
     assert len(gaps) >= 3 and "d" not in decisions[warm:]
     first = online.EXPLORE_FIRST
@@ -249,7 +248,7 @@ def test_online_state_carries_across_generations(ckpt, ar_outputs):
     first.acceptance.trials[:] = 1e4
     first.generate(PROMPTS[1], 32)
     learned = first.online.drafted
-    assert learned >= first.online.WARMUP + 1
+    assert learned >= first.online.WARMUP + first.online.MIN_DRAFTED
     second = SpecDecoder(load(ckpt), SelfDrafter(ckpt), "specfit", tree=TreeSettings(8, 3, 3), cost=COST,
                          predictor=FixedPredictor(), online=first.online)
     gen = second.generate(PROMPTS[1], 8)
