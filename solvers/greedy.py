@@ -53,6 +53,12 @@ def best_prefix(instance: Instance, lam: float | None = None) -> list[int]:
     """
     if instance.cost.regime != "host" and not instance.items.union(range(instance.n)):
         return linear_prefix(instance, lam)
+    return scan_prefix(instance, lam)
+
+
+def scan_prefix(instance: Instance, lam: float | None = None) -> list[int]:
+    """:func:`best_prefix` by the node-by-node scan, for callers that already know some node needs an
+    uncached expert (or that the cost is a host-regime profile): same Parameters and Returns."""
     order = path_prob_order(instance)
     cov = GrowingSelection(instance)
     best, best_len = cov.value(lam), 1
