@@ -163,7 +163,7 @@ def _resolve_dirs(config: EvalConfig, drafts: bool) -> tuple[Path, Path | None]:
     draft = head_dir(config.draft)  # a directory, or a shipped head by name (lite = default, strong)
     if not (draft / "config.json").is_file():
         hint = ("; the shipped heads are built by `python -m specfit.models.proxy.train --head --head-lite`"
-                if config.draft in (None, "lite", "strong") else "")
+                if config.draft in (None, "lite", "strong") else "; or name a shipped head: lite (default), strong")
         raise SpecFitInputError("draft", f"no EAGLE-3 head (config.json) in {draft}{hint}")
     return target.resolve(), draft.resolve()
 
@@ -219,9 +219,9 @@ def plan(config: EvalConfig) -> Plan:
     check_offload(config.offload)
     gpu_side = get_host_profile(config.host_profile).gpu.name
     if config.offload != "transfer" and config.profile != gpu_side:
-        raise SpecFitInputError("profile", f"with offload {config.offload!r} the GPU side of the cost model is host_profile "
-                                f"{config.host_profile!r}'s ({gpu_side!r}), not {config.profile!r}: leave profile at "
-                                f"{gpu_side!r} or pick another host_profile")
+        raise SpecFitInputError("profile", f"with offload {config.offload!r} the GPU side of the cost model is "
+                                f"{gpu_side!r} (from host_profile {config.host_profile!r}), not {config.profile!r}: "
+                                f"leave profile at {gpu_side!r} or pick another host_profile")
     if get_profile(config.profile).draft_level_ms is None:
         raise SpecFitInputError("profile", f"no draft-level time is modeled for {config.profile!r}")
     from specfit.models.predictors import PREDICTORS

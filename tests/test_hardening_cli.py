@@ -243,3 +243,8 @@ def test_solve_error_shows_plain_numbers(tmp_path, capsys):
                    '"experts": [[[0]], [[1]], [[2]]], "cost": {"fixed_ms": 1, "per_node_ms": 0.1, "per_expert_ms": 0.1}}')
     err = one_line_error(capsys, ["solve", str(bad)], "path_prob[2]: must lie in [0, 1], got 1.5")
     assert "np.float" not in err
+
+
+def test_an_unknown_draft_head_names_the_shipped_ones(tmp_path, capsys):
+    one_line_error(capsys, ["eval", "--draft", str(tmp_path / "nosuch"), "--limit", "1", "--out", str(tmp_path / "out")],
+                   "--draft: no EAGLE-3 head (config.json) in", "name a shipped head: lite (default), strong")
