@@ -57,8 +57,21 @@ def best_prefix(instance: Instance, lam: float | None = None) -> list[int]:
 
 
 def scan_prefix(instance: Instance, lam: float | None = None) -> list[int]:
-    """:func:`best_prefix` by the node-by-node scan, for callers that already know some node needs an
-    uncached expert (or that the cost is a host-regime profile): same Parameters and Returns."""
+    """:func:`best_prefix` by the node-by-node scan, without its check for the closed form: for callers
+    that know some node needs an uncached expert, or whose cost is a host-regime profile.
+
+    Parameters
+    ----------
+    instance : Instance
+    lam : float, optional
+        λ in tokens per ms: maximise ``A - λT``; default: maximise ``A / T`` (SPECFIT.md §3).
+
+    Returns
+    -------
+    list of int
+        Sorted node ids of the best prefix of :func:`path_prob_order`, root included; the scan stops at
+        the first prefix that breaks a budget.
+    """
     order = path_prob_order(instance)
     cov = GrowingSelection(instance)
     best, best_len = cov.value(lam), 1
