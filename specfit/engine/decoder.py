@@ -433,6 +433,7 @@ class SpecDecoder:
         self._untimed_s = 0.0  # this cycle's CPU s of head and reference forwards (not host work)
         self._drafted = None  # this cycle's whole drafted tree (_Drafted)
         self._level_host_ms = 0.0  # this cycle's host CPU ms in its draft levels
+        self._selected_depth = 0  # this cycle's deepest verified node (0: the root alone)
         self._unobserved: list = []  # committed (tokens, routing) the predictor has not observed yet
 
     #: Per solve, for selectors that take a time limit: only a branch and bound can be slow (the exact
@@ -524,7 +525,7 @@ class SpecDecoder:
         selection = None
         self._reference_verified = False  # oracle: did the reference already verify this cycle's tree?
         self._cache, self._root_new, self._root, self._untimed_s = None, None, None, 0.0
-        self._drafted = None
+        self._drafted, self._selected_depth = None, 0
         c0 = time.thread_time()
         if m.drafts and drafter_ready:
             tree, selection, items = self._draft_and_select(root, None, rec)
@@ -557,6 +558,7 @@ class SpecDecoder:
             c0 = time.thread_time()  # host work of the cycle (host_cpu_ms), like the drafting's
             # in the whole drafted tree's ids (pruned nodes too: they were drafted, only not priced)
             full = drafted.full_ids[np.asarray(keep)]
+            self._selected_depth = int(drafted.depth[full].max())
             if self.temperature == 0:  # every drafted child of an accepted node is a trial, verified or not
                 n = drafted.n
                 old, ok = greedy_trials(drafted.parents[:n], drafted.tokens[:n], full[acc.path], acc.bonus_token)
@@ -619,7 +621,8 @@ class SpecDecoder:
                             selected_predicted_new=predicted, transferred=uncached,
                             draft_nodes=rec.nodes_verified - 1, committed=rec.committed,
                             cycle_ms=self.cost.cycle_ms(rec.nodes_verified, *counts)
-                            + rec.levels * (self.cost.draft_level_ms or 0.0) + rec.host_cpu_ms, ar_ms=rec.ar_step_ms)
+                            + rec.levels * (self.cost.draft_level_ms or 0.0) + rec.host_cpu_ms, ar_ms=rec.ar_step_ms,
+                            selected_depth=self._selected_depth)
 
     @staticmethod
     def _uncached(rec: CycleRecord) -> tuple:
@@ -689,9 +692,10 @@ class SpecDecoder:
         # against R_lo <= R*: the root alone with every level paid, or a selection found so far. The oracle's
         # T(root alone) is known once the reference has routed the first level.
         prune = m.level_by_level and self.solver.exact
-        max_sunk, rate_lo, root_known = host_ms + ts.depth * level_ms, 0.0, not (m.oracle and experts_known)
+        depth = self.online.draft_depth(ts.depth) if self.online is not None else ts.depth  # warm-up cap
+        max_sunk, rate_lo, root_known = host_ms + depth * level_ms, 0.0, not (m.oracle and experts_known)
         selection = None
-        levels = self.drafter.draft_levels(root, ts.top_k, ts.depth)
+        levels = self.drafter.draft_levels(root, ts.top_k, depth)
         u_levels, untimed0 = time.thread_time(), self._untimed_s  # the levels' host work, for the online model
         while True:
             t0, u0 = time.perf_counter(), time.thread_time()
@@ -744,7 +748,7 @@ class SpecDecoder:
                 self._untimed_s += time.thread_time() - u0
                 root_ms, root_known = cost.cycle_ms(1, tree.items(cache).root_new_per_layer), True
             selection = None
-            if m.level_by_level and rec.levels < ts.depth:
+            if m.level_by_level and rec.levels < depth:
                 # The stop rule stops iff P_f <= (per_node_ms + level_ms / width) * R*. R* <= 1000 (1 + sum P) /
                 # (T(root alone) + sunk), as every subtree holds the root; solve only when even that bound lets
                 # the rule fire (rate mode needs no R*). Sunk: the cycle's host ms and the levels drafted.

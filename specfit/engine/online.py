@@ -117,6 +117,7 @@ class OnlineModel:
         self.skips = 0
         self.explore_after = self.EXPLORE_FIRST
         self.verified_draft = False  # did the last drafted cycle's selection verify a draft node?
+        self.selected_depth = None  # the deepest node the last drafted cycle's selection verified (root 0)
         self.burst_left = 0  # exploring cycles left in the current burst
         self.min_expert_ms: deque = deque(maxlen=self.GATE_WINDOW)
         self.host_ms = np.zeros(4)  # decayed sums: level host ms, levels, rest-of-cycle host ms, cycles
@@ -193,7 +194,7 @@ class OnlineModel:
 
     def observe(self, *, root_predicted_new, root_true_new, selected_predicted_new=None, transferred=None,
                 draft_nodes: int = 0, committed: int = 1, cycle_ms: float | None = None,
-                ar_ms: float | None = None) -> None:
+                ar_ms: float | None = None, selected_depth: int = 0) -> None:
         """Learn from one verified cycle.
 
         Parameters
@@ -211,6 +212,8 @@ class OnlineModel:
         cycle_ms, ar_ms : float, optional
             Drafted cycles: the cycle's time (verify of the measured counts + its draft levels + its
             measured host ms) and its counterfactual AR step's (the root alone with its true experts), ms.
+        selected_depth : int
+            Drafted cycles: the depth of the deepest verified node (0: the root alone).
         """
         d = self.DECAY
         err = np.asarray(root_true_new, dtype=np.float64) - np.asarray(root_predicted_new, dtype=np.float64)
@@ -218,7 +221,7 @@ class OnlineModel:
         self.root_weight = d * self.root_weight + 1.0
         if cycle_ms is None:
             return
-        self.verified_draft = draft_nodes > 0
+        self.verified_draft, self.selected_depth = draft_nodes > 0, int(selected_depth)
         if draft_nodes > 0:
             extra = ((np.asarray(transferred, dtype=np.float64) - np.asarray(root_true_new, dtype=np.float64))
                      - (np.asarray(selected_predicted_new, dtype=np.float64)
@@ -231,6 +234,22 @@ class OnlineModel:
         g = self.SPEEDUP_DECAY
         self.gain_ms = g * self.gain_ms + committed * float(ar_ms)
         self.spent_ms = g * self.spent_ms + float(cycle_ms)
+
+    def draft_depth(self, depth: int) -> int:
+        """Levels a drafted cycle may draft: ``depth``, capped during the warm-up (the first
+        :attr:`WARMUP` + :attr:`MIN_DRAFTED` drafted cycles) at one level past the deepest node the last
+        drafted cycle's selection verified (no cap on the first).
+
+        The warm-up drafts whatever the gate would say, to learn; a cycle learns acceptance only from
+        the children of its accepted nodes (:mod:`specfit.core.acceptance`), so levels far below what
+        the exact selection verifies teach nothing and cost their draft and host time. Where the
+        selections keep the root alone (drafting cannot pay at this cache pressure) the warm-up then
+        drafts one level per cycle instead of all; where they verify deep trees the cap grows by one
+        level per cycle. It lifts when the warm-up ends.
+        """
+        if self.drafted >= self.WARMUP + self.MIN_DRAFTED or self.selected_depth is None:
+            return depth
+        return min(depth, self.selected_depth + 1)
 
     def decide(self, sound_can_draft: Callable[[], bool] = lambda: True) -> str:
         """The AR gate's decision for this cycle (module docstring).

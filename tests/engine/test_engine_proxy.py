@@ -88,3 +88,22 @@ def test_dropping_unselectable_nodes_changes_no_selection(proxy, monkeypatch):
         np.testing.assert_allclose([c.expected_tokens for c in a.cycles], [c.expected_tokens for c in b.cycles])
     np.testing.assert_array_equal(cal.trials, cal_full.trials)
     np.testing.assert_array_equal(cal.accepted, cal_full.accepted)
+
+
+def test_warmup_cycles_draft_one_level_past_the_last_selection(proxy):
+    """The decoder tells the online model how deep each drafted cycle's selection verified, and drafts
+    no deeper than the warm-up cap (:meth:`OnlineModel.draft_depth`): with every expert resident the
+    selections verify deep trees and the cap grows to the full depth."""
+    targets, drafter, prompts = proxy
+    spec = targets["all"].spec
+    cost = get_profile("qwen3-30b-a3b-pcie4").for_layers(len(spec.moe_layers))
+    dec = SpecDecoder(targets["all"], drafter, "specfit", tree=TreeSettings(32, 6, 4), cost=cost,
+                      predictor=get_predictor("recency", num_layers=len(spec.moe_layers),
+                                              num_experts=spec.num_experts, top_k=spec.top_k))
+    caps = []
+    cap = dec.online.draft_depth
+    dec.online.draft_depth = lambda depth: caps.append(cap(depth)) or caps[-1]
+    cycles = [c for p in prompts[:2] for c in dec.generate(p, NEW_TOKENS).cycles if c.levels]
+    assert len(caps) == len(cycles) and all(c.levels <= k for c, k in zip(cycles, caps))
+    assert caps[0] == 6 and 1 < max(caps[1:dec.online.WARMUP]) <= 6  # uncapped, then past deep selections
+    assert dec.online.selected_depth >= 1

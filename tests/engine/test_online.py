@@ -196,3 +196,23 @@ def test_explorations_that_verify_the_root_alone_back_off_near_break_even():
     assert on.verified_draft and on.speedup >= on.EXPLORE_MARGIN
     on.skips = on.explore_after  # the next decision explores
     assert on.decide() == "explore" and on.explore_after == on.EXPLORE_FIRST * on.EXPLORE_BURST
+
+
+def test_warmup_drafts_one_level_past_the_last_selection():
+    """During the warm-up a drafted cycle drafts at most one level deeper than the last drafted cycle's
+    selection verified (all levels on the first); after it, every level."""
+    on = OnlineModel(depth=6)
+    assert on.draft_depth(6) == 6  # nothing selected yet
+    kw = dict(root_predicted_new=[0, 0], root_true_new=[0, 0], selected_predicted_new=[0, 0],
+              transferred=[0, 0], cycle_ms=20.0, ar_ms=10.0)
+    on.observe(draft_nodes=0, committed=1, selected_depth=0, **kw)  # the root alone
+    assert on.draft_depth(6) == 1
+    on.observe(draft_nodes=3, committed=3, selected_depth=3, **kw)
+    assert on.draft_depth(6) == 4 and on.draft_depth(2) == 2
+    on.observe(draft_nodes=6, committed=4, selected_depth=6, **kw)
+    assert on.draft_depth(6) == 6
+    on.observe(draft_nodes=0, committed=1, selected_depth=0, **kw)
+    while on.drafted < on.WARMUP + on.MIN_DRAFTED:
+        assert on.draft_depth(6) == 1
+        on.observe(draft_nodes=0, committed=1, selected_depth=0, **kw)
+    assert on.draft_depth(6) == 6  # the warm-up is over
