@@ -601,8 +601,7 @@ class SpecDecoder:
 
     def _learn(self, rec: CycleRecord, cache: np.ndarray, routing: np.ndarray) -> None:
         """Teach the online model this cycle's outcome: the root's true against predicted uncached
-        experts, and for a drafted cycle its time (verify of the measured counts, its draft levels,
-        and its host CPU ms measured so far) against its counterfactual AR step
+        experts, and for a drafted cycle its time (:meth:`_drafted_cycle_ms`) against its counterfactual AR step
         (:meth:`OnlineModel.observe`)."""
         layer = np.arange(cache.shape[0])[:, None]
         root_true = (~cache[layer, routing[0]]).sum(axis=1)  # (L,) the root's true uncached experts
@@ -620,9 +619,17 @@ class SpecDecoder:
         self.online.observe(root_predicted_new=self._root_new, root_true_new=root_true,
                             selected_predicted_new=predicted, transferred=uncached,
                             draft_nodes=rec.nodes_verified - 1, committed=rec.committed,
-                            cycle_ms=self.cost.cycle_ms(rec.nodes_verified, *counts)
-                            + rec.levels * (self.cost.draft_level_ms or 0.0) + rec.host_cpu_ms, ar_ms=rec.ar_step_ms,
+                            cycle_ms=self._drafted_cycle_ms(rec, counts), ar_ms=rec.ar_step_ms,
                             selected_depth=self._selected_depth)
+
+    def _drafted_cycle_ms(self, rec: CycleRecord, counts: tuple) -> float:
+        """T_d of a drafted cycle for Ŝ, ms: its verify priced on the measured ``counts``, its draft
+        levels at :meth:`_level_ms` and :meth:`OnlineModel.host_cycle_ms`: the host ms the selection
+        charges, decayed means that already hold this cycle's measurement. This cycle's raw CPU time
+        alone made the gate chaotic at break-even (the same run drafted 49% to 77% of its cycles; see
+        docs/SPECFIT.md §3)."""
+        verify = self.cost.cycle_ms(rec.nodes_verified, *counts)
+        return verify + rec.levels * self._level_ms() + self.online.host_cycle_ms()
 
     @staticmethod
     def _uncached(rec: CycleRecord) -> tuple:

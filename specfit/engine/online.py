@@ -23,7 +23,10 @@ Three things the cycle's objective needs and no datasheet gives (issue 9, SPECFI
   ``T_AR = fixed_ms + per_node_ms + Σ_l w_l |true root experts \\ C|_l`` is known exactly after the
   fact (in the host regime the host-regime profile prices the root's experts and rows instead).
   ``T_d``, the drafted cycle's time, is its verify priced on the measured counts, its draft
-  levels and the host CPU time it measured (predictor, tree, solver). Drafting pays when the cycle's
+  levels and its host CPU time (predictor, tree, solver) as the selection charges it: the decayed
+  means of the measured host ms per level and per cycle (:meth:`OnlineModel.host_level_ms`,
+  :meth:`OnlineModel.host_cycle_ms`; one cycle's own CPU time is noisy, and at break-even the noise
+  alone flipped the gate between runs). Drafting pays when the cycle's
   τ tokens took less than τ AR steps would have:
 
       Ŝ = Σ_d τ_d T_AR,d / Σ_d T_d        (decayed sums over drafted cycles d)
@@ -211,7 +214,7 @@ class OnlineModel:
             τ of the cycle (accepted draft tokens + bonus).
         cycle_ms, ar_ms : float, optional
             Drafted cycles: the cycle's time (verify of the measured counts + its draft levels + its
-            measured host ms) and its counterfactual AR step's (the root alone with its true experts), ms.
+            host ms, module docstring) and its counterfactual AR step's (the root alone with its true experts), ms.
         selected_depth : int
             Drafted cycles: the depth of the deepest verified node (0: the root alone).
         """
