@@ -107,17 +107,17 @@ def _user_jsonl(path: Path) -> list[Prompt]:
     out, seen = [], set()
     for i, r in _read_jsonl(path, "datasets"):
         if not isinstance(r, dict):
-            raise SpecFitInputError("prompt", f"{path} line {i} must be a JSON object with a 'prompt' string")
+            raise SpecFitInputError("datasets", f"{path} line {i} must be a JSON object with a 'prompt' string")
         if not isinstance(r.get("prompt"), str) or not r["prompt"]:
-            raise SpecFitInputError("prompt", f"{path} line {i} needs a non-empty 'prompt' string")
+            raise SpecFitInputError("datasets", f"{path} line {i} needs a non-empty 'prompt' string")
         pid = r.get("id", i)
         if isinstance(pid, bool) or not isinstance(pid, (str, int)):
-            raise SpecFitInputError("id", f"{path} line {i}: 'id' must be a string or an integer")
+            raise SpecFitInputError("datasets", f"{path} line {i}: 'id' must be a string or an integer")
         if str(pid) in seen:
-            raise SpecFitInputError("id", f"{path} line {i}: id {pid!r} appears twice")
+            raise SpecFitInputError("datasets", f"{path} line {i}: 'id' {pid!r} appears twice")
         ref = r.get("reference")
         if ref is not None and not isinstance(ref, str):
-            raise SpecFitInputError("reference", f"{path} line {i}: 'reference' must be a string")
+            raise SpecFitInputError("datasets", f"{path} line {i}: 'reference' must be a string")
         seen.add(str(pid))
         out.append(Prompt(str(pid), path.stem, "none", r["prompt"], ref))
     if not out:

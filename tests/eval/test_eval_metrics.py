@@ -183,21 +183,24 @@ def test_shipped_datasets_and_templates():
     assert all(not p.article.startswith("Summarize:") for p in sb if p.task == "cnndm")
 
 
-@pytest.mark.parametrize("content, field", [
-    ('{"id": 1}\n', "prompt"),
-    ('["a list"]\n', "prompt"),
-    ('{"prompt": ""}\n', "prompt"),
-    ('{"prompt": "a", "id": 1}\n{"prompt": "b", "id": 1}\n', "id"),
-    ('{"prompt": "a", "reference": 3}\n', "reference"),
-    ('{"prompt": "a"\n', "datasets"),
-    ('\n', "datasets"),
+@pytest.mark.parametrize("content, rule", [
+    ('{"id": 1}\n', "line 1 needs a non-empty 'prompt'"),
+    ('["a list"]\n', "line 1 must be a JSON object with a 'prompt'"),
+    ('{"prompt": ""}\n', "line 1 needs a non-empty 'prompt'"),
+    ('{"prompt": "a", "id": [1]}\n', "line 1: 'id' must be a string or an integer"),
+    ('{"prompt": "a", "id": 1}\n{"prompt": "b", "id": 1}\n', "line 2: 'id' 1 appears twice"),
+    ('{"prompt": "a", "reference": 3}\n', "line 1: 'reference' must be a string"),
+    ('{"prompt": "a"\n', "line 1"),
+    ('\n', "holds no prompts"),
 ])
-def test_user_jsonl_validation(tmp_path, content, field):
+def test_user_jsonl_validation(tmp_path, content, rule):
+    """A bad prompt file is the ``datasets`` field's error (--dataset on the command line); the rule
+    names the line and the JSON key."""
     path = tmp_path / "p.jsonl"
     path.write_text(content)
     with pytest.raises(SpecFitInputError) as exc:
         load_prompts(str(path))
-    assert exc.value.field == field
+    assert exc.value.field == "datasets" and rule in exc.value.rule
 
 
 def test_unknown_dataset_and_bad_limit():
