@@ -147,14 +147,19 @@ class AcceptanceCalibrator:
         nb = int(par.max()) + 1
         rank = _sibling_rank(par, q, nb)
         cell = self._cell(q, depth, rank)
-        c = np.minimum(self._alpha[cell] * q + self._beta[cell], 1.0)
-        # per parent: its most likely children's conditionals (column 0) and the others' (column 1)
-        sums = np.bincount(2 * par + rank, weights=c, minlength=2 * nb).reshape(nb, 2)
-        if sums.sum(axis=1).max(initial=0.0) > 1.0:  # else nothing to cap
-            top_scale = np.minimum(1.0, 1.0 / np.maximum(sums[:, 0], 1e-300))  # tied most likely children share 1
-            left = 1.0 - sums[:, 0] * top_scale
-            scale = np.stack([top_scale, np.minimum(1.0, left / np.maximum(sums[:, 1], 1e-300))], axis=1)
-            c = c * scale[par, rank]
+        c = self._alpha[cell] * q
+        c += self._beta[cell]
+        np.minimum(c, 1.0, out=c)
+        # per parent p: its most likely children's conditionals summed at 2p, the others' at 2p + 1
+        key = 2 * par + rank
+        sums = np.bincount(key, weights=c, minlength=2 * nb)
+        top, rest = sums[0::2], sums[1::2]
+        if (top + rest).max() > 1.0:  # else nothing to cap
+            scale = np.empty(2 * nb)
+            top_scale = scale[0::2]
+            np.minimum(1.0, 1.0 / np.maximum(top, 1e-300), out=top_scale)  # tied most likely children share 1
+            np.minimum(1.0, (1.0 - top * top_scale) / np.maximum(rest, 1e-300), out=scale[1::2])
+            c *= scale[key]
         return np.asarray(parent_cal)[par] * c, rank
 
     def max_conditional(self, depth: int) -> float:
@@ -194,12 +199,13 @@ def sibling_rank(parents, q) -> np.ndarray:
     parents : array-like of int, shape (m,)
         One draft level's parents (all children of a node are drafted in the same level).
     q : array-like of float, shape (m,)
+        Their conditional draft probabilities (clipped to [0, 1]).
 
     Returns
     -------
     numpy.ndarray of int64, shape (m,), values in {0, 1}
     """
-    par, q = np.asarray(parents, dtype=np.int64), np.asarray(q, dtype=np.float64)
+    par, q = np.asarray(parents, dtype=np.int64), _unit(q)
     if not q.size:
         return np.zeros(0, dtype=np.int64)
     return _sibling_rank(par, q, int(par.max()) + 1)
@@ -207,7 +213,7 @@ def sibling_rank(parents, q) -> np.ndarray:
 
 def _sibling_rank(par: np.ndarray, q: np.ndarray, nb: int) -> np.ndarray:
     """:func:`sibling_rank` of a non-empty level whose parents are ``< nb``."""
-    best = np.full(nb, -np.inf)
+    best = np.zeros(nb)  # q in [0, 1] or NaN (which propagates): as an initial -inf would
     np.maximum.at(best, par, q)
     return (q < best[par]).astype(np.int64)
 

@@ -718,7 +718,7 @@ class SpecDecoder:
             # EAGLE's float32 products can differ from the parent's by an ulp; keep P non-increasing
             up = d.raw[parents]
             raw = np.minimum(level.path_prob.double().cpu().numpy(), up)
-            if not ((raw >= 0.0) & (raw <= 1.0)).all():  # NaN fails both; the drafter's contract
+            if raw.size and not (raw.min() >= 0.0 and raw.max() <= 1.0):  # NaN fails both; the drafter's contract
                 raise SpecFitInputError("path_prob", "the drafter's path probabilities must lie in [0, 1]")
             q = raw / np.maximum(up, 1e-300)  # conditional draft probabilities (raw <= up: 0 where up is 0)
             pp, rank = raw, None
