@@ -158,14 +158,14 @@ def _resolve_dirs(config: EvalConfig, drafts: bool) -> tuple[Path, Path | None]:
     target = Path(config.model) if config.model else shipped["target"]
     if not (target / "config.json").is_file():
         raise SpecFitInputError("model", f"no Qwen3-MoE checkpoint (config.json) in {target}")
-    if not drafts:
+    if not drafts and config.draft is None:
         return target.resolve(), None
     draft = head_dir(config.draft)  # a directory, or a shipped head by name (lite = default, strong)
-    if not (draft / "config.json").is_file():
+    if not (draft / "config.json").is_file():  # checked when given, even if no method drafts
         hint = ("; the shipped heads are built by `python -m specfit.models.proxy.train --head --head-lite`"
                 if config.draft in (None, "lite", "strong") else "; or name a shipped head: lite (default), strong")
         raise SpecFitInputError("draft", f"no EAGLE-3 head (config.json) in {draft}{hint}")
-    return target.resolve(), draft.resolve()
+    return target.resolve(), draft.resolve() if drafts else None
 
 
 @dataclass
@@ -440,7 +440,10 @@ def _run(p: Plan, progress: bool) -> dict:
     spec = models.target.spec
     num_layers = len(spec.moe_layers)
     out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SpecFitInputError("out", f"cannot create the folder {out}: {exc.strerror or exc}") from None
     cfg_path = out / "config.json"
     old = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
     identity = {**p.identity, **{k: p.identity[k] or old.get(k) for k in _OPTIONAL_PARTS}}

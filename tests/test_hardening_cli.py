@@ -248,3 +248,14 @@ def test_solve_error_shows_plain_numbers(tmp_path, capsys):
 def test_an_unknown_draft_head_names_the_shipped_ones(tmp_path, capsys):
     one_line_error(capsys, ["eval", "--draft", str(tmp_path / "nosuch"), "--limit", "1", "--out", str(tmp_path / "out")],
                    "--draft: no EAGLE-3 head (config.json) in", "name a shipped head: lite (default), strong")
+    # refused even when no method drafts (it was silently ignored: the summary named head `None`)
+    one_line_error(capsys, ["eval", "--draft", str(tmp_path / "nosuch"), "--methods", "ar", "--limit", "1",
+                            "--out", str(tmp_path / "out")], "--draft: no EAGLE-3 head (config.json) in")
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_out_folder_that_cannot_be_created_is_out_s_error(tmp_path, capsys):
+    blocker = tmp_path / "afile"
+    blocker.write_text("")
+    one_line_error(capsys, ["eval", "--methods", "ar", "--limit", "1", "--no-progress", "--out", str(blocker / "sub")],
+                   "--out: cannot create the folder", str(blocker / "sub"))
