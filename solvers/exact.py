@@ -53,7 +53,7 @@ from specfit.core.coverage import Coverage, at_least_twice, coverage
 from specfit.core.instance import Instance
 from specfit.solvers.base import Solver
 from specfit.solvers.exact_host import select_host
-from specfit.solvers.greedy import linear_prefix, scan_prefix
+from specfit.solvers.greedy import _scan_prefix, linear_prefix
 
 _INF = float("inf")
 
@@ -336,7 +336,7 @@ class ExactSolver(Solver):
                 status = "feasible"
             return nodes
 
-        start = scan_prefix(instance)  # a cheap feasible starting point for Dinkelbach (best_prefix; the union is known non-empty)
+        start = _scan_prefix(instance)  # a cheap feasible starting point for Dinkelbach (best_prefix; the union is known non-empty)
         if rate is not None:
             return best_for(rate / 1000.0, start), status
         nodes = start

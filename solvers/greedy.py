@@ -53,25 +53,12 @@ def best_prefix(instance: Instance, lam: float | None = None) -> list[int]:
     """
     if instance.cost.regime != "host" and not instance.items.union(range(instance.n)):
         return linear_prefix(instance, lam)
-    return scan_prefix(instance, lam)
+    return _scan_prefix(instance, lam)
 
 
-def scan_prefix(instance: Instance, lam: float | None = None) -> list[int]:
-    """:func:`best_prefix` by the node-by-node scan, without its check for the closed form: for callers
-    that know some node needs an uncached expert, or whose cost is a host-regime profile.
-
-    Parameters
-    ----------
-    instance : Instance
-    lam : float, optional
-        λ in tokens per ms: maximise ``A - λT``; default: maximise ``A / T`` (SPECFIT.md §3).
-
-    Returns
-    -------
-    list of int
-        Sorted node ids of the best prefix of :func:`path_prob_order`, root included; the scan stops at
-        the first prefix that breaks a budget.
-    """
+def _scan_prefix(instance: Instance, lam: float | None = None) -> list[int]:
+    """:func:`best_prefix` by the node-by-node scan, without its check for the closed form (for callers
+    that know some node needs an uncached expert, or whose cost is a host-regime profile)."""
     order = path_prob_order(instance)
     cov = GrowingSelection(instance)
     best, best_len = cov.value(lam), 1

@@ -248,7 +248,17 @@ class OnlineModel:
         the exact selection verifies teach nothing and cost their draft and host time. Where the
         selections keep the root alone (drafting cannot pay at this cache pressure) the warm-up then
         drafts one level per cycle instead of all; where they verify deep trees the cap grows by one
-        level per cycle. It lifts when the warm-up ends.
+        level per cycle. It lifts when the warm-up ends (docs/SPECFIT.md §3, "Measured utility").
+
+        Parameters
+        ----------
+        depth : int
+            The tree settings' draft depth (levels), >= 1.
+
+        Returns
+        -------
+        int
+            Levels to draft this cycle, in [1, depth].
         """
         if self.drafted >= self.WARMUP + self.MIN_DRAFTED or self.selected_depth is None:
             return depth
