@@ -76,12 +76,20 @@ class AcceptanceCalibrator:
         self.max_depth, self.prior_strength, self.edges = int(max_depth), float(prior_strength), e
         self.trials = np.zeros((self.max_depth, self.rank_classes, e.size + 1))
         self.accepted = np.zeros((self.max_depth, self.rank_classes, e.size + 1))
+        #: Per depth (index 0: depth 1): calibrated path probabilities of the verified nodes, summed over
+        #: verifies, and how many of those verifies accepted a node at that depth (:meth:`observe_paths`).
+        self.path_predicted = np.zeros(self.max_depth + 1)
+        self.path_accepted = np.zeros(self.max_depth + 1)
+        self.path_factor = np.ones(self.max_depth + 1)  # index d: depth d (index 0, the root: 1)
         self.refresh()
 
     def _cell(self, q: np.ndarray, depth: np.ndarray, rank) -> np.ndarray:
         """Flat index of each node's (depth, rank class, q bin) cell in :attr:`trials` (q clipped; rank
         classes past the last, and every rank with one class, count as the last)."""
-        d = np.minimum(np.maximum(np.asarray(depth, dtype=np.int64), 1), self.max_depth)
+        if isinstance(depth, (int, np.integer)):  # one level's depth: plain int arithmetic
+            d = min(max(int(depth), 1), self.max_depth)
+        else:
+            d = np.minimum(np.maximum(np.asarray(depth, dtype=np.int64), 1), self.max_depth)
         k = self.rank_classes
         r = 0 if rank is None or k == 1 else np.minimum(np.maximum(np.asarray(rank, dtype=np.int64), 0), k - 1)
         return (d * k + (r - k)) * self.trials.shape[2] + np.searchsorted(self.edges, q, side="left")
@@ -145,22 +153,156 @@ class AcceptanceCalibrator:
         if not q.size:
             return np.zeros(0), np.zeros(0, dtype=np.int64)
         nb = int(par.max()) + 1
-        rank = _sibling_rank(par, q, nb)
+        p_hat, rank = self._level(np.asarray(parent_cal), par, q, depth, nb)
+        return p_hat, _sibling_rank(par, q, nb) if rank is None else rank
+
+    def _level(self, parent_cal: np.ndarray, par: np.ndarray, q: np.ndarray, depth, nb: int):
+        """:meth:`level` of a non-empty level with q in [0, 1] and parents ``< nb``; the rank classes
+        only where they were needed (two rank classes, or a cap), else None."""
+        rank = _sibling_rank(par, q, nb) if self.rank_classes == 2 else None
         cell = self._cell(q, depth, rank)
         c = self._alpha[cell] * q
         c += self._beta[cell]
         np.minimum(c, 1.0, out=c)
-        # per parent p: its most likely children's conditionals summed at 2p, the others' at 2p + 1
-        key = 2 * par + rank
-        sums = np.bincount(key, weights=c, minlength=2 * nb)
-        top, rest = sums[0::2], sums[1::2]
-        if (top + rest).max() > 1.0:  # else nothing to cap
+        if np.bincount(par, weights=c, minlength=nb).max() > 1.0:  # else nothing to cap
+            if rank is None:
+                rank = _sibling_rank(par, q, nb)
+            # per parent p: its most likely children's conditionals summed at 2p, the others' at 2p + 1
+            key = 2 * par + rank
+            sums = np.bincount(key, weights=c, minlength=2 * nb)
+            top, rest = sums[0::2], sums[1::2]
             scale = np.empty(2 * nb)
             top_scale = scale[0::2]
             np.minimum(1.0, 1.0 / np.maximum(top, 1e-300), out=top_scale)  # tied most likely children share 1
             np.minimum(1.0, (1.0 - top * top_scale) / np.maximum(rest, 1e-300), out=scale[1::2])
             c *= scale[key]
-        return np.asarray(parent_cal)[par] * c, rank
+        c *= parent_cal[par]
+        return c, rank
+
+    def level_probs(self, parent_cal: np.ndarray, parent_pp: np.ndarray, parents: np.ndarray, q: np.ndarray,
+                    depth) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """:meth:`level` and :meth:`path_prob` of one draft level in one call, for the engine's own arrays.
+
+        Parameters
+        ----------
+        parent_cal, parent_pp : numpy.ndarray of float64, shape (n,)
+            The tree's calibrated (``P̂``) and corrected path probabilities so far.
+        parents : numpy.ndarray of int64, shape (m,), m >= 1
+            The level's parents, ids ``< n``.
+        q : numpy.ndarray of float64, shape (m,)
+            Their conditional draft probabilities, already in [0, 1] (not checked).
+        depth : int or numpy.ndarray of int64, shape (m,)
+            The nodes' depths (>= 1): an int where they share one (a level drafted level by level).
+
+        Returns
+        -------
+        p_hat, pp : numpy.ndarray of float64, shape (m,)
+            As :meth:`level` and :meth:`path_prob` return them.
+        rank : numpy.ndarray of int64, shape (m,), or None
+            The sibling-rank classes where they were computed (two rank classes, or a cap); None where
+            every node's class is irrelevant (one rank class, no cap).
+        """
+        nb = int(parents.max()) + 1
+        p_hat, rank = self._level(parent_cal, parents, q, depth, nb)
+        factor = self.path_factor[np.minimum(depth, self.max_depth)]
+        return p_hat, self._path_prob(parent_pp, parents, p_hat, factor, nb), rank
+
+    def path_prob(self, parent_pp, parents, cal, depth) -> np.ndarray:
+        """One level's path probabilities with the per-depth path correction: ``f_d * P̂_v``, each
+        parent's children scaled to sum to at most the parent's (at most one child is accepted).
+
+        ``P̂`` multiplies conditionals learned per cell; a verify's acceptances at successive depths
+        are positively correlated (an easy stretch of text is easy at every depth), so the product
+        under-counts (issue 9, measured on the proxy: 13-43% per depth with the strong head). Over
+        the verified nodes at depth d, ``E[Σ 1{v accepted}] = Pr[τ - 1 >= d]``; the correction
+
+            f_d = (A_d + s) / (P_d + s)
+
+        is the ratio of the verifies that accepted a node at depth d (``A_d``) to the verified nodes'
+        summed ``P̂`` at that depth (``P_d``), shrunk to 1 by ``s`` pseudo-verifies (:meth:`observe_paths`).
+
+        Parameters
+        ----------
+        parent_pp : numpy.ndarray of float64, shape (n,)
+            Corrected path probabilities of the nodes already in the tree (the root's is 1).
+        parents : array-like of int, shape (m,)
+            The level's parents (ids into ``parent_pp``).
+        cal : numpy.ndarray of float64, shape (m,)
+            The level's calibrated path probabilities ``P̂`` (:meth:`level`).
+        depth : array-like of int, shape (m,)
+            Their depths (>= 1).
+
+        Returns
+        -------
+        numpy.ndarray of float64, shape (m,)
+            Non-increasing along every path, each parent's children summing to at most it.
+        """
+        par = np.asarray(parents, dtype=np.int64)
+        if not par.size:
+            return np.zeros(0)
+        factor = self.path_factor[np.minimum(np.asarray(depth, dtype=np.int64), self.max_depth)]
+        return self._path_prob(np.asarray(parent_pp, dtype=np.float64), par, np.asarray(cal, dtype=np.float64),
+                               factor, int(par.max()) + 1)
+
+    @staticmethod
+    def _path_prob(parent_pp: np.ndarray, par: np.ndarray, cal: np.ndarray, factor, nb: int) -> np.ndarray:
+        """:meth:`path_prob` of a non-empty level with parents ``< nb`` and ``factor`` each node's ``f_d``."""
+        pp = cal * factor
+        top = parent_pp[:nb]
+        sums = np.bincount(par, weights=pp, minlength=nb)
+        if (sums > top).any():
+            pp *= np.minimum(1.0, top / np.maximum(sums, 1e-300))[par]
+        return pp
+
+    def observe_paths(self, cal, depth, accepted: int) -> None:
+        """Record one verify for the path correction (:meth:`path_prob`).
+
+        Parameters
+        ----------
+        cal : array-like of float, shape (m,)
+            Calibrated path probabilities ``P̂`` (:meth:`level`) of the verified draft nodes.
+        depth : array-like of int, shape (m,)
+            Their depths (>= 1).
+        accepted : int
+            Draft nodes accepted (τ - 1): depths 1..accepted held an accepted node.
+        """
+        d = np.minimum(np.asarray(depth, dtype=np.int64), self.max_depth)
+        if not d.size:
+            return
+        self.path_predicted += np.bincount(d, weights=np.asarray(cal, dtype=np.float64), minlength=self.max_depth + 1)
+        self.path_accepted[1: min(int(accepted), self.max_depth) + 1] += 1.0
+        if accepted > self.max_depth:  # deeper depths share the last one's counts, as the cells do
+            self.path_accepted[self.max_depth] += accepted - self.max_depth
+        s = self.prior_strength
+        self.path_factor = (self.path_accepted + s) / (self.path_predicted + s)
+        self.path_factor[0] = 1.0
+
+    def mass_bound(self, widths) -> list[float]:
+        """Upper bounds on the summed path probabilities of each depth of a draft tree built by
+        :meth:`level_probs` (or :meth:`level` then :meth:`path_prob`) from the root (P = 1):
+
+            a_j = min(a_{j-1}, f_j w_j u_j),   a_0 = 1
+
+        with ``u_j`` the product of :meth:`max_conditional` over depths 1..j (no ``P̂`` at depth j
+        exceeds it), ``f_j`` the depth's path correction and ``w_j`` the most nodes at depth j;
+        ``a_{j-1}`` because one node's children's path probabilities sum to at most the node's.
+
+        Parameters
+        ----------
+        widths : sequence of int
+            ``w_1, w_2, ...``: the most nodes the drafter adds at each depth.
+
+        Returns
+        -------
+        list of float
+            ``a_1, a_2, ...``, non-increasing, in [0, 1].
+        """
+        mass, a, u = [], 1.0, 1.0
+        for j, w in enumerate(widths, start=1):
+            u *= self.max_conditional(j)
+            a = min(a, w * u * float(self.path_factor[min(j, self.max_depth)]))
+            mass.append(a)
+        return mass
 
     def max_conditional(self, depth: int) -> float:
         """The largest calibrated conditional acceptance any node at ``depth`` can get (q in [0, 1])."""

@@ -209,7 +209,9 @@ class _Drafted:
 
     Attributes: ``n`` the nodes drafted (root included); ``parents``, ``tokens``, ``depth`` int64;
     ``raw`` the head's path probabilities; ``q`` its conditional ones, P_v / P_parent (1 for the root);
-    ``cal`` the objective's (calibrated) path probabilities; ``tree_ids`` each node's id in the priced
+    ``cal`` the calibrated path probabilities P̂ (the product of calibrated conditionals); ``pp`` the
+    objective's (for a calibrated method P̂ with the per-depth path correction,
+    :meth:`~specfit.core.acceptance.AcceptanceCalibrator.path_prob`); ``tree_ids`` each node's id in the priced
     tree or -1; ``rank`` each node's sibling-rank class (:func:`specfit.core.acceptance.sibling_rank`:
     0 for its parent's most likely child; 0 for the root): buffers whose first ``n`` entries hold the
     nodes (one allocation per cycle, grown when a level overflows them); ``full_ids`` (tree size,) each
@@ -222,12 +224,13 @@ class _Drafted:
     raw: np.ndarray
     q: np.ndarray
     cal: np.ndarray
+    pp: np.ndarray
     tree_ids: np.ndarray
     full_ids: np.ndarray
     rank: np.ndarray
     n: int = 1
 
-    _BUFFERS = ("parents", "tokens", "depth", "raw", "q", "cal", "tree_ids", "rank")
+    _BUFFERS = ("parents", "tokens", "depth", "raw", "q", "cal", "pp", "tree_ids", "rank")
 
     @classmethod
     def of_root(cls, root: int, capacity: int = 1) -> "_Drafted":
@@ -236,10 +239,11 @@ class _Drafted:
         ints = [np.zeros(c, dtype=np.int64) for _ in range(5)]
         parents, tokens, depth, tree_ids, rank = ints
         parents[0], tokens[0] = -1, root
-        return cls(parents, tokens, depth, np.ones(c), np.ones(c), np.ones(c), tree_ids, np.zeros(1, dtype=np.int64), rank)
+        return cls(parents, tokens, depth, np.ones(c), np.ones(c), np.ones(c), np.ones(c), tree_ids,
+                   np.zeros(1, dtype=np.int64), rank)
 
     def add(self, parents: np.ndarray, tokens: np.ndarray, raw: np.ndarray, q: np.ndarray, cal: np.ndarray,
-            rank: np.ndarray, keep: np.ndarray, first_tree_id: int) -> None:
+            pp: np.ndarray, rank: np.ndarray, keep: np.ndarray, first_tree_id: int) -> None:
         """Append one drafted level (m,); the nodes where ``keep`` is True became priced nodes
         ``first_tree_id, first_tree_id + 1, ...`` in order."""
         n, m = self.n, len(parents)
@@ -252,7 +256,7 @@ class _Drafted:
         end = n + m
         self.depth[n:end] = self.depth[parents] + 1
         self.parents[n:end], self.tokens[n:end], self.rank[n:end] = parents, tokens, rank
-        self.raw[n:end], self.q[n:end], self.cal[n:end] = raw, q, cal
+        self.raw[n:end], self.q[n:end], self.cal[n:end], self.pp[n:end] = raw, q, cal, pp
         self.tree_ids[n:end] = -1
         self.tree_ids[n + kept] = np.arange(first_tree_id, first_tree_id + kept.size)
         self.n = end
@@ -566,6 +570,7 @@ class SpecDecoder:
                 nodes, ok = verify_trials(sub_parents, acc.path)
                 old = full[nodes]
             self.acceptance.update(drafted.q[old], drafted.depth[old], ok, drafted.rank[old])
+            self.acceptance.observe_paths(drafted.cal[full[1:]], drafted.depth[full[1:]], acc.accepted)
             rec.host_cpu_ms += (time.thread_time() - c0) * 1e3
         if self.reference is not None:
             if self._reference_verified:  # it verified the whole drafted tree: commit in its node ids
@@ -703,6 +708,7 @@ class SpecDecoder:
         max_sunk, rate_lo, root_known = host_ms + depth * level_ms, 0.0, not (m.oracle and experts_known)
         selection = None
         levels = self.drafter.draft_levels(root, ts.top_k, depth)
+        uniform, last_level = True, 0  # every level so far one depth; the first id of the level drafted last
         u_levels, untimed0 = time.thread_time(), self._untimed_s  # the levels' host work, for the online model
         while True:
             t0, u0 = time.perf_counter(), time.thread_time()
@@ -721,9 +727,14 @@ class SpecDecoder:
             if raw.size and not (raw.min() >= 0.0 and raw.max() <= 1.0):  # NaN fails both; the drafter's contract
                 raise SpecFitInputError("path_prob", "the drafter's path probabilities must lie in [0, 1]")
             q = raw / np.maximum(up, 1e-300)  # conditional draft probabilities (raw <= up: 0 where up is 0)
-            pp, rank = raw, None
-            if cal is not None:  # calibrated conditional acceptance, multiplied along the path
-                pp, rank = cal.level(d.cal, parents, q, d.depth[parents] + 1)
+            pp = p_hat = raw
+            rank = None
+            if cal is not None and parents.size:  # calibrated conditionals multiplied along the path, corrected per depth
+                # one depth (an int: cheaper cells) when every parent is in the level drafted last
+                at = rec.levels if uniform and parents.min() >= last_level else d.depth[parents] + 1
+                uniform = isinstance(at, int)
+                p_hat, pp, rank = cal.level_probs(d.cal, d.pp, parents, q, at)
+            last_level = d.n
             keep = d.tree_ids[parents] >= 0
             if prune:
                 if rate is not None:
@@ -743,7 +754,7 @@ class SpecDecoder:
                     raise SpecFitInputError("experts", f"the predictor's must have shape (m, L, k) = (m,) + "
                                             f"{tree.experts.shape[1:]}, got {experts.shape}")
                 tree._append_level(d.tree_ids[parents[kept]], pp[kept], tokens[kept], experts)  # all checked
-            d.add(parents, tokens, raw, q, pp, np.zeros(parents.size, dtype=np.int64) if rank is None else rank,
+            d.add(parents, tokens, raw, q, p_hat, pp, np.zeros(parents.size, dtype=np.int64) if rank is None else rank,
                   keep, tree.n - kept.size)
             rec.predict_ms += (time.perf_counter() - t0) * 1e3
             if not kept.size:  # every deeper node descends from a dropped one: in no optimal selection either
@@ -827,10 +838,8 @@ class SpecDecoder:
         alone) with its predicted experts, under the corrected cost) within the model
         (:func:`draft_can_beat_ar`); True before any drafted cycle.
 
-        The mass bound of depth j is ``a_j = min(a_{j-1}, w_j u_j)`` with ``u_j`` the product of the
-        largest calibrated conditional acceptance at depths 1..j and ``w_j`` the drafter's level width
-        (``top_k`` then ``top_k**2``); ``a_{j-1}`` because one node's children's calibrated conditionals
-        sum to at most 1. The expert bound is the smallest expert ms of a single draft node (beyond
+        The mass bound of depth j is :meth:`~specfit.core.acceptance.AcceptanceCalibrator.mass_bound`
+        with the drafter's level widths (``top_k`` then ``top_k**2``). The expert bound is the smallest expert ms of a single draft node (beyond
         the cache and the root) over the online model's last drafted cycles.
         """
         online = self.online
@@ -840,11 +849,7 @@ class SpecDecoder:
             return True
         tree, cost = self._root_tree(root, cache)
         ar_ms = cost.cycle_ms(1, tree.items(cache).root_new_per_layer)
-        ts, mass, a, u = self.tree, [], 1.0, 1.0
-        for j in range(1, ts.depth + 1):
-            u *= self.acceptance.max_conditional(j)
-            a = min(a, ts.level_width(j) * u)
-            mass.append(a)
+        mass = self.acceptance.mass_bound([self.tree.level_width(j) for j in range(1, self.tree.depth + 1)])
         return draft_can_beat_ar(ar_ms, mass, self._level_ms(), cost.min_node_ms, min(online.min_expert_ms))
 
     def _cheapest_node_expert_ms(self, tree: DraftTree, cache: np.ndarray) -> float:

@@ -201,3 +201,86 @@ def test_greedy_trials_count_unverified_children_of_accepted_nodes():
 def test_bad_settings_are_refused(kwargs, field):
     with pytest.raises(SpecFitInputError, match=field):
         AcceptanceCalibrator(**kwargs)
+
+
+def test_path_correction_learns_the_committed_depths():
+    """f_d = (verifies that accepted a node at depth d + s) / (summed P̂ of the verified nodes there + s)."""
+    cal = AcceptanceCalibrator(max_depth=3, prior_strength=4.0)
+    assert cal.path_factor.tolist() == [1.0, 1.0, 1.0, 1.0]
+    for _ in range(10):  # depth 1 and 2 nodes at P̂ 0.5 and 0.25; each verify accepted both
+        cal.observe_paths([0.5, 0.25], [1, 2], accepted=2)
+    assert cal.path_factor[1] == pytest.approx((10 + 4) / (5 + 4))
+    assert cal.path_factor[2] == pytest.approx((10 + 4) / (2.5 + 4))
+    assert cal.path_factor[3] == pytest.approx(1.0)  # nothing verified there
+    cal.observe_paths([0.1], [7], accepted=5)  # depths past max_depth share the last one's counts
+    assert cal.path_factor[3] == pytest.approx((3 + 4) / (0.1 + 4))
+    cal.observe_paths([], [], accepted=0)  # nothing verified: no change
+    assert cal.path_factor[3] == pytest.approx((3 + 4) / (0.1 + 4))
+
+
+def test_path_correction_keeps_a_valid_draft_tree():
+    cal = AcceptanceCalibrator(max_depth=2)
+    cal.path_factor[:] = [1.0, 1.6, 3.0]  # an under-counting product at both depths
+    parent_pp = np.array([1.0])
+    pp = cal.path_prob(parent_pp, [0, 0, 0], [0.5, 0.2, 0.1], [1, 1, 1])
+    assert pp.tolist() == pytest.approx([0.5 / 0.8 * 1.0, 0.2 / 0.8, 0.1 / 0.8])  # 1.6 * 0.8 > 1: scaled to sum 1
+    pp1 = np.array([1.0, 0.3, 0.1])
+    pp2 = cal.path_prob(pp1, [1, 2, 2], [0.05, 0.05, 0.02], [2, 2, 2])
+    # node 1's child: 3 * 0.05 <= 0.3 stays; node 2's: 0.15 + 0.06 > 0.1, scaled to sum to 0.1
+    assert pp2.tolist() == pytest.approx([0.15, 0.15 * 0.1 / 0.21, 0.06 * 0.1 / 0.21])
+    DraftTree([-1, 0, 0, 1, 2, 2], path_prob=np.concatenate([pp1, pp2]))  # non-increasing along paths
+    assert cal.path_prob(parent_pp, [], [], []).size == 0
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.data())
+def test_level_probs_equals_level_and_path_prob(data):
+    """The engine's one-call path (level_probs, q already in [0, 1], one depth as an int or per node)
+    against level + path_prob, with learned factors and caps that bind."""
+    cal = AcceptanceCalibrator(max_depth=4, rank_classes=data.draw(st.sampled_from([1, 2])))
+    m = data.draw(st.integers(0, 60))
+    cal.update(data.draw(st.lists(st.floats(0, 1), min_size=m, max_size=m)),
+               data.draw(st.lists(st.integers(1, 6), min_size=m, max_size=m)),
+               data.draw(st.lists(st.booleans(), min_size=m, max_size=m)))
+    k = data.draw(st.integers(0, 6))
+    cal.observe_paths(data.draw(st.lists(st.floats(0, 1), min_size=k, max_size=k)),
+                      data.draw(st.lists(st.integers(1, 6), min_size=k, max_size=k)), data.draw(st.integers(0, 6)))
+    n = data.draw(st.integers(1, 6))
+    parent_cal = np.asarray(data.draw(st.lists(st.floats(0, 1), min_size=n, max_size=n)))
+    parent_pp = np.asarray(data.draw(st.lists(st.floats(0, 1), min_size=n, max_size=n)))
+    m = data.draw(st.integers(1, 20))
+    par = np.asarray(data.draw(st.lists(st.integers(0, n - 1), min_size=m, max_size=m)), dtype=np.int64)
+    q = np.asarray(data.draw(st.lists(st.floats(0, 1), min_size=m, max_size=m)))
+    one = data.draw(st.booleans())
+    depth = data.draw(st.integers(1, 6)) if one else np.asarray(data.draw(st.lists(st.integers(1, 6), min_size=m, max_size=m)))
+    per_node = np.full(m, depth) if one else depth
+    p_hat, pp, rank = cal.level_probs(parent_cal, parent_pp, par, q, depth)
+    ref_hat, ref_rank = cal.level(parent_cal, par, q, per_node)
+    np.testing.assert_allclose(p_hat, ref_hat, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(pp, cal.path_prob(parent_pp, par, ref_hat, per_node), rtol=1e-12, atol=1e-15)
+    if rank is not None:
+        assert rank.tolist() == ref_rank.tolist()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_mass_bound_holds_every_tree_the_calibrator_builds(data):
+    """The AR gate's per-depth mass bound (mass_bound) against trees grown with level_probs, any q,
+    learned cells and path factors above and below 1."""
+    cal = AcceptanceCalibrator(max_depth=3)
+    m = data.draw(st.integers(0, 80))
+    cal.update(data.draw(st.lists(st.floats(0, 1), min_size=m, max_size=m)),
+               data.draw(st.lists(st.integers(1, 4), min_size=m, max_size=m)),
+               data.draw(st.lists(st.booleans(), min_size=m, max_size=m)))
+    cal.path_factor[1:] = data.draw(st.lists(st.floats(0.2, 3.0), min_size=3, max_size=3))
+    widths = [3, 9, 9, 9]
+    bound = cal.mass_bound(widths)
+    p_cal, pp, frontier = np.array([1.0]), np.array([1.0]), [0]
+    for j, w in enumerate(widths, start=1):
+        par = np.repeat(np.asarray(frontier, dtype=np.int64), 3)[:w]
+        q = np.asarray(data.draw(st.lists(st.floats(0, 1), min_size=par.size, max_size=par.size)))
+        p_hat, new, _ = cal.level_probs(p_cal, pp, par, q, j)
+        assert new.sum() <= bound[j - 1] + 1e-9
+        frontier = list(range(pp.size, pp.size + 3))  # expand three nodes of this level
+        p_cal, pp = np.concatenate([p_cal, p_hat]), np.concatenate([pp, new])
+    assert all(x >= y for x, y in zip(bound, bound[1:]))

@@ -267,6 +267,11 @@ def test_calibrated_method_learns_from_its_verifies(ckpt, ar_outputs):
     # accepted node that the selection did not verify (greedy_trials: such a child would have been accepted)
     accepted = sum(c.accepted for c in gen.cycles)
     assert accepted <= dec.acceptance.accepted.sum() <= accepted + sum(c.levels > 0 for c in gen.cycles)
+    # the per-depth path correction counts, per depth, the verifies that accepted a node there
+    cal = dec.acceptance
+    assert cal.path_accepted.sum() == sum(c.accepted for c in drafted)
+    assert cal.path_accepted[1] == sum(c.accepted >= 1 for c in drafted)
+    assert cal.path_predicted[1:].sum() > 0 and not np.allclose(cal.path_factor, 1.0)
 
 
 def test_oracle_with_every_expert_resident_keeps_its_reference_in_step(ckpt):
