@@ -22,7 +22,8 @@ COLUMNS = (("dataset", "dataset", "s"), ("slots", "cache_slots", "d"), ("cached"
            ("× ar", "speedup_vs_ar", ".2f"), ("× eagle3", "speedup_vs_eagle3", ".2f"),
            ("× best baseline", "vs_best_baseline", ".2f"), ("× oracle", "vs_oracle", ".2f"), ("τ", "tau", ".2f"),
            ("hit rate", "cache_hit_rate", ".3f"), ("experts/token", "experts_per_token", ".1f"),
-           ("AR-step share", "ar_share", ".0%"), ("host share", "host_share", ".1%"))
+           ("AR-step share", "ar_share", ".0%"), ("host share", "host_share", ".1%"),
+           ("solve + predict share", "solve_predict_share", ".1%"))
 
 
 def crossover_rows(summaries: list[tuple[int, list]], num_experts: int) -> list[dict]:
@@ -44,8 +45,9 @@ def crossover_rows(summaries: list[tuple[int, list]], num_experts: int) -> list[
         vs_best_baseline`` (modeled tokens/s over the best of :data:`BASELINES` in the same run,
         None without one), ``vs_oracle`` (over ``oracle``'s in the same run, None without),
         ``tau, cache_hit_rate, experts_per_token`` (H2D transfers per committed token), ``ar_share``
-        (cycles the AR gate took as AR steps; None for methods without the gate) and ``host_share``
-        (the host part of the modeled time).
+        (cycles the AR gate took as AR steps; None for methods without the gate), ``host_share``
+        (the host part of the modeled time) and ``solve_predict_share`` (the solver's and the expert
+        predictor's wall ms over the modeled time; None in summaries written before it).
     """
     out = []
     for slots, rows in summaries:
@@ -62,7 +64,8 @@ def crossover_rows(summaries: list[tuple[int, list]], num_experts: int) -> list[
                         "vs_oracle": r["modeled_tokens_per_s"] / oracle[0] if oracle else None,
                         "tau": r["tau"], "cache_hit_rate": r["cache_hit_rate"],
                         "experts_per_token": r["experts_per_token"], "ar_share": r.get("ar_share"),
-                        "host_share": r.get("host_share", (r.get("modeled_share") or {}).get("host_ms"))})
+                        "host_share": r.get("host_share", (r.get("modeled_share") or {}).get("host_ms")),
+                        "solve_predict_share": r.get("solve_predict_share")})
     sets = list(dict.fromkeys(r["dataset"] for r in out))
     return sorted(out, key=lambda r: (sets.index(r["dataset"]), r["cache_slots"]))
 
@@ -82,7 +85,8 @@ def crossover_markdown(rows: list[dict], note: str = "") -> str:
               " present in the same run; × oracle: over oracle in the same run (same calibrated objective, "
               "true routing instead of predicted experts); experts/token: uncached experts per committed token "
               "(copied H2D, or computed on the host under --offload host/auto); AR-step share: cycles the AR gate took as plain AR steps; host share: predictor, solver "
-              "and bookkeeping CPU time over the modeled time.", note, ""]
+              "and bookkeeping CPU time over the modeled time; solve + predict share: the solver's and the expert "
+              "predictor's wall ms alone over the modeled time.", note, ""]
     return "\n".join(lines)
 
 

@@ -91,7 +91,9 @@ class ResultRecord(_JsonRecord):
     experts_host_computed : int
         Experts computed on the host instead (``offload="host"``/``"auto"``; 0 in the transfer mode).
     measured_ms : dict
-        Measured totals in ms: ``draft``, ``predict``, ``solve``, ``verify``, ``transfer``, ``accept``.
+        Measured totals in ms: ``draft``, ``predict`` (the expert predictor's calls), ``tree`` (tree
+        building, calibration and pruning per level; absent in old files), ``solve``, ``verify``,
+        ``transfer``, ``accept``.
     score : dict
         Task metric of ``text`` (accuracy or ROUGE F1), ``{}`` without a reference.
     """
@@ -146,7 +148,7 @@ class ResultRecord(_JsonRecord):
         cycles = gen.cycles
         parts = [modeled_cycle_ms(c, cost) for c in cycles]
         measured = {k: sum(getattr(c, f"{k}_ms") for c in cycles)
-                    for k in ("draft", "predict", "solve", "verify", "transfer", "accept")}
+                    for k in ("draft", "predict", "tree", "solve", "verify", "transfer", "accept")}
         return cls(
             id=prompt.id, dataset=prompt.dataset, method=method, task=prompt.task,
             prompt_tokens=len(prompt_ids), output_ids=list(gen.output_ids), text=text,
@@ -186,6 +188,9 @@ class SummaryRow(_JsonRecord):
         Predicted uncached experts over those transferred (methods with an expert predictor).
     solve_share, solve_share_wall : float
         Solver ms over modeled / wall ms.
+    predict_share, solve_predict_share : float
+        Expert-predictor ms (its calls; tree building and calibration are ``measured_ms["tree"]`` of
+        each record), and solver + predictor ms, over modeled ms.
     modeled_share : dict
         Compute, transfer, draft and host parts of the modeled time.
     equal_to_ar : bool or None
@@ -234,6 +239,8 @@ class SummaryRow(_JsonRecord):
     predicted_tau_raw: float | None = None
     ar_share: float | None = None
     host_share: float = 0.0
+    predict_share: float = 0.0
+    solve_predict_share: float = 0.0
 
 
 # -- results.jsonl --------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ COLUMNS = (
     ("× ar (modeled)", "speedup_vs_ar", ".2f"), ("× eagle3 (modeled)", "speedup_vs_eagle3", ".2f"),
     ("experts/token", "experts_per_token", ".1f"), ("hit rate", "cache_hit_rate", ".3f"),
     ("nodes/cycle", "mean_nodes_verified", ".1f"), ("host share", "host_share", ".1%"),
+    ("solve + predict share", "solve_predict_share", ".1%"),
     ("= ar", "equal_to_ar", "s"), ("task", "task_metric", "s"),
     ("A pred (calibrated)", "predicted_tau", ".2f"), ("A pred (raw P)", "predicted_tau_raw", ".2f"),
     ("AR-step share", "ar_share", ".0%"),
@@ -97,6 +98,7 @@ def summarise(records: list[ResultRecord], depth: int, temperature: float) -> li
         accept = [a for r in recs for a in r.accept_lengths]
         nodes = [n for r in recs for n in r.nodes_verified]
         solve = sum(r.measured_ms["solve"] for r in recs)
+        predict = sum(r.measured_ms.get("predict", 0.0) for r in recs)
         wall_ms = 1000.0 * sum(r.wall_s for r in recs)
         equal, diverge = None, {}
         if temperature == 0 and get_method(method).drafts and all((dataset, r.id) in ar_out for r in recs):
@@ -119,6 +121,8 @@ def summarise(records: list[ResultRecord], depth: int, temperature: float) -> li
             predicted_vs_transferred=_predicted_vs_transferred(method, recs),
             solve_share=solve / modeled_ms if modeled_ms else 0.0,
             solve_share_wall=solve / wall_ms if wall_ms else 0.0,
+            predict_share=predict / modeled_ms if modeled_ms else 0.0,
+            solve_predict_share=(solve + predict) / modeled_ms if modeled_ms else 0.0,
             modeled_share={k: sum(r.modeled[k] for r in recs) / modeled_ms if modeled_ms else 0.0
                            for k in MODELED_PARTS},
             host_share=sum(r.modeled["host_ms"] for r in recs) / modeled_ms if modeled_ms else 0.0,
@@ -239,7 +243,8 @@ def markdown(rows: list[dict], meta: dict) -> str:
            else "the host-regime profile's per-layer time (below)")
         + ", draft = "
         f"levels × {meta['draft_level_ms']} ms, plus the host CPU ms measured for the predictor, solver and "
-        f"engine bookkeeping (thread CPU time; host share). τ counts the bonus token.",
+        f"engine bookkeeping (thread CPU time; host share; solve + predict share: the solver's and the "
+        f"expert predictor's wall ms alone). τ counts the bonus token.",
         meta["cost_scaling"],
         *([meta["offload_note"]] if meta.get("offload_note") else []),
         "",

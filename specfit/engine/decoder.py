@@ -161,7 +161,8 @@ class CycleRecord:
     T(root alone) with the root's true experts against the cache at the cycle's start (ms; calibrated
     methods, else 0); ``speedup_estimate``: the gate's measured speedup of drafting over AR Ŝ when it
     decided (None before any; :mod:`specfit.engine.online`). Measured wall-clock ms: ``draft_ms``,
-    ``predict_ms``, ``solve_ms``, ``verify_ms`` (whole target forward), ``transfer_ms`` (H2D part of
+    ``predict_ms`` (the expert predictor's calls), ``tree_ms`` (the rest of each level's host work:
+    tree building, calibration, pruning), ``solve_ms``, ``verify_ms`` (whole target forward), ``transfer_ms`` (H2D part of
     it, from the expert cache's timer), ``compute_ms`` (``verify_ms - transfer_ms``), ``accept_ms``.
     ``host_cpu_ms``: CPU ms of the engine's thread spent on the host side of the cycle (expert
     predictor, tree building, calibration, gate, solver; the head and target forwards excluded), by
@@ -188,6 +189,7 @@ class CycleRecord:
     transferred: list = field(default_factory=list)
     draft_ms: float = 0.0
     predict_ms: float = 0.0
+    tree_ms: float = 0.0
     solve_ms: float = 0.0
     verify_ms: float = 0.0
     transfer_ms: float = 0.0
@@ -433,6 +435,7 @@ class SpecDecoder:
         self.online = (online if online is not None else OnlineModel(tree.depth)) if m.calibrated else None
         self.acceptance = self.online.acceptance if self.online is not None else None
         self._root_new = None  # this cycle's predicted uncached root experts per layer (L,)
+        self._predict_s = 0.0  # this cycle's wall seconds in the expert predictor (_predict)
         self._cache = self._root = None  # this cycle's cache mask, and its root tree with its cost model
         self._untimed_s = 0.0  # this cycle's CPU s of head and reference forwards (not host work)
         self._drafted = None  # this cycle's whole drafted tree (_Drafted)
@@ -529,11 +532,13 @@ class SpecDecoder:
         selection = None
         self._reference_verified = False  # oracle: did the reference already verify this cycle's tree?
         self._cache, self._root_new, self._root, self._untimed_s = None, None, None, 0.0
+        self._predict_s = 0.0  # this cycle's wall seconds in the expert predictor (_predict)
         self._drafted, self._selected_depth = None, 0
         c0 = time.thread_time()
         if m.drafts and drafter_ready:
             tree, selection, items = self._draft_and_select(root, None, rec)
         rec.host_cpu_ms = (time.thread_time() - c0 - self._untimed_s) * 1e3
+        rec.predict_ms = self._predict_s * 1e3
         drafted = self._drafted if selection is not None else None
         # verify the selected subtree in one target forward (an AR step: the root alone)
         keep, sub_tokens, sub_parents = [0], [root], [-1]
@@ -681,6 +686,7 @@ class SpecDecoder:
         # every expert resident: no node brings an expert, so none is predicted (T(S) has no expert term)
         experts_known = m.needs_experts and not cache.all()  # predicted, or (oracle) the true routing
         predicted = m.needs_predictor and experts_known
+        predict_s0 = self._predict_s  # the predictor's calls below are predict_ms, not tree_ms
         t0 = time.perf_counter()
         if predicted:  # the AR gate may have built it already
             tree, cost = self._root_tree(root, cache)
@@ -688,7 +694,7 @@ class SpecDecoder:
             experts = np.zeros((1, cache.shape[0], int(self.target.spec.top_k)), dtype=np.int64) if experts_known else None
             tree = _root_only(root, experts, self.num_experts)
             cost = self._cycle_cost(tree, cache) if experts_known else self.cost
-        rec.predict_ms += (time.perf_counter() - t0) * 1e3
+        rec.tree_ms += (time.perf_counter() - t0) * 1e3
         d = self._drafted = _Drafted.of_root(root, 1 + sum(ts.level_width(j) for j in range(1, ts.depth + 1)))
         if not experts_known:  # no expert term: an empty layer axis
             if m.needs_experts:  # all resident: the root brings none either
@@ -756,7 +762,7 @@ class SpecDecoder:
                 tree._append_level(d.tree_ids[parents[kept]], pp[kept], tokens[kept], experts)  # all checked
             d.add(parents, tokens, raw, q, p_hat, pp, np.zeros(parents.size, dtype=np.int64) if rank is None else rank,
                   keep, tree.n - kept.size)
-            rec.predict_ms += (time.perf_counter() - t0) * 1e3
+            rec.tree_ms += (time.perf_counter() - t0) * 1e3
             if not kept.size:  # every deeper node descends from a dropped one: in no optimal selection either
                 break
             if m.oracle and experts_known:  # outside the timed path; the root's true experts change T(root alone)
@@ -786,6 +792,7 @@ class SpecDecoder:
         levels.close()
         self._level_host_ms = (time.thread_time() - u_levels - (self._untimed_s - untimed0)) * 1e3
         rec.nodes_drafted, rec.nodes_pruned = d.n - 1, d.n - tree.n
+        rec.tree_ms = max(rec.tree_ms - (self._predict_s - predict_s0) * 1e3, 0.0)
         if selection is None:
             selection = self._select(tree, cache, rate, rec, cost, host_ms + rec.levels * level_ms)
         if self.online is not None and tree.n > 1:
@@ -801,12 +808,16 @@ class SpecDecoder:
         return self._cache
 
     def _predict(self, tokens: np.ndarray, hidden) -> np.ndarray:
-        """The predictor's experts (m, L, k) for ``tokens`` (m,), after it observed every committed token."""
+        """The predictor's experts (m, L, k) for ``tokens`` (m,), after it observed every committed token
+        (its wall time is the cycle's ``predict_ms``)."""
+        t0 = time.perf_counter()
         if self._unobserved:
             toks, rows = zip(*self._unobserved)
             self.predictor.observe(np.concatenate(toks), np.concatenate(rows), None)
             self._unobserved.clear()
-        return check_experts(self.predictor.predict(tokens, hidden), len(tokens), self.num_experts)
+        experts = check_experts(self.predictor.predict(tokens, hidden), len(tokens), self.num_experts)
+        self._predict_s += time.perf_counter() - t0
+        return experts
 
     def _root_tree(self, root: int, cache: np.ndarray) -> tuple[DraftTree, CostModel]:
         """This cycle's root-only draft tree with the root's predicted experts, and the cycle's cost

@@ -330,3 +330,23 @@ def test_bad_drafter_or_predictor_output_is_refused_by_field(ckpt, drafted, pred
                                                         else real.predict(tokens, hidden))
     with pytest.raises(SpecFitInputError, match=field):
         dec.generate(PROMPTS[0], 16)
+
+
+def test_predict_ms_is_the_predictors_own_time(ckpt):
+    """predict_ms times the expert predictor's calls alone; tree building and calibration are tree_ms."""
+    import time as _time
+
+    class SlowPredictor(FixedPredictor):
+        calls = 0
+
+        def predict(self, tokens, hidden):
+            SlowPredictor.calls += 1
+            _time.sleep(0.002)  # 2 ms per call: far above what the cycle does around it
+            return super().predict(tokens, hidden)
+
+    dec = SpecDecoder(load(ckpt), SelfDrafter(ckpt), "specfit", tree=TreeSettings(8, 3, 3), cost=COST,
+                      predictor=SlowPredictor())
+    gen = dec.generate(PROMPTS[0], 6)
+    predict, tree = sum(c.predict_ms for c in gen.cycles), sum(c.tree_ms for c in gen.cycles)
+    assert SlowPredictor.calls > 0 and predict >= 2.0 * SlowPredictor.calls * 0.95
+    assert 0 < tree < 2.0 * SlowPredictor.calls * 0.5  # the sleeps are not in tree_ms

@@ -107,7 +107,8 @@ def _rec(method, pid, out, accepts, wall_s, modeled_ms, transferred, looked_up, 
         modeled={"compute_ms": modeled_ms / 2, "transfer_ms": modeled_ms / 2, "draft_ms": 0.0, "host_ms": 0.0},
         experts_transferred=transferred, experts_looked_up=looked_up,
         experts_predicted_new=transferred // 2 if method == "specfit" else 0,
-        measured_ms={"solve": 1.0 if method == "specfit" else 0.0}, score={})
+        measured_ms={"solve": 1.0 if method == "specfit" else 0.0, "predict": 2.0 if method == "specfit" else 0.0,
+                     "tree": 5.0 if method == "specfit" else 0.0}, score={})
 
 
 def test_summary_rows_on_a_hand_made_trace():
@@ -127,6 +128,8 @@ def test_summary_rows_on_a_hand_made_trace():
     assert ar["cache_hit_rate"] == 0.5 and spec["cache_hit_rate"] == 0.5
     assert eagle["mean_nodes_verified"] == 9.0
     assert spec["solve_share"] == pytest.approx(1.0 / 100.0)
+    # the predictor's own ms, not the tree building's
+    assert spec["predict_share"] == pytest.approx(2.0 / 100.0) and spec["solve_predict_share"] == pytest.approx(0.03)
     assert spec["host_share"] == 0.0 and ar["host_share"] == 0.0  # the records' modeled host part
     assert ar["equal_to_ar"] is None and eagle["equal_to_ar"] is True
     assert spec["equal_to_ar"] is False and spec["first_divergence"] == {"p": 3}
