@@ -188,9 +188,10 @@ class SummaryRow(_JsonRecord):
         Predicted uncached experts over those transferred (methods with an expert predictor).
     solve_share, solve_share_wall : float
         Solver ms over modeled / wall ms.
-    predict_share, solve_predict_share : float
+    predict_share, solve_predict_share : float or None
         Expert-predictor ms (its calls; tree building and calibration are ``measured_ms["tree"]`` of
-        each record), and solver + predictor ms, over modeled ms.
+        each record), and solver + predictor ms, over modeled ms; None when a record predates that
+        split (no ``measured_ms["tree"]``: its ``predict`` held every level's host work).
     modeled_share : dict
         Compute, transfer, draft and host parts of the modeled time.
     equal_to_ar : bool or None
@@ -239,8 +240,8 @@ class SummaryRow(_JsonRecord):
     predicted_tau_raw: float | None = None
     ar_share: float | None = None
     host_share: float = 0.0
-    predict_share: float = 0.0
-    solve_predict_share: float = 0.0
+    predict_share: float | None = 0.0
+    solve_predict_share: float | None = 0.0
 
 
 # -- results.jsonl --------------------------------------------------------------------------------

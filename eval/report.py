@@ -98,6 +98,9 @@ def summarise(records: list[ResultRecord], depth: int, temperature: float) -> li
         accept = [a for r in recs for a in r.accept_lengths]
         nodes = [n for r in recs for n in r.nodes_verified]
         solve = sum(r.measured_ms["solve"] for r in recs)
+        # before the predictor's own time was split out (measured_ms without "tree"), "predict" held
+        # every level's host work: such records (a run resumed from older results) leave the share unknown
+        split = all("tree" in r.measured_ms for r in recs)
         predict = sum(r.measured_ms.get("predict", 0.0) for r in recs)
         wall_ms = 1000.0 * sum(r.wall_s for r in recs)
         equal, diverge = None, {}
@@ -121,8 +124,8 @@ def summarise(records: list[ResultRecord], depth: int, temperature: float) -> li
             predicted_vs_transferred=_predicted_vs_transferred(method, recs),
             solve_share=solve / modeled_ms if modeled_ms else 0.0,
             solve_share_wall=solve / wall_ms if wall_ms else 0.0,
-            predict_share=predict / modeled_ms if modeled_ms else 0.0,
-            solve_predict_share=(solve + predict) / modeled_ms if modeled_ms else 0.0,
+            predict_share=(predict / modeled_ms if modeled_ms else 0.0) if split else None,
+            solve_predict_share=((solve + predict) / modeled_ms if modeled_ms else 0.0) if split else None,
             modeled_share={k: sum(r.modeled[k] for r in recs) / modeled_ms if modeled_ms else 0.0
                            for k in MODELED_PARTS},
             host_share=sum(r.modeled["host_ms"] for r in recs) / modeled_ms if modeled_ms else 0.0,

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from specfit.core.errors import SpecFitInputError, check_positive_int
+from specfit.core.errors import SpecFitInputError, check_nonnegative_int, check_positive_int
 
 #: Default upper edges of the confidence bins of q (the last bin ends at 1).
 DEFAULT_EDGES = (0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
@@ -76,11 +76,12 @@ class AcceptanceCalibrator:
         self.max_depth, self.prior_strength, self.edges = int(max_depth), float(prior_strength), e
         self.trials = np.zeros((self.max_depth, self.rank_classes, e.size + 1))
         self.accepted = np.zeros((self.max_depth, self.rank_classes, e.size + 1))
-        #: Per depth (index 0: depth 1): calibrated path probabilities of the verified nodes, summed over
-        #: verifies, and how many of those verifies accepted a node at that depth (:meth:`observe_paths`).
+        #: Per depth (index d: depth d; index 0, the root, unused): calibrated path probabilities of the
+        #: verified nodes, summed over verifies, and how many of those verifies accepted a node at that
+        #: depth (:meth:`observe_paths`); the path correction f_d (:meth:`path_prob`).
         self.path_predicted = np.zeros(self.max_depth + 1)
         self.path_accepted = np.zeros(self.max_depth + 1)
-        self.path_factor = np.ones(self.max_depth + 1)  # index d: depth d (index 0, the root: 1)
+        self.path_factor = np.ones(self.max_depth + 1)
         self.refresh()
 
     def _cell(self, q: np.ndarray, depth: np.ndarray, rank) -> np.ndarray:
@@ -236,13 +237,21 @@ class AcceptanceCalibrator:
         -------
         numpy.ndarray of float64, shape (m,)
             Non-increasing along every path, each parent's children summing to at most it.
+
+        Raises
+        ------
+        SpecFitInputError
+            ``parent_pp`` or ``cal`` not in [0, 1], a parent outside ``parent_pp``, a depth below 1, or
+            ``cal`` and ``depth`` not of the parents' length.
         """
+        top = _probabilities("parent_pp", parent_pp)
         par = np.asarray(parents, dtype=np.int64)
+        if par.ndim != 1 or (par.size and (par.min() < 0 or par.max() >= top.size)):
+            raise SpecFitInputError("parents", f"must be ids of parent_pp's {top.size} nodes, shape (m,)")
+        cal, d = _probabilities("cal", cal, par.size), _depths(depth, par.size)
         if not par.size:
             return np.zeros(0)
-        factor = self.path_factor[np.minimum(np.asarray(depth, dtype=np.int64), self.max_depth)]
-        return self._path_prob(np.asarray(parent_pp, dtype=np.float64), par, np.asarray(cal, dtype=np.float64),
-                               factor, int(par.max()) + 1)
+        return self._path_prob(top, par, cal, self.path_factor[np.minimum(d, self.max_depth)], int(par.max()) + 1)
 
     @staticmethod
     def _path_prob(parent_pp: np.ndarray, par: np.ndarray, cal: np.ndarray, factor, nb: int) -> np.ndarray:
@@ -265,11 +274,19 @@ class AcceptanceCalibrator:
             Their depths (>= 1).
         accepted : int
             Draft nodes accepted (τ - 1): depths 1..accepted held an accepted node.
+
+        Raises
+        ------
+        SpecFitInputError
+            ``cal`` not in [0, 1], a depth below 1, ``depth`` not of ``cal``'s length, or ``accepted``
+            not an integer >= 0 (nothing is recorded then).
         """
-        d = np.minimum(np.asarray(depth, dtype=np.int64), self.max_depth)
+        cal = _probabilities("cal", cal)
+        d = np.minimum(_depths(depth, cal.size), self.max_depth)
+        accepted = check_nonnegative_int("accepted", accepted)
         if not d.size:
             return
-        self.path_predicted += np.bincount(d, weights=np.asarray(cal, dtype=np.float64), minlength=self.max_depth + 1)
+        self.path_predicted += np.bincount(d, weights=cal, minlength=self.max_depth + 1)
         self.path_accepted[1: min(int(accepted), self.max_depth) + 1] += 1.0
         if accepted > self.max_depth:  # deeper depths share the last one's counts, as the cells do
             self.path_accepted[self.max_depth] += accepted - self.max_depth
@@ -296,9 +313,15 @@ class AcceptanceCalibrator:
         -------
         list of float
             ``a_1, a_2, ...``, non-increasing, in [0, 1].
+
+        Raises
+        ------
+        SpecFitInputError
+            A width that is not an integer >= 0.
         """
         mass, a, u = [], 1.0, 1.0
         for j, w in enumerate(widths, start=1):
+            w = check_nonnegative_int(f"widths[{j - 1}]", w)
             u *= self.max_conditional(j)
             a = min(a, w * u * float(self.path_factor[min(j, self.max_depth)]))
             mass.append(a)
@@ -358,6 +381,26 @@ def _sibling_rank(par: np.ndarray, q: np.ndarray, nb: int) -> np.ndarray:
     best = np.zeros(nb)  # q in [0, 1] or NaN (which propagates): as an initial -inf would
     np.maximum.at(best, par, q)
     return (q < best[par]).astype(np.int64)
+
+
+def _probabilities(field: str, values, n: int | None = None) -> np.ndarray:
+    """``values`` as float64 of shape (n,) (any length when n is None), each in [0, 1]; else the field's error."""
+    v = np.asarray(values, dtype=np.float64)
+    if v.ndim != 1 or (n is not None and v.size != n):
+        raise SpecFitInputError(field, f"must have shape ({'m' if n is None else n},), got {v.shape}")
+    if v.size and not (v.min() >= 0.0 and v.max() <= 1.0):  # NaN fails both
+        raise SpecFitInputError(field, "must be probabilities in [0, 1]")
+    return v
+
+
+def _depths(depth, n: int) -> np.ndarray:
+    """Depths as int64 of shape (n,), each >= 1; else the error of the field ``depth``."""
+    d = np.asarray(depth, dtype=np.int64)
+    if d.shape != (n,):
+        raise SpecFitInputError("depth", f"must have shape ({n},), got {d.shape}")
+    if d.size and d.min() < 1:
+        raise SpecFitInputError("depth", "draft nodes' depths must be >= 1 (the root is depth 0)")
+    return d
 
 
 def _unit(q) -> np.ndarray:

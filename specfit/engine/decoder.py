@@ -162,9 +162,9 @@ class CycleRecord:
     methods, else 0); ``speedup_estimate``: the gate's measured speedup of drafting over AR Ŝ when it
     decided (None before any; :mod:`specfit.engine.online`). Measured wall-clock ms: ``draft_ms``,
     ``predict_ms`` (the expert predictor's calls), ``tree_ms`` (the rest of each level's host work:
-    tree building, calibration, pruning), ``solve_ms``, ``verify_ms`` (whole target forward), ``transfer_ms`` (H2D part of
-    it, from the expert cache's timer), ``compute_ms`` (``verify_ms - transfer_ms``), ``accept_ms``.
-    ``host_cpu_ms``: CPU ms of the engine's thread spent on the host side of the cycle (expert
+    tree building, calibration, pruning), ``solve_ms``, ``verify_ms`` (whole target forward),
+    ``transfer_ms`` (H2D part of it, from the expert cache's timer), ``compute_ms``
+    (``verify_ms - transfer_ms``), ``accept_ms``. ``host_cpu_ms``: CPU ms of the engine's thread spent on the host side of the cycle (expert
     predictor, tree building, calibration, gate, solver; the head and target forwards excluded), by
     ``time.thread_time``: unlike wall-clock ms it does not grow with other processes' load.
     ``host``: in the host and auto offload modes (``offload="host"``/``"auto"``), per MoE layer the
@@ -735,7 +735,7 @@ class SpecDecoder:
             q = raw / np.maximum(up, 1e-300)  # conditional draft probabilities (raw <= up: 0 where up is 0)
             pp = p_hat = raw
             rank = None
-            if cal is not None and parents.size:  # calibrated conditionals multiplied along the path, corrected per depth
+            if cal is not None and parents.size:  # calibrated conditionals along the path, corrected per depth
                 # one depth (an int: cheaper cells) when every parent is in the level drafted last
                 at = rec.levels if uniform and parents.min() >= last_level else d.depth[parents] + 1
                 uniform = isinstance(at, int)
@@ -760,8 +760,8 @@ class SpecDecoder:
                     raise SpecFitInputError("experts", f"the predictor's must have shape (m, L, k) = (m,) + "
                                             f"{tree.experts.shape[1:]}, got {experts.shape}")
                 tree._append_level(d.tree_ids[parents[kept]], pp[kept], tokens[kept], experts)  # all checked
-            d.add(parents, tokens, raw, q, p_hat, pp, np.zeros(parents.size, dtype=np.int64) if rank is None else rank,
-                  keep, tree.n - kept.size)
+            d.add(parents, tokens, raw, q, p_hat, pp,
+                  np.zeros(parents.size, dtype=np.int64) if rank is None else rank, keep, tree.n - kept.size)
             rec.tree_ms += (time.perf_counter() - t0) * 1e3
             if not kept.size:  # every deeper node descends from a dropped one: in no optimal selection either
                 break
@@ -850,8 +850,9 @@ class SpecDecoder:
         (:func:`draft_can_beat_ar`); True before any drafted cycle.
 
         The mass bound of depth j is :meth:`~specfit.core.acceptance.AcceptanceCalibrator.mass_bound`
-        with the drafter's level widths (``top_k`` then ``top_k**2``). The expert bound is the smallest expert ms of a single draft node (beyond
-        the cache and the root) over the online model's last drafted cycles.
+        with the drafter's level widths (``top_k`` then ``top_k**2``). The expert bound is the smallest
+        expert ms of a single draft node (beyond the cache and the root) over the online model's last
+        drafted cycles.
         """
         online = self.online
         if not online.min_expert_ms:

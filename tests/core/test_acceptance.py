@@ -284,3 +284,24 @@ def test_mass_bound_holds_every_tree_the_calibrator_builds(data):
         frontier = list(range(pp.size, pp.size + 3))  # expand three nodes of this level
         p_cal, pp = np.concatenate([p_cal, p_hat]), np.concatenate([pp, new])
     assert all(x >= y for x, y in zip(bound, bound[1:]))
+
+
+def test_path_correction_refuses_bad_input_by_field():
+    cal = AcceptanceCalibrator(max_depth=3)
+    bad = [
+        (lambda: cal.path_prob([1.0], [1], [0.5], [1]), "parents"),  # no node 1
+        (lambda: cal.path_prob([1.0], [-1], [0.5], [1]), "parents"),
+        (lambda: cal.path_prob([1.0], [0, 0], [0.5], [1, 1]), "cal"),  # lengths differ
+        (lambda: cal.path_prob([1.0], [0], [-0.5], [1]), "cal"),
+        (lambda: cal.path_prob([1.0], [0], [0.5], [0]), "depth"),  # the root's depth
+        (lambda: cal.path_prob([float("nan")], [0], [0.5], [1]), "parent_pp"),
+        (lambda: cal.observe_paths([float("nan")], [1], 1), "cal"),
+        (lambda: cal.observe_paths([0.5], [1, 2], 1), "depth"),
+        (lambda: cal.observe_paths([0.5], [-1], 1), "depth"),
+        (lambda: cal.observe_paths([0.5], [1], -1), "accepted"),
+        (lambda: cal.mass_bound([-1, 4]), r"widths\[0\]"),
+    ]
+    for call, field in bad:
+        with pytest.raises(SpecFitInputError, match=field):
+            call()
+    assert cal.path_factor.tolist() == [1.0] * 4  # nothing was recorded

@@ -130,6 +130,10 @@ def test_summary_rows_on_a_hand_made_trace():
     assert spec["solve_share"] == pytest.approx(1.0 / 100.0)
     # the predictor's own ms, not the tree building's
     assert spec["predict_share"] == pytest.approx(2.0 / 100.0) and spec["solve_predict_share"] == pytest.approx(0.03)
+    old = recs[2].to_json()
+    del old["measured_ms"]["tree"]  # a record written before predict_ms was the predictor's alone
+    rows = {r["method"]: r for r in summarise(recs[:2] + [ResultRecord.from_json(old)], depth=3, temperature=0.0)}
+    assert rows["specfit"]["predict_share"] is None and rows["specfit"]["solve_predict_share"] is None
     assert spec["host_share"] == 0.0 and ar["host_share"] == 0.0  # the records' modeled host part
     assert ar["equal_to_ar"] is None and eagle["equal_to_ar"] is True
     assert spec["equal_to_ar"] is False and spec["first_divergence"] == {"p": 3}
