@@ -9,6 +9,7 @@ interrupted sweep reruns to where it stopped), then writes ``OUT/sweep.md``, ``O
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import replace
 from pathlib import Path
 
@@ -33,11 +34,15 @@ def parse_cache_slots(value) -> list[int | str] | None:
     Raises
     ------
     SpecFitInputError
-        Field ``cache_slots``: an empty list, an empty entry (``"16,,32"``), an entry that is neither
-        a non-negative integer nor ``all``, or a size named twice.
+        Field ``cache_slots``: a value that is none of those (e.g. ``16.0``), an empty list, an empty
+        entry (``"16,,32"``), an entry that is neither a non-negative integer nor ``all``, or a size
+        named twice.
     """
-    if isinstance(value, str) and "," not in value or isinstance(value, int):
-        return None
+    if isinstance(value, str) and "," not in value or isinstance(value, numbers.Integral):
+        return None  # one run: its checks come later
+    if not isinstance(value, (str, list, tuple)):
+        raise SpecFitInputError("cache_slots", f"must be an integer >= 0, 'all', a comma-separated string or a "
+                                               f"list of those, got {value!r}")
     items = value.split(",") if isinstance(value, str) else list(value)
     if not items:
         raise SpecFitInputError("cache_slots", "name at least one cache size")
@@ -48,9 +53,9 @@ def parse_cache_slots(value) -> list[int | str] | None:
             raise SpecFitInputError("cache_slots", f"entry {i} of {value!r} is empty")
         if isinstance(text, str) and text.isdigit():
             text = int(text)
-        if not (text == "all" or isinstance(text, int) and not isinstance(text, bool) and text >= 0):
+        if not (text == "all" or isinstance(text, numbers.Integral) and not isinstance(text, bool) and text >= 0):
             raise SpecFitInputError("cache_slots", f"entry {i} of {value!r} must be an integer >= 0 or 'all', got {item!r}")
-        sizes.append(text)
+        sizes.append(text if text == "all" else int(text))
     if len(set(sizes)) != len(sizes):
         raise SpecFitInputError("cache_slots", f"{value!r} names a cache size twice")
     return sizes

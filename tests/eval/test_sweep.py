@@ -3,6 +3,7 @@ resume of an interrupted sweep, and the crossover table and plot on hand-made ro
 
 import json
 
+import numpy as np
 import pytest
 
 from specfit.cli import main
@@ -16,7 +17,7 @@ from test_eval import eval_args, tiny  # noqa: F401  (the tiny target and head; 
 @pytest.mark.parametrize("value, sizes", [
     (32, None), ("32", None), ("all", None),
     ("16,32,64,96,all", [16, 32, 64, 96, "all"]), (" 16, all ", [16, "all"]), ([16, "all", "8"], [16, "all", 8]),
-    ((0,), [0]),
+    ((0,), [0]), (np.int64(32), None), ([np.int64(16), "all"], [16, "all"]),
 ])
 def test_parse_cache_slots(value, sizes):
     assert parse_cache_slots(value) == sizes
@@ -25,6 +26,7 @@ def test_parse_cache_slots(value, sizes):
 @pytest.mark.parametrize("value, rule", [
     ("16,,x", "entry 2 of '16,,x' is empty"), ("16,x", "entry 2"), ("16,-1", "integer >= 0 or 'all'"),
     ("16,16", "twice"), (",", "entry 1"), ([], "at least one"), ([16, 1.5], "entry 2"), ([True, 2], "entry 1"),
+    (16.0, "must be an integer >= 0, 'all', a comma-separated string or a list"), ({16: 1}, "a list of those"),
 ])
 def test_parse_cache_slots_errors(value, rule):
     with pytest.raises(SpecFitInputError, match="cache_slots") as err:
