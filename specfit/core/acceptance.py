@@ -36,6 +36,7 @@ from __future__ import annotations
 import numpy as np
 
 from specfit.core.errors import SpecFitInputError, check_nonnegative_int, check_positive_int
+from specfit.core.tree import check_probabilities
 
 #: Default upper edges of the confidence bins of q (the last bin ends at 1).
 DEFAULT_EDGES = (0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
@@ -87,10 +88,7 @@ class AcceptanceCalibrator:
     def _cell(self, q: np.ndarray, depth: np.ndarray, rank) -> np.ndarray:
         """Flat index of each node's (depth, rank class, q bin) cell in :attr:`trials` (q clipped; rank
         classes past the last, and every rank with one class, count as the last)."""
-        if isinstance(depth, (int, np.integer)):  # one level's depth: plain int arithmetic
-            d = min(max(int(depth), 1), self.max_depth)
-        else:
-            d = np.minimum(np.maximum(np.asarray(depth, dtype=np.int64), 1), self.max_depth)
+        d = np.minimum(np.maximum(np.asarray(depth, dtype=np.int64), 1), self.max_depth)
         k = self.rank_classes
         r = 0 if rank is None or k == 1 else np.minimum(np.maximum(np.asarray(rank, dtype=np.int64), 0), k - 1)
         return (d * k + (r - k)) * self.trials.shape[2] + np.searchsorted(self.edges, q, side="left")
@@ -192,8 +190,8 @@ class AcceptanceCalibrator:
             The level's parents, ids ``< n``.
         q : numpy.ndarray of float64, shape (m,)
             Their conditional draft probabilities, already in [0, 1] (not checked).
-        depth : int or numpy.ndarray of int64, shape (m,)
-            The nodes' depths (>= 1): an int where they share one (a level drafted level by level).
+        depth : numpy.ndarray of int64, shape (m,), or int
+            The nodes' depths (>= 1); an int is every node's.
 
         Returns
         -------
@@ -244,11 +242,11 @@ class AcceptanceCalibrator:
             ``parent_pp`` or ``cal`` not in [0, 1], a parent outside ``parent_pp``, a depth below 1, or
             ``cal`` and ``depth`` not of the parents' length.
         """
-        top = _probabilities("parent_pp", parent_pp)
+        top = check_probabilities(parent_pp, "parent_pp", np.size(parent_pp))
         par = np.asarray(parents, dtype=np.int64)
         if par.ndim != 1 or (par.size and (par.min() < 0 or par.max() >= top.size)):
             raise SpecFitInputError("parents", f"must be ids of parent_pp's {top.size} nodes, shape (m,)")
-        cal, d = _probabilities("cal", cal, par.size), _depths(depth, par.size)
+        cal, d = check_probabilities(cal, "cal", par.size), _depths(depth, par.size)
         if not par.size:
             return np.zeros(0)
         return self._path_prob(top, par, cal, self.path_factor[np.minimum(d, self.max_depth)], int(par.max()) + 1)
@@ -281,7 +279,7 @@ class AcceptanceCalibrator:
             ``cal`` not in [0, 1], a depth below 1, ``depth`` not of ``cal``'s length, or ``accepted``
             not an integer >= 0 (nothing is recorded then).
         """
-        cal = _probabilities("cal", cal)
+        cal = check_probabilities(cal, "cal", np.size(cal))
         d = np.minimum(_depths(depth, cal.size), self.max_depth)
         accepted = check_nonnegative_int("accepted", accepted)
         if not d.size:
@@ -381,16 +379,6 @@ def _sibling_rank(par: np.ndarray, q: np.ndarray, nb: int) -> np.ndarray:
     best = np.zeros(nb)  # q in [0, 1] or NaN (which propagates): as an initial -inf would
     np.maximum.at(best, par, q)
     return (q < best[par]).astype(np.int64)
-
-
-def _probabilities(field: str, values, n: int | None = None) -> np.ndarray:
-    """``values`` as float64 of shape (n,) (any length when n is None), each in [0, 1]; else the field's error."""
-    v = np.asarray(values, dtype=np.float64)
-    if v.ndim != 1 or (n is not None and v.size != n):
-        raise SpecFitInputError(field, f"must have shape ({'m' if n is None else n},), got {v.shape}")
-    if v.size and not (v.min() >= 0.0 and v.max() <= 1.0):  # NaN fails both
-        raise SpecFitInputError(field, "must be probabilities in [0, 1]")
-    return v
 
 
 def _depths(depth, n: int) -> np.ndarray:

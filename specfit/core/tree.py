@@ -51,7 +51,14 @@ def _as_int_array(values, field: str, ndim: int, copy: bool = True) -> np.ndarra
     return arr.astype(np.int64)
 
 
-def _as_prob_array(values, field: str, n: int) -> np.ndarray:
+def check_probabilities(values, field: str, n: int) -> np.ndarray:
+    """``values`` as float64 of shape (n,), each a probability in [0, 1] (e.g. path probabilities).
+
+    Raises
+    ------
+    SpecFitInputError
+        Naming ``field`` (or ``field[i]``): not numbers, not n of them, not finite, or outside [0, 1].
+    """
     try:
         arr = np.asarray(values, dtype=np.float64)
     except (TypeError, ValueError):
@@ -172,14 +179,14 @@ class DraftTree:
         if (path_prob is None) == (q is None):
             raise SpecFitInputError("path_prob", "give exactly one of path_prob and q")
         if q is not None:
-            q_arr = _as_prob_array(q, "q", n)
+            q_arr = check_probabilities(q, "q", n)
             q_arr[0] = 1.0
             pp = np.empty(n)
             pp[0] = 1.0
             for i in range(1, n):
                 pp[i] = pp[par[i]] * q_arr[i]
         else:
-            pp = _as_prob_array(path_prob, "path_prob", n)
+            pp = check_probabilities(path_prob, "path_prob", n)
             if pp[0] != 1.0:
                 raise SpecFitInputError("path_prob[0]", f"must be 1.0 (the root is always committed), got {pp[0]}")
             _check_path_prob(pp[1:], pp[par[1:]], 1)
@@ -238,7 +245,7 @@ class DraftTree:
         if m and (par.min() < 0 or par.max() >= n):
             i = int(np.flatnonzero((par < 0) | (par >= n))[0])
             raise SpecFitInputError(f"parents[{n + i}]", f"must be an existing node in [0, {n}), got {par[i]}")
-        pp_new = _as_prob_array(path_prob, "path_prob", m)
+        pp_new = check_probabilities(path_prob, "path_prob", m)
         parent_pp = self._path_prob[par]  # parents are existing nodes
         _check_path_prob(pp_new, parent_pp, n)
         pp_new = np.minimum(pp_new, parent_pp)  # admitted near-ties: as in __init__

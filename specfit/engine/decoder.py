@@ -714,7 +714,6 @@ class SpecDecoder:
         max_sunk, rate_lo, root_known = host_ms + depth * level_ms, 0.0, not (m.oracle and experts_known)
         selection = None
         levels = self.drafter.draft_levels(root, ts.top_k, depth)
-        uniform, last_level = True, 0  # every level so far one depth; the first id of the level drafted last
         u_levels, untimed0 = time.thread_time(), self._untimed_s  # the levels' host work, for the online model
         while True:
             t0, u0 = time.perf_counter(), time.thread_time()
@@ -736,11 +735,7 @@ class SpecDecoder:
             pp = p_hat = raw
             rank = None
             if cal is not None and parents.size:  # calibrated conditionals along the path, corrected per depth
-                # one depth (an int: cheaper cells) when every parent is in the level drafted last
-                at = rec.levels if uniform and parents.min() >= last_level else d.depth[parents] + 1
-                uniform = isinstance(at, int)
-                p_hat, pp, rank = cal.level_probs(d.cal, d.pp, parents, q, at)
-            last_level = d.n
+                p_hat, pp, rank = cal.level_probs(d.cal, d.pp, parents, q, d.depth[parents] + 1)
             keep = d.tree_ids[parents] >= 0
             if prune:
                 if rate is not None:
