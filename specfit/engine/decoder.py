@@ -575,7 +575,7 @@ class SpecDecoder:
                 nodes, ok = verify_trials(sub_parents, acc.path)
                 old = full[nodes]
             self.acceptance.update(drafted.q[old], drafted.depth[old], ok, drafted.rank[old])
-            self.acceptance.observe_paths(drafted.cal[full[1:]], drafted.depth[full[1:]], acc.accepted)
+            self.acceptance._observe_paths(drafted.cal[full[1:]], drafted.depth[full[1:]], acc.accepted)  # checked
             rec.host_cpu_ms += (time.thread_time() - c0) * 1e3
         if self.reference is not None:
             if self._reference_verified:  # it verified the whole drafted tree: commit in its node ids
@@ -713,6 +713,9 @@ class SpecDecoder:
         depth = self.online.draft_depth(ts.depth) if self.online is not None else ts.depth  # warm-up cap
         max_sunk, rate_lo, root_known = host_ms + depth * level_ms, 0.0, not (m.oracle and experts_known)
         selection = None
+        # kept levels wait in `pending` until a selection needs their experts: one predictor call per solve,
+        # not per level (the stop rule and the pruning read only P and the cost)
+        pending, n_tree, pp_sum = [], tree.n, float(tree.path_prob.sum())
         levels = self.drafter.draft_levels(root, ts.top_k, depth)
         u_levels, untimed0 = time.thread_time(), self._untimed_s  # the levels' host work, for the online model
         while True:
@@ -744,23 +747,18 @@ class SpecDecoder:
                     rate_lo = max(rate_lo, 1000.0 / (root_ms + max_sunk))
                 keep &= selectable(pp, node_ms, rate_lo)
             kept = np.flatnonzero(keep)
-            if kept.size:
-                experts = None
-                if predicted:
-                    hidden = level.hidden[torch.from_numpy(kept)].float().cpu().numpy() if level.hidden is not None else None
-                    experts = self._predict(tokens[kept], hidden)
-                elif experts_known:
-                    experts = np.zeros((kept.size,) + tree.experts.shape[1:], dtype=np.int64)
-                if experts is not None and experts.shape[1:] != tree.experts.shape[1:]:
-                    raise SpecFitInputError("experts", f"the predictor's must have shape (m, L, k) = (m,) + "
-                                            f"{tree.experts.shape[1:]}, got {experts.shape}")
-                tree._append_level(d.tree_ids[parents[kept]], pp[kept], tokens[kept], experts)  # all checked
+            if kept.size:  # an index tensor copies: the drafter may reuse its hidden buffer
+                hidden = level.hidden[torch.from_numpy(kept)] if predicted and level.hidden is not None else None
+                pending.append((d.tree_ids[parents[kept]], pp[kept], tokens[kept], hidden))
+                pp_sum = sum(pp[kept].tolist(), pp_sum)  # in tree order: the sum of tree.path_prob once appended
             d.add(parents, tokens, raw, q, p_hat, pp,
-                  np.zeros(parents.size, dtype=np.int64) if rank is None else rank, keep, tree.n - kept.size)
+                  np.zeros(parents.size, dtype=np.int64) if rank is None else rank, keep, n_tree)
+            n_tree += kept.size
             rec.tree_ms += (time.perf_counter() - t0) * 1e3
             if not kept.size:  # every deeper node descends from a dropped one: in no optimal selection either
                 break
             if m.oracle and experts_known:  # outside the timed path; the root's true experts change T(root alone)
+                self._grow(tree, pending, predicted, rec)
                 u0 = time.thread_time()
                 tree.set_experts(self._true_routing(tree))
                 self._reference_verified = True
@@ -773,10 +771,11 @@ class SpecDecoder:
                 # the rule fire (rate mode needs no R*). Sunk: the cycle's host ms and the levels drafted.
                 p_f = float(pp[kept].max())
                 sunk = host_ms + rec.levels * level_ms
-                bound = 1000.0 * sum(tree.path_prob.tolist()) / (root_ms + sunk)
+                bound = 1000.0 * pp_sum / (root_ms + sunk)
                 if should_stop(bound, p_f, cost, rate, level_ms=level_ms, level_width=width, min_node_ms=node_ms):
                     if rate is not None:
                         break
+                    self._grow(tree, pending, predicted, rec)
                     selection = self._select(tree, cache, rate, rec, cost, sunk)
                     if prune:  # the same subtree, every level paid, is still there at the end of the cycle
                         rate_lo = max(rate_lo, 1000.0 * selection.expected_tokens
@@ -785,6 +784,7 @@ class SpecDecoder:
                                    min_node_ms=node_ms):
                         break
         levels.close()
+        self._grow(tree, pending, predicted, rec)
         self._level_host_ms = (time.thread_time() - u_levels - (self._untimed_s - untimed0)) * 1e3
         rec.nodes_drafted, rec.nodes_pruned = d.n - 1, d.n - tree.n
         rec.tree_ms = max(rec.tree_ms - (self._predict_s - predict_s0) * 1e3, 0.0)
@@ -793,6 +793,32 @@ class SpecDecoder:
         if self.online is not None and tree.n > 1:
             self.online.min_expert_ms.append(self._cheapest_node_expert_ms(tree, cache))
         return tree, selection, tree.items(cache)
+
+    def _grow(self, tree: DraftTree, pending: list, predicted: bool, rec: CycleRecord) -> None:
+        """Append the ``pending`` levels (each ``(parents, path_prob, tokens, hidden)``, parents as ids of
+        ``tree`` or of an earlier pending level) to ``tree`` and empty the list. Their experts: predicted
+        in one call when ``predicted`` (one predictor call per selection instead of one per level), zeros
+        when the tree has experts (the oracle's placeholder), else none. Timed into ``rec.tree_ms``."""
+        if not pending:
+            return
+        t0 = time.perf_counter()
+        experts = None
+        if predicted:
+            hidden = [h for *_, h in pending]
+            hidden = None if hidden[0] is None else torch.cat(hidden).float().cpu().numpy()
+            experts = self._predict(np.concatenate([tok for _, _, tok, _ in pending]), hidden)
+            if experts.shape[1:] != tree.experts.shape[1:]:
+                raise SpecFitInputError("experts", f"the predictor's must have shape (m, L, k) = (m,) + "
+                                        f"{tree.experts.shape[1:]}, got {experts.shape}")
+        elif tree.experts is not None:
+            experts = np.zeros((sum(len(p) for p, *_ in pending),) + tree.experts.shape[1:], dtype=np.int64)
+        start = 0
+        for parents, pp, tokens, _ in pending:  # all checked
+            end = start + len(parents)
+            tree._append_level(parents, pp, tokens, None if experts is None else experts[start:end])
+            start = end
+        pending.clear()
+        rec.tree_ms += (time.perf_counter() - t0) * 1e3
 
     def _cache_now(self, cache: np.ndarray | None) -> np.ndarray:
         """The expert-cache mask (L, E) at the cycle's start (read once per cycle; ``cache`` if given)."""
