@@ -280,10 +280,15 @@ class AcceptanceCalibrator:
             not an integer >= 0 (nothing is recorded then).
         """
         cal = check_probabilities(cal, "cal", np.size(cal))
-        d = np.minimum(_depths(depth, cal.size), self.max_depth)
-        accepted = check_nonnegative_int("accepted", accepted)
-        if not d.size:
+        d = _depths(depth, cal.size)
+        self._observe_paths(cal, d, check_nonnegative_int("accepted", accepted))
+
+    def _observe_paths(self, cal: np.ndarray, depth: np.ndarray, accepted: int) -> None:
+        """:meth:`observe_paths` of checked arrays (float64 ``cal`` in [0, 1], int64 depths >= 1 of its
+        length): the engine's path, whose arrays come from its own levels."""
+        if not depth.size:
             return
+        d = np.minimum(depth, self.max_depth)
         self.path_predicted += np.bincount(d, weights=cal, minlength=self.max_depth + 1)
         self.path_accepted[1: min(int(accepted), self.max_depth) + 1] += 1.0
         if accepted > self.max_depth:  # deeper depths share the last one's counts, as the cells do
@@ -346,10 +351,10 @@ class AcceptanceCalibrator:
         if q.size == 0:
             return
         cell = self._cell(q, depth, rank)
-        # 1-D add.at (numpy's fast path) into ravel() views: contiguous tables (no copy when they already are)
-        self.trials, self.accepted = np.ascontiguousarray(self.trials), np.ascontiguousarray(self.accepted)
-        np.add.at(self.trials.ravel(), cell, 1.0)
-        np.add.at(self.accepted.ravel(), cell, np.asarray(accepted, dtype=np.float64))
+        size = self.trials.size  # counts per cell by bincount (cheaper than ufunc.at on a few dozen trials)
+        self.trials = self.trials + np.bincount(cell, minlength=size).reshape(self.trials.shape)
+        self.accepted = self.accepted + np.bincount(cell, weights=np.asarray(accepted, dtype=np.float64),
+                                                    minlength=size).reshape(self.trials.shape)
         self.refresh()
 
 

@@ -164,8 +164,17 @@ class CostModel:
 
     def plus_ms(self, ms: float) -> "CostModel":
         """This model with ``ms`` added to every T(S) (a cost of the cycle that does not depend on S,
-        e.g. the draft levels already paid): ``fixed_ms + ms``."""
-        return replace(self, fixed_ms=self.fixed_ms + ms)
+        e.g. the draft levels already paid): ``fixed_ms + ms``.
+
+        Raises
+        ------
+        SpecFitInputError
+            If ``ms`` is not a finite number >= 0 (field ``ms``).
+        """
+        out = object.__new__(type(self))  # the engine calls this per solve: no re-check of the valid fields
+        out.__dict__.update(self.__dict__)
+        object.__setattr__(out, "fixed_ms", self.fixed_ms + check_ms("ms", ms))
+        return out
 
     def node_added_ms(self, root_new_per_layer, node_new, node_rows) -> np.ndarray:
         """Per draft node v, a lower bound (ms) on what verifying v beside the root adds to T(root

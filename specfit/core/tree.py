@@ -384,17 +384,19 @@ class DraftTree:
     @cached_property
     def depth(self) -> np.ndarray:
         """Depth of each node (root 0), int64 of shape (n,)."""
-        d = np.zeros(self.n, dtype=np.int64)
-        for i in range(1, self.n):
-            d[i] = d[self._parents[i]] + 1
-        return d
+        par = self._parents.tolist()  # list indexing: several times cheaper than numpy scalars
+        d = [0] * len(par)
+        for i in range(1, len(par)):
+            d[i] = d[par[i]] + 1
+        return np.array(d, dtype=np.int64)
 
     @cached_property
     def children(self) -> list[list[int]]:
         """``children[v]``: the children of v in increasing index order."""
-        ch: list[list[int]] = [[] for _ in range(self.n)]
-        for i in range(1, self.n):
-            ch[int(self._parents[i])].append(i)
+        par = self._parents.tolist()
+        ch: list[list[int]] = [[] for _ in par]
+        for i in range(1, len(par)):
+            ch[par[i]].append(i)
         return ch
 
     @cached_property
@@ -412,9 +414,11 @@ class DraftTree:
 
     def is_ancestor_closed(self, nodes: Iterable[int]) -> bool:
         """True iff ``nodes`` contains the root and, with every node, its parent."""
-        s = set(int(v) for v in nodes)
-        n, par = self.n, self._parents
-        return 0 in s and all(0 <= v < n for v in s) and all(v == 0 or int(par[v]) in s for v in s)
+        s, n = set(map(int, nodes)), self.n
+        if 0 not in s or not all(0 <= v < n for v in s):
+            return False
+        par = self._parents.tolist()  # list lookups: the solvers' every selection comes through here
+        return all(v == 0 or par[v] in s for v in s)
 
     def subtree(self, nodes: Iterable[int]) -> tuple["DraftTree", np.ndarray]:
         """Extract the ancestor-closed subtree on ``nodes``.

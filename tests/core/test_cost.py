@@ -85,3 +85,16 @@ def test_calibrate_when_the_misses_explain_every_millisecond():
 
     fit = calibrate([1, 1, 1, 1], [[1], [2], [3], [4]], [1.0, 2.0, 3.0, 4.0])  # NNLS: fixed = per_node = 0
     assert fit.cost.per_expert_ms == pytest.approx(1.0) and 0 < fit.cost.fixed_ms <= 1e-6
+
+
+def test_plus_ms_adds_to_fixed_ms_only_and_refuses_bad_ms():
+    from dataclasses import replace
+    for cost in (get_profile("qwen3-30b-a3b-h200").for_layers(6), CostModel(1.0, 0.1, (0.2, 0.3))):
+        plus = cost.plus_ms(0.75)
+        assert plus == replace(cost, fixed_ms=cost.fixed_ms + 0.75) and type(plus) is type(cost)
+        assert (plus.name, plus.draft_level_ms, plus.host_level_ms) == (cost.name, cost.draft_level_ms, cost.host_level_ms)
+        assert plus.cycle_ms(3, [1, 2]) == pytest.approx(cost.cycle_ms(3, [1, 2]) + 0.75)
+        assert cost.fixed_ms != plus.fixed_ms  # the original is untouched
+        for bad in (-1.0, float("nan"), float("inf"), "x"):
+            with pytest.raises(SpecFitInputError, match="ms"):
+                cost.plus_ms(bad)
