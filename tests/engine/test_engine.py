@@ -350,3 +350,30 @@ def test_predict_ms_is_the_predictors_own_time(ckpt):
     predict, tree = sum(c.predict_ms for c in gen.cycles), sum(c.tree_ms for c in gen.cycles)
     assert SlowPredictor.calls > 0 and predict >= 2.0 * SlowPredictor.calls * 0.95
     assert 0 < tree < 2.0 * SlowPredictor.calls * 0.5  # the sleeps are not in tree_ms
+
+
+def test_kept_levels_are_predicted_once_per_solve_not_per_level(ckpt):
+    """The stop rule and the pruning read only P and the cost: a cycle's kept levels are predicted in
+    one call before each solve (one more per cycle for the root), each kept node once."""
+    class CountingPredictor(FixedPredictor):
+        def __init__(self):
+            super().__init__()
+            self.sizes = []
+
+        def predict(self, tokens, hidden):
+            self.sizes.append(len(tokens))
+            return super().predict(tokens, hidden)
+
+    predictor = CountingPredictor()
+    dec = SpecDecoder(load(ckpt), SelfDrafter(ckpt), "specfit", tree=TreeSettings(16, 4, 3), cost=COST,
+                      predictor=predictor)
+    solves = []
+    solve = dec.solver.solve
+    dec.solver.solve = lambda inst, rate=None: solves.append(inst.n) or solve(inst, rate=rate)
+    cycles = dec.generate(PROMPTS[1], 24).cycles
+    drafted = [c for c in cycles if c.levels]
+    kept = sum(c.nodes_drafted - c.nodes_pruned for c in drafted)
+    assert sum(c.levels for c in drafted) > len(solves) + len(cycles)  # one call per level could not pass
+    assert len(predictor.sizes) <= len(cycles) + len(solves)
+    roots = len(predictor.sizes) - sum(1 for s in predictor.sizes if s > 1)  # calls of one token: roots, or one kept node
+    assert kept <= sum(predictor.sizes) <= kept + len(cycles) and roots >= 1
