@@ -353,8 +353,8 @@ class AcceptanceCalibrator:
         cell = self._cell(q, depth, rank)
         size = self.trials.size  # counts per cell by bincount (cheaper than ufunc.at on a few dozen trials)
         self.trials = self.trials + np.bincount(cell, minlength=size).reshape(self.trials.shape)
-        self.accepted = self.accepted + np.bincount(cell, weights=np.asarray(accepted, dtype=np.float64),
-                                                    minlength=size).reshape(self.trials.shape)
+        outcome = np.broadcast_to(np.asarray(accepted, dtype=np.float64), cell.shape)  # as ufunc.at broadcast it
+        self.accepted = self.accepted + np.bincount(cell, weights=outcome, minlength=size).reshape(self.trials.shape)
         self.refresh()
 
 

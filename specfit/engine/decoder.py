@@ -805,7 +805,7 @@ class SpecDecoder:
         experts = None
         if predicted:
             hidden = [h for *_, h in pending]
-            hidden = None if hidden[0] is None else torch.cat(hidden).float().cpu().numpy()
+            hidden = None if any(h is None for h in hidden) else torch.cat(hidden).float().cpu().numpy()
             experts = self._predict(np.concatenate([tok for _, _, tok, _ in pending]), hidden)
             if experts.shape[1:] != tree.experts.shape[1:]:
                 raise SpecFitInputError("experts", f"the predictor's must have shape (m, L, k) = (m,) + "

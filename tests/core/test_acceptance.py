@@ -305,3 +305,15 @@ def test_path_correction_refuses_bad_input_by_field():
         with pytest.raises(SpecFitInputError, match=field):
             call()
     assert cal.path_factor.tolist() == [1.0] * 4  # nothing was recorded
+
+
+def test_update_counts_each_trial_once_and_broadcasts_one_outcome():
+    """Repeated cells count every trial (the tables are sums over trials); one outcome applies to all."""
+    one, each = AcceptanceCalibrator(max_depth=3), AcceptanceCalibrator(max_depth=3)
+    q, depth = [0.5, 0.5, 0.9, 0.1], [1, 1, 2, 1]
+    one.update(q, depth, True)
+    each.update(q, depth, [True] * 4)
+    assert np.array_equal(one.trials, each.trials) and np.array_equal(one.accepted, each.accepted)
+    assert one.trials.sum() == 4 and one.trials.max() == 2  # the two equal trials share a cell
+    each.update(q, depth, [False, True, False, False])
+    assert each.trials.sum() == 8 and each.accepted.sum() == 5
