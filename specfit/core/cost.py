@@ -68,8 +68,9 @@ class CostModel:
         Hardware profiles: modeled time of one EAGLE-3 draft level (one head forward) in ms.
     host_level_ms : float, optional
         Hardware profiles: host CPU time paid per draft level by the engine besides the head
-        forward, in ms: the expert predictor on the level's nodes plus one exact solve (level-by-level
-        selection). Charged by the whole-cycle objective (SPECFIT.md §3, "Whole-cycle objective").
+        forward, in ms: the level's share of calibration, tree building, expert prediction and exact
+        solves (level-by-level selection), the prior the engine uses until it has measured its own.
+        Charged by the whole-cycle objective (SPECFIT.md §3, "Whole-cycle objective").
 
     The last four describe the deployment and take no part in T(S); they are not compared and not
     written to the instance JSON.
@@ -450,8 +451,14 @@ class HostProfile:
         return self.gpu.per_node_ms * int(cache.all(axis=1).sum()) / L + self.node_extra_ms
 
     def plus_ms(self, ms: float) -> "HostProfile":
-        """This profile with ``ms`` added to every T outside the per-layer max (``extra_ms``)."""
-        return replace(self, extra_ms=self.extra_ms + ms)
+        """This profile with ``ms`` added to every T outside the per-layer max (``extra_ms``).
+
+        Raises
+        ------
+        SpecFitInputError
+            If ``ms`` is not a finite number >= 0 (field ``ms``), as :meth:`CostModel.plus_ms`.
+        """
+        return replace(self, extra_ms=self.extra_ms + check_ms("ms", ms))
 
     def gpu_only(self) -> CostModel:
         """The transfer-regime model equal to this profile when nothing runs on the host (every

@@ -2,7 +2,7 @@
 
 One cycle (ARCHITECTURE.md, "the one way through"):
 
-    draft one level → predict the new nodes' experts → select (and, level by level, stop?)
+    draft one level → stop? (from P and the cost) → predict the kept nodes' experts → select
     → verify the selected subtree in one target forward → accept a root path + bonus token
     → compact the target KV, commit to the drafter → cycle record
 
@@ -797,19 +797,25 @@ class SpecDecoder:
     def _grow(self, tree: DraftTree, pending: list, predicted: bool, rec: CycleRecord) -> None:
         """Append the ``pending`` levels (each ``(parents, path_prob, tokens, hidden)``, parents as ids of
         ``tree`` or of an earlier pending level) to ``tree`` and empty the list. Their experts: predicted
-        in one call when ``predicted`` (one predictor call per selection instead of one per level), zeros
+        in one call when ``predicted`` (one predictor call per selection instead of one per level; one per
+        level if some levels carry hidden states and others not, so each gets the states it has), zeros
         when the tree has experts (the oracle's placeholder), else none. Timed into ``rec.tree_ms``."""
         if not pending:
             return
         t0 = time.perf_counter()
         experts = None
         if predicted:
-            hidden = [h for *_, h in pending]
-            hidden = None if any(h is None for h in hidden) else torch.cat(hidden).float().cpu().numpy()
-            experts = self._predict(np.concatenate([tok for _, _, tok, _ in pending]), hidden)
-            if experts.shape[1:] != tree.experts.shape[1:]:
-                raise SpecFitInputError("experts", f"the predictor's must have shape (m, L, k) = (m,) + "
-                                        f"{tree.experts.shape[1:]}, got {experts.shape}")
+            with_hidden = [h is not None for *_, h in pending]
+            # one call; one per level only for a drafter that gives hidden states at some levels and not others
+            groups = [pending] if all(with_hidden) or not any(with_hidden) else [[p] for p in pending]
+            parts = []
+            for group in groups:
+                hidden = None if group[0][3] is None else torch.cat([h for *_, h in group]).float().cpu().numpy()
+                parts.append(self._predict(np.concatenate([tok for _, _, tok, _ in group]), hidden))
+                if parts[-1].shape[1:] != tree.experts.shape[1:]:
+                    raise SpecFitInputError("experts", f"the predictor's must have shape (m, L, k) = (m,) + "
+                                            f"{tree.experts.shape[1:]}, got {parts[-1].shape}")
+            experts = np.concatenate(parts)
         elif tree.experts is not None:
             experts = np.zeros((sum(len(p) for p, *_ in pending),) + tree.experts.shape[1:], dtype=np.int64)
         start = 0

@@ -98,3 +98,14 @@ def test_plus_ms_adds_to_fixed_ms_only_and_refuses_bad_ms():
         for bad in (-1.0, float("nan"), float("inf"), "x"):
             with pytest.raises(SpecFitInputError, match="ms"):
                 cost.plus_ms(bad)
+
+
+
+def test_host_profile_plus_ms_refuses_bad_ms_as_the_cost_model_does():
+    from specfit.core.cost import HOST_PROFILES
+    for host in HOST_PROFILES.values():
+        assert host.plus_ms(0.5).extra_ms == pytest.approx(host.extra_ms + 0.5)
+        assert host.plus_ms(0.5).plus_ms(0.25).extra_ms == pytest.approx(host.extra_ms + 0.75)
+        for bad in (-1.0, float("nan"), "x"):
+            with pytest.raises(SpecFitInputError, match="^ms"):
+                host.plus_ms(bad)

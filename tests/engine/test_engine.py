@@ -377,3 +377,30 @@ def test_kept_levels_are_predicted_once_per_solve_not_per_level(ckpt):
     assert len(predictor.sizes) <= len(cycles) + len(solves)
     roots = len(predictor.sizes) - sum(1 for s in predictor.sizes if s > 1)  # calls of one token: roots, or one kept node
     assert kept <= sum(predictor.sizes) <= kept + len(cycles) and roots >= 1
+
+
+def test_levels_with_and_without_hidden_states_each_reach_the_predictor(ckpt, ar_outputs):
+    """A drafter that gives hidden states at some levels only: each level's rows reach the predictor with
+    the states it has (one call per level then), and the output is still AR's."""
+    class HalfHidden(SelfDrafter):
+        def draft_levels(self, root, top_k, max_depth):
+            for j, level in enumerate(super().draft_levels(root, top_k, max_depth), start=1):
+                hidden = torch.full((len(level.tokens), 4), float(j)) if j % 2 else None
+                yield SimpleNamespace(**{**vars(level), "hidden": hidden})
+
+    class Recording(FixedPredictor):
+        def __init__(self):
+            super().__init__()
+            self.rows = []
+
+        def predict(self, tokens, hidden):
+            self.rows += [None] * len(tokens) if hidden is None else [float(h[0]) for h in hidden]
+            return super().predict(tokens, hidden)
+
+    predictor = Recording()
+    dec = SpecDecoder(load(ckpt), HalfHidden(ckpt), "specfit", tree=TreeSettings(16, 4, 3), cost=COST,
+                      predictor=predictor)
+    gen = dec.generate(PROMPTS[1], 16)
+    assert gen.output_ids == ar_outputs[1]
+    assert {1.0, 3.0} & set(predictor.rows) and None in predictor.rows  # odd levels' states arrived
+    assert 2.0 not in predictor.rows and 4.0 not in predictor.rows
