@@ -149,6 +149,8 @@ class CostModel:
         regimes price measured counts through one call, and ignored: a copied expert costs the same
         whatever the number of tokens routed to it (:meth:`HostProfile.cycle_ms` prices rows)."""
         m = np.asarray(new_experts_per_layer, dtype=np.float64)
+        if not m.size:  # no expert term (every expert cached, or no MoE layer in the tree)
+            return self.fixed_ms + self.per_node_ms * num_nodes
         return self.fixed_ms + self.per_node_ms * num_nodes + float(self.per_expert_array(m.shape[0]) @ m)
 
     @property

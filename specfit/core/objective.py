@@ -46,10 +46,10 @@ class Evaluation:
 
 
 def _check_nodes(instance: Instance, nodes: Iterable[int]) -> tuple[int, ...]:
-    s = tuple(sorted(set(int(v) for v in nodes)))
+    s = set(map(int, nodes))
     if not instance.tree.is_ancestor_closed(s):
         raise SpecFitInputError("nodes", "must be ancestor-closed: contain the root and every node's parent")
-    return s
+    return tuple(sorted(s))
 
 
 def expected_tokens(instance: Instance, nodes: Iterable[int]) -> float:
