@@ -29,8 +29,6 @@ def path_prob_order(instance: Instance) -> list[int]:
     list of int, length n
     """
     tree = instance.tree
-    if (np.diff(tree.parents) >= 0).all():  # parents in order (a tree grown level by level): depth too,
-        return np.argsort(-tree.path_prob, kind="stable").tolist()  # so lower index is shallow-first
     return np.lexsort((np.arange(tree.n), tree.depth, -tree.path_prob)).tolist()
 
 

@@ -268,9 +268,10 @@ class DraftTree:
 
     def _append_level(self, parents: np.ndarray, path_prob: np.ndarray, tokens: np.ndarray | None,
                       experts: np.ndarray | None) -> np.ndarray:
-        """:meth:`add_level` of arrays already checked (int64 parents in the tree, float64 P in [0, 1]
-        at most the parent's, int64 tokens and experts iff the tree has them): the engine's path,
-        whose levels come from its own arrays."""
+        """:meth:`add_level` of arrays already checked (int64 parents in the tree or earlier in these
+        arrays, float64 P in [0, 1] at most the parent's, int64 tokens and experts iff the tree has
+        them): the engine's path, whose levels come from its own arrays. Several levels may come in one
+        call (:attr:`last_level` then holds all their ids)."""
         n = self.n
         ids = np.arange(n, n + parents.shape[0], dtype=np.int64)
         self._parents = np.concatenate([self._parents, parents])

@@ -803,26 +803,23 @@ class SpecDecoder:
         if not pending:
             return
         t0 = time.perf_counter()
+        parents, pp, tokens, hidden = zip(*pending)  # all checked; a parent may be in an earlier pending level
+        parents, pp, tokens = np.concatenate(parents), np.concatenate(pp), np.concatenate(tokens)
         experts = None
         if predicted:
-            with_hidden = [h is not None for *_, h in pending]
-            # one call; one per level only for a drafter that gives hidden states at some levels and not others
-            groups = [pending] if all(with_hidden) or not any(with_hidden) else [[p] for p in pending]
-            parts = []
-            for group in groups:
-                hidden = None if group[0][3] is None else torch.cat([h for *_, h in group]).float().cpu().numpy()
-                parts.append(self._predict(np.concatenate([tok for _, _, tok, _ in group]), hidden))
-                if parts[-1].shape[1:] != tree.experts.shape[1:]:
-                    raise SpecFitInputError("experts", f"the predictor's must have shape (m, L, k) = (m,) + "
-                                            f"{tree.experts.shape[1:]}, got {parts[-1].shape}")
-            experts = np.concatenate(parts)
+            if all(h is not None for h in hidden):
+                experts = self._predict(tokens, torch.cat(hidden).float().cpu().numpy())
+            elif all(h is None for h in hidden):
+                experts = self._predict(tokens, None)
+            else:  # some levels with hidden states, some without: each level's own, one call each
+                experts = np.concatenate([self._predict(tok, None if h is None else h.float().cpu().numpy())
+                                          for _, _, tok, h in pending])
+            if experts.shape[1:] != tree.experts.shape[1:]:
+                raise SpecFitInputError("experts", f"the predictor's must have shape (m, L, k) = (m,) + "
+                                        f"{tree.experts.shape[1:]}, got {experts.shape}")
         elif tree.experts is not None:
-            experts = np.zeros((sum(len(p) for p, *_ in pending),) + tree.experts.shape[1:], dtype=np.int64)
-        start = 0
-        for parents, pp, tokens, _ in pending:  # all checked
-            end = start + len(parents)
-            tree._append_level(parents, pp, tokens, None if experts is None else experts[start:end])
-            start = end
+            experts = np.zeros((len(parents),) + tree.experts.shape[1:], dtype=np.int64)
+        tree._append_level(parents, pp, tokens, experts)
         pending.clear()
         rec.tree_ms += (time.perf_counter() - t0) * 1e3
 

@@ -104,24 +104,6 @@ def test_path_prob_order_is_ancestor_closed_despite_tolerance():
     assert order == [0, 1, 2]
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.data())
-def test_path_prob_order_is_shallow_first_then_lower_index_on_ties(data):
-    """The order's definition (a lexsort by -P, depth, index) on trees with tied P, whether or not
-    their parents come in order (the level-by-level fast path and the general one)."""
-    n = data.draw(st.integers(1, 14))
-    parents = [-1] + [data.draw(st.integers(0, i - 1)) for i in range(1, n)]
-    if data.draw(st.booleans()):
-        parents = [-1] + sorted(parents[1:])  # a tree still: the i-th smallest is at most max(p_1..p_i) < i
-    levels = data.draw(st.lists(st.sampled_from([0.5, 0.25, 0.125]), min_size=n, max_size=n))
-    pp = [1.0] * n
-    for i in range(1, n):  # few distinct values: ties across depths and siblings
-        pp[i] = min(pp[parents[i]], levels[i])
-    tree = DraftTree(parents, path_prob=pp)
-    reference = np.lexsort((np.arange(n), tree.depth, -tree.path_prob)).tolist()
-    assert path_prob_order(Instance(tree, CostModel(1.0, 0.1, 0.0))) == reference
-
-
 def test_greedy_picks_cached_child_over_likely_child_with_new_experts():
     # SPECFIT.md §3: a likely child needing many new experts loses to a less likely cached one
     experts = np.array([[[0, 1]], [[2, 3]], [[0, 1]]])
