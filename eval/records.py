@@ -93,7 +93,8 @@ class ResultRecord(_JsonRecord):
     measured_ms : dict
         Measured totals in ms: ``draft``, ``predict`` (the expert predictor's calls), ``tree`` (tree
         building, calibration and pruning per level; absent in old files), ``solve``, ``verify``,
-        ``transfer``, ``accept``.
+        ``transfer``, ``accept``, ``hidden_host`` (host CPU ms overlapped with the first draft level
+        and left out of the modeled time, :mod:`specfit.eval.modeled`; absent in old files).
     score : dict
         Task metric of ``text`` (accuracy or ROUGE F1), ``{}`` without a reference.
     """
@@ -148,7 +149,7 @@ class ResultRecord(_JsonRecord):
         cycles = gen.cycles
         parts = [modeled_cycle_ms(c, cost) for c in cycles]
         measured = {k: sum(getattr(c, f"{k}_ms") for c in cycles)
-                    for k in ("draft", "predict", "tree", "solve", "verify", "transfer", "accept")}
+                    for k in ("draft", "predict", "tree", "solve", "verify", "transfer", "accept", "hidden_host")}
         return cls(
             id=prompt.id, dataset=prompt.dataset, method=method, task=prompt.task,
             prompt_tokens=len(prompt_ids), output_ids=list(gen.output_ids), text=text,

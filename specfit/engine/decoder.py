@@ -167,6 +167,9 @@ class CycleRecord:
     (``verify_ms - transfer_ms``), ``accept_ms``. ``host_cpu_ms``: CPU ms of the engine's thread spent on the host side of the cycle (expert
     predictor, tree building, calibration, gate, solver; the head and target forwards excluded), by
     ``time.thread_time``: unlike wall-clock ms it does not grow with other processes' load.
+    ``hidden_host_ms``: host CPU ms of the earlier drafted cycles' acceptance learning run while the
+    device computes this cycle's first draft level (:meth:`OnlineModel.defer`), at most the profile's
+    ``draft_level_ms``; not in ``host_cpu_ms`` (what exceeds it is).
     ``host``: in the host and auto offload modes (``offload="host"``/``"auto"``), per MoE layer the
     experts computed on the host (``"computed"``) and their (token, expert) rows (``"rows"``); empty
     in the transfer mode (in the auto mode ``transferred`` counts the experts it chose to copy).
@@ -196,6 +199,7 @@ class CycleRecord:
     compute_ms: float = 0.0
     accept_ms: float = 0.0
     host_cpu_ms: float = 0.0
+    hidden_host_ms: float = 0.0
     host: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
@@ -438,6 +442,7 @@ class SpecDecoder:
         self._predict_s = 0.0  # this cycle's wall seconds in the expert predictor (_predict)
         self._cache = self._root = None  # this cycle's cache mask, and its root tree with its cost model
         self._untimed_s = 0.0  # this cycle's CPU s of head and reference forwards (not host work)
+        self._flush_excess_s = 0.0  # of the deferred learning, what the first draft level did not hide
         self._drafted = None  # this cycle's whole drafted tree (_Drafted)
         self._level_host_ms = 0.0  # this cycle's host CPU ms in its draft levels
         self._selected_depth = 0  # this cycle's deepest verified node (0: the root alone)
@@ -511,6 +516,10 @@ class SpecDecoder:
             self._recalibrate(rec)
             new += committed
             root = committed[-1]
+        if self.online is not None and self.online.deferred and cycles:  # no device work left to hide it
+            c0 = time.thread_time()
+            self.online.flush()
+            cycles[-1].host_cpu_ms += (time.thread_time() - c0) * 1e3
         if eos_id is not None and eos_id in new:
             new = new[:new.index(eos_id) + 1]
         return Generation(new[:max_new_tokens], cycles, time.perf_counter() - t1, t1 - t0)
@@ -532,12 +541,13 @@ class SpecDecoder:
         selection = None
         self._reference_verified = False  # oracle: did the reference already verify this cycle's tree?
         self._cache, self._root_new, self._root, self._untimed_s = None, None, None, 0.0
+        self._flush_excess_s = 0.0  # CPU s of the deferred learning not hidden by the first draft level
         self._predict_s = 0.0  # this cycle's wall seconds in the expert predictor (_predict)
         self._drafted, self._selected_depth = None, 0
         c0 = time.thread_time()
         if m.drafts and drafter_ready:
             tree, selection, items = self._draft_and_select(root, None, rec)
-        rec.host_cpu_ms = (time.thread_time() - c0 - self._untimed_s) * 1e3
+        rec.host_cpu_ms = (time.thread_time() - c0 - self._untimed_s + self._flush_excess_s) * 1e3
         rec.predict_ms = self._predict_s * 1e3
         drafted = self._drafted if selection is not None else None
         # verify the selected subtree in one target forward (an AR step: the root alone)
@@ -568,14 +578,8 @@ class SpecDecoder:
             # in the whole drafted tree's ids (pruned nodes too: they were drafted, only not priced)
             full = drafted.full_ids[np.asarray(keep)]
             self._selected_depth = int(drafted.depth[full].max())
-            if self.temperature == 0:  # every drafted child of an accepted node is a trial, verified or not
-                n = drafted.n
-                old, ok = greedy_trials(drafted.parents[:n], drafted.tokens[:n], full[acc.path], acc.bonus_token)
-            else:
-                nodes, ok = verify_trials(sub_parents, acc.path)
-                old = full[nodes]
-            self.acceptance.update(drafted.q[old], drafted.depth[old], ok, drafted.rank[old])
-            self.acceptance._observe_paths(drafted.cal[full[1:]], drafted.depth[full[1:]], acc.accepted)  # checked
+            # learned while the device computes the next drafted cycle's first level (OnlineModel.defer)
+            self.online.defer(self._learn_acceptance, drafted, full, acc, sub_parents)
             rec.host_cpu_ms += (time.thread_time() - c0) * 1e3
         if self.reference is not None:
             if self._reference_verified:  # it verified the whole drafted tree: commit in its node ids
@@ -608,6 +612,20 @@ class SpecDecoder:
         self._lam_ms += rec.predicted_ms
         path_tokens = [sub_tokens[v] for v in acc.path]
         return rec, acc.new_tokens, out.aux_hidden[acc.path], path_tokens
+
+    def _learn_acceptance(self, drafted: "_Drafted", full: np.ndarray, acc, sub_parents: list) -> None:
+        """Teach the acceptance calibrator one verify: its Bernoulli trials (under greedy verification
+        every drafted child of an accepted node, verified or not: :func:`greedy_trials`; else the
+        verified ones: :func:`verify_trials`) and its path outcome (:meth:`AcceptanceCalibrator.observe_paths`).
+        ``full``: the verified nodes' ids in ``drafted`` (root first); ``acc`` the verify's acceptance."""
+        if self.temperature == 0:
+            n = drafted.n
+            old, ok = greedy_trials(drafted.parents[:n], drafted.tokens[:n], full[acc.path], acc.bonus_token)
+        else:
+            nodes, ok = verify_trials(sub_parents, acc.path)
+            old = full[nodes]
+        self.acceptance.update(drafted.q[old], drafted.depth[old], ok, drafted.rank[old])
+        self.acceptance._observe_paths(drafted.cal[full[1:]], drafted.depth[full[1:]], acc.accepted)  # checked
 
     def _learn(self, rec: CycleRecord, cache: np.ndarray, routing: np.ndarray) -> None:
         """Teach the online model this cycle's outcome: the root's true against predicted uncached
@@ -725,6 +743,8 @@ class SpecDecoder:
             self._untimed_s += time.thread_time() - u0  # the head forward: device work, in draft_ms
             if level is None:
                 break
+            if not rec.levels:  # the first level is on the device (a GPU computes it asynchronously)
+                self._flush_learning(rec)
             rec.levels += 1
             t0 = time.perf_counter()
             parents = level.parents.cpu().numpy().astype(np.int64, copy=False)
@@ -793,6 +813,21 @@ class SpecDecoder:
         if self.online is not None and tree.n > 1:
             self.online.min_expert_ms.append(self._cheapest_node_expert_ms(tree, cache))
         return tree, selection, tree.items(cache)
+
+    def _flush_learning(self, rec: CycleRecord) -> None:
+        """Run the online model's deferred learning (:meth:`OnlineModel.flush`) after the cycle's first
+        draft level was launched and before its outputs are read (on a GPU the head forward runs
+        meanwhile). Its host CPU time, up to the profile's ``draft_level_ms``, is ``rec.hidden_host_ms``,
+        off the critical path; the rest is host time of the cycle outside its levels (``host_cpu_ms``)."""
+        if self.online is None or not self.online.deferred:
+            return
+        u0 = time.thread_time()
+        self.online.flush()
+        spent = time.thread_time() - u0
+        hidden = min(spent, (self.cost.draft_level_ms or 0.0) / 1e3)
+        self._untimed_s += spent  # out of the levels' host time (a cost per cycle, not per level) ...
+        self._flush_excess_s = spent - hidden  # ... and what the head forward did not hide back into the cycle's
+        rec.hidden_host_ms = hidden * 1e3
 
     def _grow(self, tree: DraftTree, pending: list, predicted: bool, rec: CycleRecord) -> None:
         """Append the ``pending`` levels (each ``(parents, path_prob, tokens, hidden)``, parents as ids of

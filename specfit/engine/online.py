@@ -49,7 +49,9 @@ Three things the cycle's objective needs and no datasheet gives (issue 9, SPECFI
   rest of the cycle; :meth:`OnlineModel.host_level_ms` replaces the profile's ``host_level_ms`` (a
   prior from benchmarks) in the level cost of the selection, the stop rule and the gate, and
   :meth:`OnlineModel.host_cycle_ms` is a cost every drafted cycle pays whatever it verifies (added to
-  the selection's sunk ms, like the levels already drafted).
+  the selection's sunk ms, like the levels already drafted). A verify's acceptance learning is queued
+  (:meth:`OnlineModel.defer`) and run while the device computes the next drafted cycle's first draft
+  level; the part of it that level hides is not host time on the critical path.
 
 Decayed sums forget with factor :attr:`OnlineModel.DECAY` per observation (an effective window of ~50
 cycles; Ŝ's with :attr:`OnlineModel.SPEEDUP_DECAY`, ~10 drafted cycles), so the model follows a change
@@ -124,6 +126,27 @@ class OnlineModel:
         self.burst_left = 0  # exploring cycles left in the current burst
         self.min_expert_ms: deque = deque(maxlen=self.GATE_WINDOW)
         self.host_ms = np.zeros(4)  # decayed sums: level host ms, levels, rest-of-cycle host ms, cycles
+        #: Learning deferred to the next drafted cycle's first draft level (:meth:`defer`), oldest first.
+        self.deferred: list = []
+
+    def defer(self, learn: Callable, *args) -> None:
+        """Queue ``learn(*args)`` (a verify's acceptance learning) until :meth:`flush`.
+
+        A drafted cycle first needs calibrated acceptance when its first draft level comes back from
+        the device, so the engine runs the queue while the device computes that level
+        (``SpecDecoder._flush_learning``) and at the end of a generation: on a GPU the learning is
+        then off the critical path, up to the head's ``draft_level_ms``. Every selection sees the
+        calibration of every earlier verify, as without the queue; only the AR gate's sound bound
+        (:meth:`AcceptanceCalibrator.mass_bound`, consulted before drafting) may see it one drafted
+        cycle late (SPECFIT.md §3, "The host's own cost").
+        """
+        self.deferred.append((learn, args))
+
+    def flush(self) -> None:
+        """Run the deferred learning (:meth:`defer`) in the order it was queued."""
+        queue, self.deferred = self.deferred, []
+        for learn, args in queue:
+            learn(*args)
 
     @property
     def speedup(self) -> float | None:

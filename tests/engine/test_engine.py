@@ -404,3 +404,40 @@ def test_levels_with_and_without_hidden_states_each_reach_the_predictor(ckpt, ar
     assert gen.output_ids == ar_outputs[1]
     assert {1.0, 3.0} & set(predictor.rows) and None in predictor.rows  # odd levels' states arrived
     assert 2.0 not in predictor.rows and 4.0 not in predictor.rows
+
+
+def test_acceptance_learning_runs_while_the_first_draft_level_is_computed(ckpt, ar_outputs):
+    """A verify's acceptance learning waits for the next drafted cycle's first draft level (on a GPU it
+    runs while the head computes that level): every calibrated probability is computed after every
+    earlier verify was learned, its CPU time up to ``draft_level_ms`` is ``hidden_host_ms`` and the
+    rest stays in ``host_cpu_ms``, and nothing is left unlearned when ``generate`` returns."""
+    import time as _time
+
+    cost = CostModel(6.0, 0.1, 0.05, draft_level_ms=2.0)
+    dec = SpecDecoder(load(ckpt), SelfDrafter(ckpt), "specfit", tree=TreeSettings(8, 3, 3), cost=cost,
+                      predictor=FixedPredictor())
+    learn, level_probs, pending_at_use = dec._learn_acceptance, dec.acceptance.level_probs, []
+
+    def slow_learn(*args):  # 5 ms of CPU: 2 of them hidden by the head, 3 on the critical path
+        end = _time.thread_time() + 0.005
+        while _time.thread_time() < end:
+            pass
+        learn(*args)
+
+    def checked_level_probs(*args):
+        pending_at_use.append(len(dec.online.deferred))
+        return level_probs(*args)
+
+    dec._learn_acceptance, dec.acceptance.level_probs = slow_learn, checked_level_probs
+    gen = dec.generate(PROMPTS[0], 16)
+    assert gen.output_ids == ar_outputs[0]
+    assert pending_at_use and not any(pending_at_use) and not dec.online.deferred
+    drafted = [i for i, c in enumerate(gen.cycles) if c.levels]
+    assert len(drafted) >= 3
+    for i in drafted[1:]:  # each drafted cycle after the first learned its predecessor's verify
+        c = gen.cycles[i]
+        assert c.hidden_host_ms == pytest.approx(2.0) and c.host_cpu_ms >= 3.0 * 0.95
+    assert gen.cycles[drafted[0]].hidden_host_ms == 0.0
+    assert gen.cycles[-1].host_cpu_ms >= 5.0 * 0.95  # the last drafted verify's, learned at the end: unhidden
+    # the trials of every drafted cycle's verify are in the calibrator once generate returns
+    assert dec.acceptance.path_accepted.sum() == sum(gen.cycles[i].accepted for i in drafted)
