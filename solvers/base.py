@@ -100,7 +100,9 @@ class Solver:
     """Base class: subclasses set ``name`` and ``exact`` and implement :meth:`select`.
 
     ``select(instance, rate)`` returns ``(nodes, status)``; :meth:`solve` times it, evaluates
-    the objective and returns a :class:`Selection`.
+    the objective and returns a :class:`Selection`. A ``select`` that evaluated its own nodes may
+    return ``(nodes, status, evaluation)`` (a :class:`~specfit.core.objective.Evaluation` of exactly
+    those nodes, e.g. :func:`~specfit.core.objective.evaluate_uncovered`) instead.
     """
 
     name = "base"
@@ -132,9 +134,9 @@ class Solver:
         """
         rate = check_rate(rate)
         t0 = time.perf_counter()
-        nodes, status = self.select(instance, rate)
+        nodes, status, *known = self.select(instance, rate)
         solve_ms = (time.perf_counter() - t0) * 1e3
-        ev = evaluate(instance, nodes)
+        ev = known[0] if known else evaluate(instance, nodes)
         return Selection(self.name, ev.nodes, ev.expected_tokens, ev.predicted_ms, ev.throughput, solve_ms, status,
                          "ratio" if rate is None else "rate", rate)
 

@@ -51,6 +51,7 @@ import numpy as np
 
 from specfit.core.coverage import Coverage, at_least_twice, coverage
 from specfit.core.instance import Instance
+from specfit.core.objective import evaluate_uncovered
 from specfit.solvers.base import Solver
 from specfit.solvers.exact_host import select_host
 from specfit.solvers.greedy import _scan_prefix, linear_prefix
@@ -319,7 +320,9 @@ class ExactSolver(Solver):
         if linear and not instance.items.union(range(instance.n)):  # no uncached expert: T linear in |S|, a prefix is optimal
             if host:  # nothing on the host
                 instance = replace(instance, cost=instance.cost.gpu_only())
-            return linear_prefix(instance, None if rate is None else rate / 1000.0), "optimal"
+                return linear_prefix(instance, None if rate is None else rate / 1000.0), "optimal"
+            nodes = linear_prefix(instance, None if rate is None else rate / 1000.0)
+            return nodes, "optimal", evaluate_uncovered(instance, nodes)  # a prefix: closed, sorted, no expert
         if host:  # per-layer max: branch and bound (specfit.solvers.exact_host)
             return select_host(instance, rate, [0], self.tol, deadline)  # {root}: cheaper than a prefix scan here
         cov = coverage(instance)

@@ -17,7 +17,7 @@ assumption of EAGLE-2, Li et al. 2024, §3).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -81,8 +81,32 @@ def evaluate(instance: Instance, nodes: Iterable[int]) -> Evaluation:
         If ``nodes`` is not ancestor-closed (root and every node's parent included).
     """
     s = _check_nodes(instance, nodes)
+    return _evaluation(instance, s, instance.items.new_per_layer(s))
+
+
+def evaluate_uncovered(instance: Instance, nodes: Sequence[int]) -> Evaluation:
+    """:func:`evaluate` of a node set that the caller knows to be sorted, ancestor-closed and free of
+    uncached experts (no node of ``instance`` needs one, transfer regime): the same floats, without the
+    closure check and the coverage count (a solver's best prefix, per solve in the engine).
+
+    Parameters
+    ----------
+    instance : Instance
+        Cost a :class:`~specfit.core.cost.CostModel` (not checked).
+    nodes : sequence of int
+        Increasing node ids, root first (not checked).
+
+    Returns
+    -------
+    Evaluation
+        ``new_experts`` all zero, shape (L,).
+    """
+    return _evaluation(instance, tuple(nodes), np.zeros(instance.num_layers, dtype=np.int64))
+
+
+def _evaluation(instance: Instance, s: tuple[int, ...], new: np.ndarray) -> Evaluation:
+    """The :class:`Evaluation` of the sorted, checked node tuple ``s`` with ``new`` uncached experts per layer."""
     a = 1.0 + float(instance.tree.path_prob[list(s[1:])].sum()) if len(s) > 1 else 1.0
-    new = instance.items.new_per_layer(s)
     t = _cycle_ms(instance, s, new)
     return Evaluation(s, a, t, 1000.0 * a / t if t > 0 else float("inf"), new)
 

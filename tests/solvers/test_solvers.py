@@ -195,3 +195,26 @@ def test_best_prefix_without_uncached_experts_is_the_scan(inst, lam, all_cached)
     if all_cached:  # every expert resident: the closed form applies
         inst = Instance(inst.tree, inst.cost, np.ones_like(inst.cache), inst.max_nodes, inst.max_new_experts_per_layer)
     assert best_prefix(inst, lam) == _scanned_prefix(inst, lam)
+
+
+@settings(max_examples=100, deadline=None)
+@given(instances(max_nodes=12, budget="nodes"), RATES)
+def test_exact_without_uncached_experts_evaluates_its_prefix_as_evaluate_does(inst, rate):
+    """With every expert resident the exact solver returns the best prefix with its own A and T
+    (objective.evaluate_uncovered): the optimum, and bit for bit evaluate's floats."""
+    from specfit.core.objective import evaluate_uncovered
+
+    inst = Instance(inst.tree, inst.cost, np.ones_like(inst.cache), inst.max_nodes, inst.max_new_experts_per_layer)
+    sel = get_solver("exact").solve(inst, rate)
+    ev = evaluate(inst, sel.nodes)
+    assert (sel.nodes, sel.expected_tokens, sel.predicted_ms, sel.throughput) == (
+        ev.nodes, ev.expected_tokens, ev.predicted_ms, ev.throughput)
+    assert all(type(v) is int for v in sel.nodes)
+    assert close(sel.objective, get_solver("bruteforce").solve(inst, rate).objective)
+    order = path_prob_order(inst)
+    for k in range(1, inst.n + 1):
+        prefix = sorted(order[:k])
+        a, b = evaluate_uncovered(inst, prefix), evaluate(inst, prefix)
+        assert (a.nodes, a.expected_tokens, a.predicted_ms, a.throughput) == (b.nodes, b.expected_tokens,
+                                                                              b.predicted_ms, b.throughput)
+        np.testing.assert_array_equal(a.new_experts, b.new_experts)
