@@ -136,7 +136,7 @@ class Solver:
         t0 = time.perf_counter()
         nodes, status, *known = self.select(instance, rate)
         solve_ms = (time.perf_counter() - t0) * 1e3
-        ev = known[0] if known else evaluate(instance, nodes)
+        ev = known[0] if known and known[0] is not None else evaluate(instance, nodes)
         return Selection(self.name, ev.nodes, ev.expected_tokens, ev.predicted_ms, ev.throughput, solve_ms, status,
                          "ratio" if rate is None else "rate", rate)
 

@@ -101,7 +101,7 @@ def evaluate_uncovered(instance: Instance, nodes: Sequence[int]) -> Evaluation:
     Evaluation
         ``new_experts`` all zero, shape (L,).
     """
-    return _evaluation(instance, tuple(nodes), np.zeros(instance.num_layers, dtype=np.int64))
+    return _evaluation(instance, tuple(map(int, nodes)), np.zeros(instance.num_layers, dtype=np.int64))
 
 
 def _evaluation(instance: Instance, s: tuple[int, ...], new: np.ndarray) -> Evaluation:

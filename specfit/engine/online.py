@@ -138,7 +138,7 @@ class OnlineModel:
         then off the critical path, up to the head's ``draft_level_ms``. Every selection sees the
         calibration of every earlier verify, as without the queue; only the AR gate's sound bound
         (:meth:`AcceptanceCalibrator.mass_bound`, consulted before drafting) may see it one drafted
-        cycle late (SPECFIT.md §3, "The host's own cost").
+        cycle late (SPECFIT.md §3, "Whole-cycle objective").
         """
         self.deferred.append((learn, args))
 

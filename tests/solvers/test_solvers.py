@@ -218,3 +218,23 @@ def test_exact_without_uncached_experts_evaluates_its_prefix_as_evaluate_does(in
         assert (a.nodes, a.expected_tokens, a.predicted_ms, a.throughput) == (b.nodes, b.expected_tokens,
                                                                               b.predicted_ms, b.throughput)
         np.testing.assert_array_equal(a.new_experts, b.new_experts)
+
+
+def test_a_custom_select_may_return_two_values_or_no_evaluation():
+    """Solver.solve evaluates the nodes itself unless select returned their Evaluation."""
+    from specfit.solvers.base import Solver
+
+    inst = Instance(DraftTree([-1, 0, 0], path_prob=[1.0, 0.6, 0.3]), CostModel(6.0, 0.1, 0.0))
+
+    class Two(Solver):
+        def select(self, instance, rate):
+            return [0, 1], "feasible"
+
+    class NoEvaluation(Solver):
+        def select(self, instance, rate):
+            return [np.int64(1), np.int64(0)], "feasible", None
+
+    for solver in (Two(), NoEvaluation()):
+        sel = solver.solve(inst)
+        assert sel.nodes == (0, 1) and all(type(v) is int for v in sel.nodes)
+        assert sel.expected_tokens == evaluate(inst, [0, 1]).expected_tokens
