@@ -318,10 +318,10 @@ class ExactSolver(Solver):
         host = instance.cost.regime == "host"
         linear = not host or instance.cost.node_extra_ms <= instance.cost.gpu.fixed_ms + instance.cost.extra_ms
         if linear and not instance.items.union(range(instance.n)):  # no uncached expert: T linear in |S|, a prefix is optimal
-            if host:  # nothing on the host
-                instance = replace(instance, cost=instance.cost.gpu_only())
-                return linear_prefix(instance, None if rate is None else rate / 1000.0), "optimal"
-            nodes = linear_prefix(instance, None if rate is None else rate / 1000.0)
+            lam = None if rate is None else rate / 1000.0
+            if host:  # nothing on the host: the GPU part prices it (solve evaluates it on the profile)
+                return linear_prefix(replace(instance, cost=instance.cost.gpu_only()), lam), "optimal"
+            nodes = linear_prefix(instance, lam)
             return nodes, "optimal", evaluate_uncovered(instance, nodes)  # a prefix: closed, sorted, no expert
         if host:  # per-layer max: branch and bound (specfit.solvers.exact_host)
             return select_host(instance, rate, [0], self.tol, deadline)  # {root}: cheaper than a prefix scan here

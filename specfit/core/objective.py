@@ -99,7 +99,12 @@ def evaluate_uncovered(instance: Instance, nodes: Sequence[int]) -> Evaluation:
     Returns
     -------
     Evaluation
-        ``new_experts`` all zero, shape (L,).
+        ``expected_tokens`` A(S) (tokens), ``predicted_ms`` T(S) (ms), ``throughput`` (tokens/s);
+        ``new_experts`` all zero, shape (L,). Nothing is raised: the caller vouches for ``nodes``.
+
+    References
+    ----------
+    SPECFIT.md §3: A(S) = 1 + Σ P_v, and T(S) = fixed_ms + per_node_ms |S| when S brings no uncached expert.
     """
     return _evaluation(instance, tuple(map(int, nodes)), np.zeros(instance.num_layers, dtype=np.int64))
 

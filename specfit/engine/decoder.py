@@ -442,7 +442,6 @@ class SpecDecoder:
         self._predict_s = 0.0  # this cycle's wall seconds in the expert predictor (_predict)
         self._cache = self._root = None  # this cycle's cache mask, and its root tree with its cost model
         self._untimed_s = 0.0  # this cycle's CPU s of head and reference forwards (not host work)
-        self._flush_excess_s = 0.0  # of the deferred learning, what the first draft level did not hide
         self._drafted = None  # this cycle's whole drafted tree (_Drafted)
         self._level_host_ms = 0.0  # this cycle's host CPU ms in its draft levels
         self._selected_depth = 0  # this cycle's deepest verified node (0: the root alone)
@@ -541,13 +540,12 @@ class SpecDecoder:
         selection = None
         self._reference_verified = False  # oracle: did the reference already verify this cycle's tree?
         self._cache, self._root_new, self._root, self._untimed_s = None, None, None, 0.0
-        self._flush_excess_s = 0.0  # CPU s of the deferred learning not hidden by the first draft level
         self._predict_s = 0.0  # this cycle's wall seconds in the expert predictor (_predict)
         self._drafted, self._selected_depth = None, 0
         c0 = time.thread_time()
         if m.drafts and drafter_ready:
             tree, selection, items = self._draft_and_select(root, None, rec)
-        rec.host_cpu_ms = (time.thread_time() - c0 - self._untimed_s + self._flush_excess_s) * 1e3
+        rec.host_cpu_ms += (time.thread_time() - c0 - self._untimed_s) * 1e3  # (+ the learning's unhidden part)
         rec.predict_ms = self._predict_s * 1e3
         drafted = self._drafted if selection is not None else None
         # verify the selected subtree in one target forward (an AR step: the root alone)
@@ -826,7 +824,7 @@ class SpecDecoder:
         spent = time.thread_time() - u0
         hidden = min(spent, (self.cost.draft_level_ms or 0.0) / 1e3)
         self._untimed_s += spent  # out of the levels' host time (a cost per cycle, not per level) ...
-        self._flush_excess_s = spent - hidden  # ... and what the head forward did not hide back into the cycle's
+        rec.host_cpu_ms += (spent - hidden) * 1e3  # ... what the head forward did not hide is the cycle's
         rec.hidden_host_ms = hidden * 1e3
 
     def _grow(self, tree: DraftTree, pending: list, predicted: bool, rec: CycleRecord) -> None:
