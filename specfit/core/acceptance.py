@@ -322,20 +322,25 @@ class AcceptanceCalibrator:
         SpecFitInputError
             A width that is not an integer >= 0.
         """
+        widths = [check_nonnegative_int(f"widths[{j}]", w) for j, w in enumerate(widths)]
+        top = self._max_conditionals().tolist()  # one vector pass: the AR gate asks every cycle
         mass, a, u = [], 1.0, 1.0
         for j, w in enumerate(widths, start=1):
-            w = check_nonnegative_int(f"widths[{j - 1}]", w)
-            u *= self.max_conditional(j)
+            u *= top[min(j, self.max_depth) - 1]
             a = min(a, w * u * float(self.path_factor[min(j, self.max_depth)]))
             mass.append(a)
         return mass
 
+    def _max_conditionals(self) -> np.ndarray:
+        """:meth:`max_conditional` of depths 1..max_depth, shape (max_depth,)."""
+        upper = np.concatenate([self.edges, [1.0]])  # c grows with q inside a bin: each bin's top
+        shape = (self.max_depth, -1)
+        top = (self._alpha.reshape(self.trials.shape) * upper + self._beta.reshape(self.trials.shape)).reshape(shape)
+        return np.minimum(1.0, top.max(axis=1))  # over every rank class and bin
+
     def max_conditional(self, depth: int) -> float:
         """The largest calibrated conditional acceptance any node at ``depth`` can get (q in [0, 1])."""
-        d = min(max(int(depth), 1), self.max_depth) - 1
-        upper = np.concatenate([self.edges, [1.0]])  # c grows with q inside a bin: each bin's top
-        alpha, beta = self._alpha.reshape(self.trials.shape)[d], self._beta.reshape(self.trials.shape)[d]
-        return float(min(1.0, (alpha * upper + beta).max()))  # over every rank class and bin
+        return float(self._max_conditionals()[min(max(int(depth), 1), self.max_depth) - 1])
 
     def update(self, q, depth, accepted, rank=None) -> None:
         """Record Bernoulli trials: nodes (q, depth) whose parent was accepted, and whether each was.

@@ -326,6 +326,10 @@ def tau(cycles: Sequence[CycleRecord]) -> float:
     return sum(c.committed for c in cycles) / len(cycles) if cycles else 0.0
 
 
+#: Torch dtypes numpy takes as they are (bfloat16, for one, must be widened first).
+_NUMPY_FLOATS = (torch.float32, torch.float64)
+
+
 def _root_only(root: int, experts: np.ndarray | None, num_experts: int) -> DraftTree:
     """The draft tree of the root alone (token ``root``, P = 1, ``experts`` (1, L, k) checked or None)."""
     return DraftTree._of_arrays(np.full(1, -1, dtype=np.int64), np.ones(1), np.full(1, root, dtype=np.int64),
@@ -446,6 +450,7 @@ class SpecDecoder:
         self._level_host_ms = 0.0  # this cycle's host CPU ms in its draft levels
         self._selected_depth = 0  # this cycle's deepest verified node (0: the root alone)
         self._unobserved: list = []  # committed (tokens, routing) the predictor has not observed yet
+        self._widths = [tree.level_width(j) for j in range(1, tree.depth + 1)]  # most nodes per depth
 
     #: Per solve, for selectors that take a time limit: only a branch and bound can be slow (the exact
     #: solver under budgets or in the host regime, where rare trees took seconds in the grid); past it the
@@ -748,9 +753,10 @@ class SpecDecoder:
             parents = level.parents.cpu().numpy().astype(np.int64, copy=False)
             tokens = level.tokens.cpu().numpy().astype(np.int64, copy=False)
             # EAGLE's float32 products can differ from the parent's by an ulp; keep P non-increasing
-            up = d.raw[parents]
-            raw = np.minimum(level.path_prob.double().cpu().numpy(), up)
-            if raw.size and not (raw.min() >= 0.0 and raw.max() <= 1.0):  # NaN fails both; the drafter's contract
+            up = d.raw[parents]  # each <= 1 (the root's is 1), so raw <= 1
+            head_pp = level.path_prob if level.path_prob.dtype in _NUMPY_FLOATS else level.path_prob.double()
+            raw = np.minimum(head_pp.cpu().numpy(), up)  # float64 (float32 widens exactly)
+            if raw.size and not raw.min() >= 0.0:  # NaN fails it (np.minimum keeps NaN); the drafter's contract
                 raise SpecFitInputError("path_prob", "the drafter's path probabilities must lie in [0, 1]")
             q = raw / np.maximum(up, 1e-300)  # conditional draft probabilities (raw <= up: 0 where up is 0)
             pp = p_hat = raw
@@ -918,7 +924,7 @@ class SpecDecoder:
             return True
         tree, cost = self._root_tree(root, cache)
         ar_ms = cost.cycle_ms(1, tree.items(cache).root_new_per_layer)
-        mass = self.acceptance.mass_bound([self.tree.level_width(j) for j in range(1, self.tree.depth + 1)])
+        mass = self.acceptance.mass_bound(self._widths)
         return draft_can_beat_ar(ar_ms, mass, self._level_ms(), cost.min_node_ms, min(online.min_expert_ms))
 
     def _cheapest_node_expert_ms(self, tree: DraftTree, cache: np.ndarray) -> float:

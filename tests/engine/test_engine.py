@@ -10,6 +10,7 @@ import torch
 from specfit.models.qwen3_moe import OffloadedQwen3Moe
 from specfit.core.cost import CostModel
 from specfit.engine import METHODS, SpecDecoder, TreeSettings, get_method
+import specfit.engine.decoder as decoder_module
 from specfit.core.errors import SpecFitInputError
 
 VOCAB, LAYERS, EXPERTS, TOP_K = 96, 3, 16, 4
@@ -316,6 +317,7 @@ class _Corrupt:
 
 @pytest.mark.parametrize("drafted,predicted,field", [
     ({"path_prob": lambda lv: torch.full_like(lv.path_prob, float("nan"))}, None, "path_prob"),
+    ({"path_prob": lambda lv: -lv.path_prob}, None, "path_prob"),
     (None, lambda e: e + EXPERTS, r"experts\[\d+\]\[0\]: expert id \d+ is out of range"),
     (None, lambda e: e[:, :1], "experts"),  # one layer instead of LAYERS
 ])
@@ -330,6 +332,22 @@ def test_bad_drafter_or_predictor_output_is_refused_by_field(ckpt, drafted, pred
                                                         else real.predict(tokens, hidden))
     with pytest.raises(SpecFitInputError, match=field):
         dec.generate(PROMPTS[0], 16)
+
+
+def test_a_drafter_in_bfloat16_drafts_as_in_float32(ckpt, monkeypatch):
+    """Path probabilities in a dtype numpy lacks (bfloat16) are widened, not refused: the same
+    output and the same verified nodes as the float32 rounding of those probabilities (host CPU
+    time frozen: the whole-cycle objective prices the measured host ms)."""
+    monkeypatch.setattr(decoder_module.time, "thread_time", lambda: 0.0)
+    runs = []
+    for dtype in (torch.bfloat16, torch.float32):
+        to = (lambda lv: lv.path_prob.to(torch.bfloat16)) if dtype == torch.bfloat16 else \
+            (lambda lv: lv.path_prob.to(torch.bfloat16).float())
+        dec = decoder(ckpt, "specfit", _Corrupt(SelfDrafter(ckpt), path_prob=to), tree=TreeSettings(8, 3, 3))
+        gen = dec.generate(PROMPTS[0], 16)
+        runs.append((gen.output_ids, [c.nodes_verified for c in gen.cycles], [c.levels for c in gen.cycles]))
+    assert runs[0] == runs[1]
+    assert sum(runs[0][1]) > len(runs[0][1])  # draft nodes were verified
 
 
 def test_predict_ms_is_the_predictors_own_time(ckpt):
