@@ -42,9 +42,7 @@ Three things the cycle's objective needs and no datasheet gives (issue 9, SPECFI
   exploration that leaves Ŝ below :attr:`OnlineModel.EXPLORE_MARGIN` or whose own selection verified
   the root alone, up to :attr:`EXPLORE_MAX`; 16 while Ŝ is at or above it and the exploring
   cycle verified draft nodes, where an exploring cycle costs at most 5% of an AR step): a bounded
-  share of exploring cycles. A due exploration also waits while the explorations' measured unpaid
-  loss against AR exceeds :attr:`OnlineModel.EXPLORE_BUDGET` (0.5%) of the AR steps' time: their
-  cost is bounded by what they cost, not by the schedule alone.
+  share of exploring cycles.
 
 * **The host's own cost, measured.** The predictor, the tree and the solver run on the host CPU every
   drafted cycle. The engine measures that CPU time (``time.thread_time``) per draft level and for the
@@ -108,13 +106,6 @@ class OnlineModel:
     #: drafting then loses at most 1 - EXPLORE_MARGIN of an AR step per exploring cycle, and one burst
     #: per EXPLORE_FIRST * EXPLORE_BURST AR steps (one cycle in 5) explores.
     EXPLORE_MARGIN = 0.95
-    #: Explorations may lose at most this share of the AR steps' time against AR: an exploration is
-    #: due (back-off) and allowed while their unpaid loss (each exploring cycle's T_d - τ_d T_AR,d,
-    #: summed, floored at 0: one that pays clears the debt) is at most EXPLORE_BUDGET × the AR steps
-    #: taken × the mean T_AR. Where a drafted cycle's host and draft levels cost a large part of an AR
-    #: step the back-off alone let explorations cost ~1% of the AR steps' time (H200 profile, 96 slots,
-    #: CNN/DM: ~40 exploring cycles at ~1.5 ms of loss each against 3.5 ms AR steps).
-    EXPLORE_BUDGET = 0.005
     #: Drafted cycles over which the sound gate's cheapest-node expert bound is taken.
     GATE_WINDOW = 4
 
@@ -133,10 +124,6 @@ class OnlineModel:
         self.verified_draft = False  # did the last drafted cycle's selection verify a draft node?
         self.selected_depth = None  # the deepest node the last drafted cycle's selection verified (root 0)
         self.burst_left = 0  # exploring cycles left in the current burst
-        self._exploring = False  # did the last decision explore?
-        self.explore_loss = 0.0  # the explorations' unpaid loss against AR, ms (EXPLORE_BUDGET)
-        self.ar_steps = 0  # AR steps the gate took
-        self.ar_ms = [0.0, 0.0]  # decayed Σ T_AR,d and weight over drafted cycles: the AR step's mean ms
         self.min_expert_ms: deque = deque(maxlen=self.GATE_WINDOW)
         self.host_ms = np.zeros(4)  # decayed sums: level host ms, levels, rest-of-cycle host ms, cycles
         #: Learning deferred to the next drafted cycle's first draft level (:meth:`defer`), oldest first.
@@ -268,9 +255,6 @@ class OnlineModel:
             self.node_extra = extra if self.node_extra is None else d * self.node_extra + extra
             self.node_weight = d * self.node_weight + draft_nodes
         self.drafted += 1
-        self.ar_ms = [d * self.ar_ms[0] + float(ar_ms), d * self.ar_ms[1] + 1.0]
-        if self._exploring:  # an exploration that paid clears the debt, and banks nothing beyond it
-            self.explore_loss = max(0.0, self.explore_loss + float(cycle_ms) - committed * float(ar_ms))
         if self.drafted <= self.WARMUP:  # learning: not what drafting will be worth
             return
         g = self.SPEEDUP_DECAY
@@ -320,11 +304,6 @@ class OnlineModel:
             step is measured better: up to :attr:`EXPLORE_BURST` in a row after ``explore_after`` AR
             steps) or ``"ar"``.
         """
-        decision = self._decide(sound_can_draft)
-        self._exploring = decision == "explore"
-        return decision
-
-    def _decide(self, sound_can_draft: Callable[[], bool]) -> str:
         s = self.speedup
         if s is None or self.drafted < self.WARMUP + self.MIN_DRAFTED:
             return "draft"
@@ -336,7 +315,7 @@ class OnlineModel:
             self.explorations += 1
             return "explore"
         self.burst_left = 0
-        if self.skips >= self.explore_after and self._explore_budget_left():
+        if self.skips >= self.explore_after:
             self.burst_left = self.EXPLORE_BURST - 1
             self.skips = 0
             if s < self.EXPLORE_MARGIN or not self.verified_draft:
@@ -349,10 +328,4 @@ class OnlineModel:
             self.explorations += 1
             return "explore"
         self.skips += 1
-        self.ar_steps += 1
         return "ar"
-
-    def _explore_budget_left(self) -> bool:
-        """Whether the explorations' measured loss is within :attr:`EXPLORE_BUDGET` of the AR steps' time."""
-        ar_ms = self.ar_ms[0] / self.ar_ms[1] if self.ar_ms[1] > 0 else 0.0
-        return self.explore_loss <= self.EXPLORE_BUDGET * self.ar_steps * ar_ms

@@ -175,7 +175,7 @@ def test_an_exploring_burst_ends_when_drafting_pays_or_verifies_the_root_alone()
     on.observe(root_predicted_new=[0], root_true_new=[0], selected_predicted_new=[0], transferred=[0],
                draft_nodes=0, committed=1, cycle_ms=10.0, ar_ms=9.0)  # the root alone: the burst ends
     assert on.decide() == "ar" and on.burst_left == 0
-    on.skips, on.ar_steps = on.explore_after, 1000  # due, and within the exploration budget
+    on.skips = on.explore_after
     assert on.decide() == "explore"
     for _ in range(3):  # drafting now pays: the gate drafts, the burst is over
         on.observe(root_predicted_new=[0], root_true_new=[0], selected_predicted_new=[0], transferred=[0],
@@ -216,27 +216,3 @@ def test_warmup_drafts_one_level_past_the_last_selection():
         assert on.draft_depth(6) == 1
         on.observe(draft_nodes=0, committed=1, selected_depth=0, **kw)
     assert on.draft_depth(6) == 6  # the warm-up is over
-
-
-def test_explorations_wait_while_their_loss_exceeds_the_budget():
-    """Explorations may lose at most EXPLORE_BUDGET of the AR steps' time: after one that lost 5 ms
-    against AR steps of 10 ms, the next waits until 0.005 * steps * 10 ms >= 5 ms (100 AR steps),
-    however short the back-off; one that paid leaves no debt (and no credit) and the back-off alone decides."""
-    obs = dict(root_predicted_new=[0], root_true_new=[0], selected_predicted_new=[0], transferred=[0], draft_nodes=1)
-
-    def gate(explore_cycle_ms):
-        on = OnlineModel(depth=4)
-        for _ in range(on.WARMUP + on.MIN_DRAFTED):  # Ŝ = 0.5: AR steps, explorations
-            on.observe(**obs, committed=1, cycle_ms=20.0, ar_ms=10.0)
-        first = "".join(on.decide()[0] for _ in range(on.EXPLORE_FIRST + 1))
-        on.observe(**obs, committed=1, cycle_ms=explore_cycle_ms, ar_ms=10.0)  # the exploring cycle
-        on.burst_left = 0  # one cycle
-        return first, on, "".join(on.decide()[0] for _ in range(120))
-
-    first, on, later = gate(15.0)  # lost 5 ms
-    assert first == "aaaae" and on.explore_loss == pytest.approx(5.0)
-    assert later.index("e") + on.EXPLORE_FIRST + 1 > 100  # waited for the budget
-    assert on.EXPLORE_BUDGET * on.ar_steps * 10.0 >= 5.0 - 1e-9
-    first, on, later = gate(8.0)  # paid (2 ms better than AR): no debt, and no credit banked
-    assert on.explore_loss == 0.0
-    assert later.index("e") == 2 * on.EXPLORE_FIRST  # only the back-off: 8 AR steps
