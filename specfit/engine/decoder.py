@@ -450,7 +450,6 @@ class SpecDecoder:
         self._level_host_ms = 0.0  # this cycle's host CPU ms in its draft levels
         self._selected_depth = 0  # this cycle's deepest verified node (0: the root alone)
         self._unobserved: list = []  # committed (tokens, routing) the predictor has not observed yet
-        self._widths = [tree.level_width(j) for j in range(1, tree.depth + 1)]  # most nodes per depth
 
     #: Per solve, for selectors that take a time limit: only a branch and bound can be slow (the exact
     #: solver under budgets or in the host regime, where rare trees took seconds in the grid); past it the
@@ -924,7 +923,7 @@ class SpecDecoder:
             return True
         tree, cost = self._root_tree(root, cache)
         ar_ms = cost.cycle_ms(1, tree.items(cache).root_new_per_layer)
-        mass = self.acceptance.mass_bound(self._widths)
+        mass = self.acceptance.mass_bound([self.tree.level_width(j) for j in range(1, self.tree.depth + 1)])
         return draft_can_beat_ar(ar_ms, mass, self._level_ms(), cost.min_node_ms, min(online.min_expert_ms))
 
     def _cheapest_node_expert_ms(self, tree: DraftTree, cache: np.ndarray) -> float:
