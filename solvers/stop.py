@@ -103,11 +103,36 @@ def should_stop(best_throughput_tok_s: float, frontier_max_path_prob: float, cos
         r = float(rate)
         if not (r >= 0.0 and math.isfinite(r)):
             raise SpecFitInputError("rate", f"must be a finite number >= 0 (tokens/s), got {rate!r}")
+    return p_f <= stop_node_ms(cost, level_ms=level_ms, level_width=level_width, min_node_ms=min_node_ms) * r / 1000.0
+
+
+def stop_node_ms(cost: CostModel | HostProfile, *, level_ms: float = 0.0, level_width: int | None = None,
+                 min_node_ms: float | None = None) -> float:
+    """The per-node ms of the stop rule, ``min_node_ms + level_ms / level_width`` (:func:`should_stop`
+    stops iff ``P_f <= stop_node_ms * R* / 1000``): constant over a cycle, so the engine computes it
+    once per cycle and compares each level's ``P_f`` with the same float :func:`should_stop` would.
+
+    Parameters
+    ----------
+    cost, level_ms, level_width, min_node_ms
+        As :func:`should_stop`.
+
+    Returns
+    -------
+    float
+        ms, >= 0.
+
+    Raises
+    ------
+    SpecFitInputError
+        If ``min_node_ms`` or ``level_ms`` is negative or not finite, or ``level_width`` not an
+        integer >= 1.
+    """
     per_node = cost.min_node_ms if min_node_ms is None else check_ms("min_node_ms", min_node_ms)
     if level_width is not None:
         check_positive_int("level_width", level_width)
         per_node += check_ms("level_ms", level_ms) / level_width
-    return p_f <= per_node * r / 1000.0
+    return per_node
 
 
 def draft_can_beat_ar(ar_ms: float, level_mass, level_ms: float, per_node_ms: float,

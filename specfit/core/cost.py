@@ -116,19 +116,26 @@ class CostModel:
         return (self.draft_level_ms or 0.0) + (self.host_level_ms or 0.0)
 
     def per_expert_array(self, num_layers: int) -> np.ndarray:
-        """``per_expert_ms`` as float64 of shape (num_layers,).
+        """``per_expert_ms`` as float64 of shape (num_layers,), read-only (kept for the next call).
 
         Raises
         ------
         SpecFitInputError
             If a per-layer list does not have ``num_layers`` entries.
         """
+        memo = self.__dict__.get("_per_expert_memo")  # (num_layers, array): the engine prices every cycle
+        if memo is not None and memo[0] == num_layers:
+            return memo[1]
         if isinstance(self.per_expert_ms, tuple):
             if len(self.per_expert_ms) != num_layers:
                 raise SpecFitInputError("cost.per_expert_ms", f"has {len(self.per_expert_ms)} entries but the "
                                         f"instance has {num_layers} MoE layers")
-            return np.asarray(self.per_expert_ms, dtype=np.float64)
-        return np.full(num_layers, float(self.per_expert_ms))
+            w = np.asarray(self.per_expert_ms, dtype=np.float64)
+        else:
+            w = np.full(num_layers, float(self.per_expert_ms))
+        w.setflags(write=False)  # shared by later calls
+        object.__setattr__(self, "_per_expert_memo", (num_layers, w))
+        return w
 
     def check_layers(self, num_layers: int) -> None:
         """Check that the model can price an instance with ``num_layers`` MoE layers.

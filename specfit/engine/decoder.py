@@ -41,7 +41,7 @@ from specfit.engine.online import OnlineModel
 from specfit.engine.verify import verify_greedy, verify_sampling
 from specfit.solvers import get_solver
 from specfit.solvers.base import solver_class
-from specfit.solvers.stop import draft_can_beat_ar, selectable, should_stop
+from specfit.solvers.stop import draft_can_beat_ar, selectable, stop_node_ms
 
 
 @dataclass(frozen=True)
@@ -249,15 +249,14 @@ class _Drafted:
                    np.zeros(1, dtype=np.int64), rank)
 
     def add(self, parents: np.ndarray, tokens: np.ndarray, raw: np.ndarray, q: np.ndarray, cal: np.ndarray,
-            pp: np.ndarray, rank: np.ndarray, keep: np.ndarray, first_tree_id: int) -> None:
-        """Append one drafted level (m,); the nodes where ``keep`` is True became priced nodes
-        ``first_tree_id, first_tree_id + 1, ...`` in order."""
+            pp: np.ndarray, rank: np.ndarray, kept: np.ndarray, first_tree_id: int) -> None:
+        """Append one drafted level (m,); its nodes ``kept`` (increasing indices into the level) became
+        priced nodes ``first_tree_id, first_tree_id + 1, ...`` in order."""
         n, m = self.n, len(parents)
         if n + m > self.parents.size:
             for name in self._BUFFERS:
                 buf = getattr(self, name)
                 setattr(self, name, np.concatenate([buf, np.zeros(max(n + m, 2 * buf.size) - buf.size, dtype=buf.dtype)]))
-        kept = np.flatnonzero(keep)
         self.full_ids = np.concatenate([self.full_ids, n + kept])
         end = n + m
         self.depth[n:end] = self.depth[parents] + 1
@@ -725,6 +724,8 @@ class SpecDecoder:
         host_ms = self.online.host_cycle_ms() if m.calibrated else 0.0  # paid by any drafted cycle
         width = ts.level_width(ts.depth) if m.calibrated else None  # most nodes a further level adds
         node_ms = cost.min_node_ms_for(cache) if m.level_by_level else None  # per-node bound of T this cycle
+        # the stop rule (solvers.stop.should_stop) stops iff P_f <= stop_ms * R* / 1000: its per-node ms, once per cycle
+        stop_ms = stop_node_ms(cost, level_ms=level_ms, level_width=width, min_node_ms=node_ms) if m.level_by_level else None
         root_ms = cost.cycle_ms(1, tree.items(cache).root_new_per_layer)  # T(root alone) = T(AR)
         # Nodes in no optimal selection are dropped before they are predicted or priced (solvers.stop.selectable)
         # against R_lo <= R*: the root alone with every level paid, or a selection found so far. The oracle's
@@ -775,7 +776,7 @@ class SpecDecoder:
                 pending.append((d.tree_ids[parents[kept]], pp[kept], tokens[kept], hidden))
                 pp_sum = sum(pp[kept].tolist(), pp_sum)  # in tree order: the sum of tree.path_prob once appended
             d.add(parents, tokens, raw, q, p_hat, pp,
-                  np.zeros(parents.size, dtype=np.int64) if rank is None else rank, keep, n_tree)
+                  np.zeros(parents.size, dtype=np.int64) if rank is None else rank, kept, n_tree)
             n_tree += kept.size
             rec.tree_ms += (time.perf_counter() - t0) * 1e3
             if not kept.size:  # every deeper node descends from a dropped one: in no optimal selection either
@@ -795,7 +796,7 @@ class SpecDecoder:
                 p_f = float(pp[kept].max())
                 sunk = host_ms + rec.levels * level_ms
                 bound = 1000.0 * pp_sum / (root_ms + sunk)
-                if should_stop(bound, p_f, cost, rate, level_ms=level_ms, level_width=width, min_node_ms=node_ms):
+                if p_f <= stop_ms * (bound if rate is None else rate) / 1000.0:
                     if rate is not None:
                         break
                     self._grow(tree, pending, predicted, rec)
@@ -803,8 +804,7 @@ class SpecDecoder:
                     if prune:  # the same subtree, every level paid, is still there at the end of the cycle
                         rate_lo = max(rate_lo, 1000.0 * selection.expected_tokens
                                       / (selection.predicted_ms - sunk + max_sunk))
-                    if should_stop(selection.throughput, p_f, cost, rate, level_ms=level_ms, level_width=width,
-                                   min_node_ms=node_ms):
+                    if p_f <= stop_ms * selection.throughput / 1000.0:  # rate mode broke out above
                         break
         levels.close()
         self._grow(tree, pending, predicted, rec)

@@ -125,7 +125,7 @@ class OnlineModel:
         self.selected_depth = None  # the deepest node the last drafted cycle's selection verified (root 0)
         self.burst_left = 0  # exploring cycles left in the current burst
         self.min_expert_ms: deque = deque(maxlen=self.GATE_WINDOW)
-        self.host_ms = np.zeros(4)  # decayed sums: level host ms, levels, rest-of-cycle host ms, cycles
+        self.host_ms = [0.0, 0.0, 0.0, 0.0]  # decayed sums: level host ms, levels, rest-of-cycle host ms, cycles
         #: Learning deferred to the next drafted cycle's first draft level (:meth:`defer`), oldest first.
         self.deferred: list = []
 
@@ -165,15 +165,16 @@ class OnlineModel:
         """Record one drafted cycle's measured host CPU ms: ``level_ms`` over its ``levels`` draft
         levels (prediction, tree, calibration, the stop rule's solves) and ``rest_ms`` for the rest
         (the root's prediction, the final solve, learning)."""
-        self.host_ms = self.DECAY * self.host_ms + np.array([level_ms, levels, rest_ms, 1.0])
+        d = self.DECAY  # four floats: cheaper than an array, the same sums
+        self.host_ms = [d * s + x for s, x in zip(self.host_ms, (float(level_ms), float(levels), float(rest_ms), 1.0))]
 
     def host_level_ms(self, prior: float) -> float:
         """Measured host CPU ms per draft level (decayed mean); ``prior`` before any drafted cycle."""
-        return float(self.host_ms[0] / self.host_ms[1]) if self.host_ms[1] > 0 else float(prior)
+        return self.host_ms[0] / self.host_ms[1] if self.host_ms[1] > 0 else float(prior)
 
     def host_cycle_ms(self) -> float:
         """Measured host CPU ms a drafted cycle pays outside its levels (decayed mean; 0 before any)."""
-        return float(self.host_ms[2] / self.host_ms[3]) if self.host_ms[3] > 0 else 0.0
+        return self.host_ms[2] / self.host_ms[3] if self.host_ms[3] > 0 else 0.0
 
     def corrected_cost(self, cost: CostModel, root_new_per_layer) -> CostModel:
         """``cost`` with the predictor's learned error priced in (module docstring).
