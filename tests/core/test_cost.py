@@ -109,3 +109,18 @@ def test_host_profile_plus_ms_refuses_bad_ms_as_the_cost_model_does():
         for bad in (-1.0, float("nan"), "x"):
             with pytest.raises(SpecFitInputError, match="^ms"):
                 host.plus_ms(bad)
+
+
+def test_per_expert_array_is_kept_read_only_and_rechecked_per_layer_count():
+    per_layer = CostModel(1.0, 0.1, (0.5, 0.25, 0.125))
+    w = per_layer.per_expert_array(3)
+    assert w.tolist() == [0.5, 0.25, 0.125] and per_layer.per_expert_array(3) is w
+    with pytest.raises(ValueError):
+        w[0] = 9.0  # shared by every later call: read-only
+    with pytest.raises(SpecFitInputError, match="per_expert_ms"):
+        per_layer.per_expert_array(4)  # another layer count is checked again, not served from the kept one
+    flat = CostModel(1.0, 0.1, 0.5)
+    assert flat.per_expert_array(2).tolist() == [0.5, 0.5] and flat.per_expert_array(4).tolist() == [0.5] * 4
+    assert flat.plus_ms(1.0).cycle_ms(1, [1, 1, 1, 1]) == 1.0 + 1.0 + 0.1 + 2.0  # a copy prices the same
+    assert flat == CostModel(1.0, 0.1, 0.5)  # equality and hashing ignore what is kept
+    assert hash(flat) == hash(CostModel(1.0, 0.1, 0.5))

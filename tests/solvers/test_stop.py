@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specfit.solvers import get_solver
-from specfit.solvers.stop import draft_can_beat_ar, selectable, should_stop
+from specfit.solvers.stop import draft_can_beat_ar, selectable, should_stop, stop_node_ms
 from specfit.core.cost import CostModel
 from specfit.core.errors import SpecFitInputError
 from specfit.core.instance import Instance
@@ -63,6 +63,22 @@ def test_stop_rule_rate_mode_threshold():
     assert should_stop(0.0, 0.1, cost, rate=200.0)        # 0.1 <= 0.5 ms * 0.2 tokens/ms
     assert not should_stop(1e9, 0.11, cost, rate=200.0)   # rate mode ignores the throughput
     assert should_stop(50.0, 0.0, cost)                   # nothing left to expand
+
+
+def test_stop_node_ms_is_the_rule_s_per_node_bound():
+    cost = CostModel(10.0, 0.5, 0.0)
+    assert stop_node_ms(cost) == 0.5                                              # cost.min_node_ms
+    assert stop_node_ms(cost, level_ms=2.0, level_width=16) == 0.5 + 2.0 / 16
+    assert stop_node_ms(cost, level_ms=2.0, level_width=16, min_node_ms=0.0) == 2.0 / 16
+    assert stop_node_ms(cost, level_ms=2.0) == 0.5                                # no width: no level term
+    # the rule fires exactly at P_f = stop_node_ms * R* / 1000 (R* = 800 tokens/s here)
+    at = stop_node_ms(cost, level_ms=2.0, level_width=16) * 800.0 / 1000.0
+    assert should_stop(800.0, at, cost, level_ms=2.0, level_width=16)
+    assert not should_stop(800.0, math.nextafter(at, 1.0), cost, level_ms=2.0, level_width=16)
+    for kwargs, field in (({"level_ms": -1.0, "level_width": 4}, "level_ms"), ({"level_width": 0}, "level_width"),
+                          ({"min_node_ms": math.inf}, "min_node_ms")):
+        with pytest.raises(SpecFitInputError, match=field):
+            stop_node_ms(cost, **kwargs)
 
 
 @pytest.mark.parametrize("args,field", [((-1.0, 0.5), "best_throughput_tok_s"), ((math.nan, 0.5), "best_throughput_tok_s"),
