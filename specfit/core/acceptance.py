@@ -193,7 +193,7 @@ class AcceptanceCalibrator:
         q : numpy.ndarray of float64, shape (m,)
             Their conditional draft probabilities, already in [0, 1] (not checked).
         depth : numpy.ndarray of int64, shape (m,), or int
-            The nodes' depths (>= 1); an int is every node's.
+            The nodes' depths, >= 1 (not checked); an int is every node's.
 
         Returns
         -------
