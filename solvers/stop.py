@@ -127,6 +127,11 @@ def stop_node_ms(cost: CostModel | HostProfile, *, level_ms: float = 0.0, level_
     SpecFitInputError
         If ``min_node_ms`` or ``level_ms`` is negative or not finite, or ``level_width`` not an
         integer >= 1.
+
+    References
+    ----------
+    SPECFIT.md §3, "Stop rule (sound)" and "Whole-cycle objective" (the level term); the proof is in
+    :func:`should_stop`.
     """
     per_node = cost.min_node_ms if min_node_ms is None else check_ms("min_node_ms", min_node_ms)
     if level_width is not None:

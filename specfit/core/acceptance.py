@@ -155,13 +155,11 @@ class AcceptanceCalibrator:
         p_hat, rank = self._level(np.asarray(parent_cal), par, q, depth, nb)
         return p_hat, _sibling_rank(par, q, nb) if rank is None else rank
 
-    def _level(self, parent_cal: np.ndarray, par: np.ndarray, q: np.ndarray, depth, nb: int, cell=None):
+    def _level(self, parent_cal: np.ndarray, par: np.ndarray, q: np.ndarray, depth, nb: int):
         """:meth:`level` of a non-empty level with q in [0, 1] and parents ``< nb``; the rank classes
-        only where they were needed (two rank classes, or a cap), else None. ``cell``: the nodes'
-        cells (:meth:`_cell`) if the caller has them (one rank class only)."""
+        only where they were needed (two rank classes, or a cap), else None."""
         rank = _sibling_rank(par, q, nb) if self.rank_classes == 2 else None
-        if cell is None:
-            cell = self._cell(q, depth, rank)
+        cell = self._cell(q, depth, rank)
         c = self._alpha[cell] * q
         c += self._beta[cell]
         np.minimum(c, 1.0, out=c)
@@ -193,7 +191,7 @@ class AcceptanceCalibrator:
         q : numpy.ndarray of float64, shape (m,)
             Their conditional draft probabilities, already in [0, 1] (not checked).
         depth : numpy.ndarray of int64, shape (m,), or int
-            The nodes' depths, >= 1 (not checked); an int is every node's.
+            The nodes' depths (>= 1); an int is every node's.
 
         Returns
         -------
@@ -204,12 +202,9 @@ class AcceptanceCalibrator:
             every node's class is irrelevant (one rank class, no cap).
         """
         nb = int(parents.max()) + 1
-        d = np.minimum(depth, self.max_depth)  # >= 1: no lower clip (the engine's depths)
-        cell = None
-        if self.rank_classes == 1:  # _cell's index of rank class 0, without its clips
-            cell = (d - 1) * self.trials.shape[2] + np.searchsorted(self.edges, q)
-        p_hat, rank = self._level(parent_cal, parents, q, depth, nb, cell)
-        return p_hat, self._path_prob(parent_pp, parents, p_hat, self.path_factor[d], nb), rank
+        p_hat, rank = self._level(parent_cal, parents, q, depth, nb)
+        factor = self.path_factor[np.minimum(depth, self.max_depth)]
+        return p_hat, self._path_prob(parent_pp, parents, p_hat, factor, nb), rank
 
     def path_prob(self, parent_pp, parents, cal, depth) -> np.ndarray:
         """One level's path probabilities with the per-depth path correction: ``f_d * P̂_v``, each
