@@ -54,7 +54,7 @@ Three things the cycle's objective needs and no datasheet gives (issue 9, SPECFI
   level; the part of it that level hides is not host time on the critical path.
 
 Decayed sums forget with factor :attr:`OnlineModel.DECAY` per observation (an effective window of ~50
-cycles; Ŝ's with :attr:`OnlineModel.SPEEDUP_DECAY`, ~10 drafted cycles), so the model follows a change
+cycles; Ŝ's with :attr:`OnlineModel.SPEEDUP_DECAY`, ~20 drafted cycles), so the model follows a change
 of prompt, domain or cache pressure.
 """
 
@@ -89,9 +89,11 @@ class OnlineModel:
 
     #: Forgetting factor of the corrections' decayed sums, per observation (~50 cycles).
     DECAY = 0.98
-    #: Forgetting factor of Ŝ's sums, per drafted cycle (~10 cycles): the gate follows what drafting
-    #: is worth now, not while acceptance was still being learned.
-    SPEEDUP_DECAY = 0.9
+    #: Forgetting factor of Ŝ's sums, per drafted cycle (~20 cycles): the gate follows what drafting
+    #: is worth now, not while acceptance was still being learned. 0.9 (~10 cycles) let noise alone take
+    #: Ŝ below 1 in 7-14% of the drafted cycles of runs whose drafting paid 1.18-1.28 × (0.95: 2-5%;
+    #: docs/SPECFIT.md §3, BENCHMARKS.md "Issue 9, eleventh round").
+    SPEEDUP_DECAY = 0.95
     #: Drafted cycles that calibrate acceptance and the predictor's error before Ŝ measures any.
     WARMUP = 10
     #: Drafted cycles measured before the gate trusts Ŝ (one unlucky cycle must not stop drafting).
