@@ -83,6 +83,8 @@ class AcceptanceCalibrator:
         self.path_predicted = np.zeros(self.max_depth + 1)
         self.path_accepted = np.zeros(self.max_depth + 1)
         self.path_factor = np.ones(self.max_depth + 1)
+        #: (max_depth + 1,) int64: depth d's first cell in the flat tables with one rank class (d >= 1)
+        self._depth_offset = (np.arange(self.max_depth + 1) - 1) * (e.size + 1)
         self.refresh()
 
     def _cell(self, q: np.ndarray, depth: np.ndarray, rank) -> np.ndarray:
@@ -152,14 +154,21 @@ class AcceptanceCalibrator:
         if not q.size:
             return np.zeros(0), np.zeros(0, dtype=np.int64)
         nb = int(par.max()) + 1
-        p_hat, rank = self._level(np.asarray(parent_cal), par, q, depth, nb)
+        d = np.minimum(np.maximum(np.asarray(depth, dtype=np.int64), 1), self.max_depth)  # _cell's clip
+        p_hat, rank = self._level(np.asarray(parent_cal), par, q, d, nb)
         return p_hat, _sibling_rank(par, q, nb) if rank is None else rank
 
     def _level(self, parent_cal: np.ndarray, par: np.ndarray, q: np.ndarray, depth, nb: int):
-        """:meth:`level` of a non-empty level with q in [0, 1] and parents ``< nb``; the rank classes
-        only where they were needed (two rank classes, or a cap), else None."""
-        rank = _sibling_rank(par, q, nb) if self.rank_classes == 2 else None
-        cell = self._cell(q, depth, rank)
+        """:meth:`level` of a non-empty level with q in [0, 1], parents ``< nb`` and depths (an int, or
+        int64 of shape (m,)) in [1, max_depth]; the rank classes only where they were needed (two rank
+        classes, or a cap), else None."""
+        if self.rank_classes == 2:
+            rank = _sibling_rank(par, q, nb)
+            cell = self._cell(q, depth, rank)
+        else:  # one rank class: _cell's index of depth d in [1, max_depth] is (d - 1) * bins + bin
+            rank = None
+            cell = np.searchsorted(self.edges, q, side="left")
+            cell += self._depth_offset[depth]
         c = self._alpha[cell] * q
         c += self._beta[cell]
         np.minimum(c, 1.0, out=c)
@@ -202,9 +211,9 @@ class AcceptanceCalibrator:
             every node's class is irrelevant (one rank class, no cap).
         """
         nb = int(parents.max()) + 1
-        p_hat, rank = self._level(parent_cal, parents, q, depth, nb)
-        factor = self.path_factor[np.minimum(depth, self.max_depth)]
-        return p_hat, self._path_prob(parent_pp, parents, p_hat, factor, nb), rank
+        d = np.minimum(depth, self.max_depth)  # depth >= 1: the clip of _cell, once for both lookups
+        p_hat, rank = self._level(parent_cal, parents, q, d, nb)
+        return p_hat, self._path_prob(parent_pp, parents, p_hat, self.path_factor[d], nb), rank
 
     def path_prob(self, parent_pp, parents, cal, depth) -> np.ndarray:
         """One level's path probabilities with the per-depth path correction: ``f_d * P̂_v``, each

@@ -248,10 +248,11 @@ class _Drafted:
         return cls(parents, tokens, depth, np.ones(c), np.ones(c), np.ones(c), np.ones(c), tree_ids,
                    np.zeros(1, dtype=np.int64), rank)
 
-    def add(self, parents: np.ndarray, tokens: np.ndarray, raw: np.ndarray, q: np.ndarray, cal: np.ndarray,
-            pp: np.ndarray, rank: np.ndarray, kept: np.ndarray, first_tree_id: int) -> None:
-        """Append one drafted level (m,); its nodes ``kept`` (increasing indices into the level) became
-        priced nodes ``first_tree_id, first_tree_id + 1, ...`` in order."""
+    def add(self, parents: np.ndarray, tokens: np.ndarray, depth: np.ndarray, raw: np.ndarray, q: np.ndarray,
+            cal: np.ndarray, pp: np.ndarray, rank, kept: np.ndarray, first_tree_id: int) -> None:
+        """Append one drafted level (m,) (``depth``: its parents' depths + 1; ``rank``: (m,) or one int for
+        every node); its nodes ``kept`` (increasing indices into the level) became priced nodes
+        ``first_tree_id, first_tree_id + 1, ...`` in order."""
         n, m = self.n, len(parents)
         if n + m > self.parents.size:
             for name in self._BUFFERS:
@@ -259,7 +260,7 @@ class _Drafted:
                 setattr(self, name, np.concatenate([buf, np.zeros(max(n + m, 2 * buf.size) - buf.size, dtype=buf.dtype)]))
         self.full_ids = np.concatenate([self.full_ids, n + kept])
         end = n + m
-        self.depth[n:end] = self.depth[parents] + 1
+        self.depth[n:end] = depth
         self.parents[n:end], self.tokens[n:end], self.rank[n:end] = parents, tokens, rank
         self.raw[n:end], self.q[n:end], self.cal[n:end], self.pp[n:end] = raw, q, cal, pp
         self.tree_ids[n:end] = -1
@@ -336,6 +337,9 @@ def _root_only(root: int, experts: np.ndarray | None, num_experts: int) -> Draft
 
 
 def _cache_mask(target, num_experts: int) -> np.ndarray:
+    """The target's expert-cache residency, bool of shape (L, num_experts)."""
+    if getattr(target.cache, "slots", None) == num_experts:  # a slot per expert: all resident, always
+        return np.ones((target.cache.num_layers, num_experts), dtype=bool)
     cached = target.cache.cached_experts()
     mask = np.zeros((len(cached), num_experts), dtype=bool)
     for layer, ids in enumerate(cached):
@@ -761,8 +765,9 @@ class SpecDecoder:
             q = raw / np.maximum(up, 1e-300)  # conditional draft probabilities (raw <= up: 0 where up is 0)
             pp = p_hat = raw
             rank = None
+            depth_new = d.depth[parents] + 1
             if cal is not None and parents.size:  # calibrated conditionals along the path, corrected per depth
-                p_hat, pp, rank = cal.level_probs(d.cal, d.pp, parents, q, d.depth[parents] + 1)
+                p_hat, pp, rank = cal.level_probs(d.cal, d.pp, parents, q, depth_new)
             keep = d.tree_ids[parents] >= 0
             if prune:
                 if rate is not None:
@@ -770,13 +775,14 @@ class SpecDecoder:
                 elif root_known:
                     rate_lo = max(rate_lo, 1000.0 / (root_ms + max_sunk))
                 keep &= selectable(pp, node_ms, rate_lo)
-            kept = np.flatnonzero(keep)
+            kept = keep.nonzero()[0]
             if kept.size:  # an index tensor copies: the drafter may reuse its hidden buffer
                 hidden = level.hidden[torch.from_numpy(kept)] if predicted and level.hidden is not None else None
-                pending.append((d.tree_ids[parents[kept]], pp[kept], tokens[kept], hidden))
-                pp_sum = sum(pp[kept].tolist(), pp_sum)  # in tree order: the sum of tree.path_prob once appended
-            d.add(parents, tokens, raw, q, p_hat, pp,
-                  np.zeros(parents.size, dtype=np.int64) if rank is None else rank, kept, n_tree)
+                pp_kept = pp[kept]
+                pending.append((d.tree_ids[parents[kept]], pp_kept, tokens[kept], hidden))
+                kept_pp = pp_kept.tolist()
+                pp_sum = sum(kept_pp, pp_sum)  # in tree order: the sum of tree.path_prob once appended
+            d.add(parents, tokens, depth_new, raw, q, p_hat, pp, 0 if rank is None else rank, kept, n_tree)
             n_tree += kept.size
             rec.tree_ms += (time.perf_counter() - t0) * 1e3
             if not kept.size:  # every deeper node descends from a dropped one: in no optimal selection either
@@ -793,7 +799,7 @@ class SpecDecoder:
                 # The stop rule stops iff P_f <= (per_node_ms + level_ms / width) * R*. R* <= 1000 (1 + sum P) /
                 # (T(root alone) + sunk), as every subtree holds the root; solve only when even that bound lets
                 # the rule fire (rate mode needs no R*). Sunk: the cycle's host ms and the levels drafted.
-                p_f = float(pp[kept].max())
+                p_f = max(kept_pp)
                 sunk = host_ms + rec.levels * level_ms
                 bound = 1000.0 * pp_sum / (root_ms + sunk)
                 if p_f <= stop_ms * (bound if rate is None else rate) / 1000.0:

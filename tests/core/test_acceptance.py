@@ -232,6 +232,16 @@ def test_path_correction_keeps_a_valid_draft_tree():
     assert cal.path_prob(parent_pp, [], [], []).size == 0
 
 
+@given(st.lists(st.floats(0, 1), min_size=1, max_size=20), st.integers(1, 6))
+def test_one_rank_class_cells_match_cell_index(q, max_depth):
+    """level/level_probs' one-rank-class cell index (depth offset + q bin) is _cell's, at every depth."""
+    cal = AcceptanceCalibrator(max_depth=max_depth)
+    q = np.asarray(q)
+    for d in range(1, max_depth + 1):
+        fast = cal._depth_offset[d] + np.searchsorted(cal.edges, q, side="left")
+        assert fast.tolist() == cal._cell(q, np.full(q.size, d), None).tolist()
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.data())
 def test_level_probs_equals_level_and_path_prob(data):

@@ -459,3 +459,15 @@ def test_acceptance_learning_runs_while_the_first_draft_level_is_computed(ckpt, 
     assert gen.cycles[-1].host_cpu_ms >= 5.0 * 0.95  # the last drafted verify's, learned at the end: unhidden
     # the trials of every drafted cycle's verify are in the calibrator once generate returns
     assert dec.acceptance.path_accepted.sum() == sum(gen.cycles[i].accepted for i in drafted)
+
+
+@pytest.mark.parametrize("slots", [0, 4, "all"])
+def test_cache_mask_is_the_resident_experts(ckpt, slots):
+    """The engine's cache mask (the all-resident shortcut included) marks exactly cached_experts."""
+    target = load(ckpt, slots=slots)
+    target.prefill(torch.tensor([1, 2, 3, 4, 5]))
+    want = np.zeros((LAYERS, EXPERTS), dtype=bool)
+    for layer, ids in enumerate(target.cache.cached_experts()):
+        want[layer, ids] = True
+    assert decoder_module._cache_mask(target, EXPERTS).tolist() == want.tolist()
+    assert want.all() == (slots == "all")
