@@ -23,11 +23,12 @@ deployment a hardware profile describes (Qwen3-30B-A3B on one GPU, experts behin
   of the engine's thread (``CycleRecord.host_cpu_ms``, ``time.thread_time``), not wall-clock time,
   which on a shared machine swings by 10× with other processes' load (BENCHMARKS.md, issue 9).
   On the proxy they see L-layer instances (48 in deployment), which understates them; their share
-  is reported separately (``host_share``). One part is left out, as a GPU hides it: a verify's
+  is reported separately (``host_share``). Two parts are left out, as a GPU hides them: a verify's
   acceptance learning runs after the next drafted cycle's first draft level is launched and before
-  its outputs are read, so up to ``draft_level_ms`` of it overlaps the head forward
-  (``CycleRecord.hidden_host_ms``, ``measured_ms["hidden_host"]`` of a result record; what exceeds it
-  is in ``host_cpu_ms``).
+  its outputs are read, so up to ``draft_level_ms`` of it overlaps the head forward; a cycle's online
+  learning runs while the next cycle's verify is on the device, up to the shortest verify (``fixed_ms +
+  per_node_ms``) hidden (``CycleRecord.hidden_host_ms``, ``measured_ms["hidden_host"]`` of a result
+  record: both; what exceeds them is in ``host_cpu_ms``; docs/SPECFIT.md §3).
 
 Not modeled: the prefill (excluded from every tokens/s figure) and the verifier's accept step
 (part of ``fixed_ms``).

@@ -94,7 +94,7 @@ class ResultRecord(_JsonRecord):
         Measured totals in ms: ``draft``, ``predict`` (the expert predictor's calls), ``tree`` (tree
         building, calibration and pruning per level; absent in old files), ``solve``, ``verify``,
         ``transfer``, ``accept``, ``hidden_host`` (host CPU ms overlapped with the first draft level
-        and left out of the modeled time, :mod:`specfit.eval.modeled`; absent in old files).
+        or the verify and left out of the modeled time, :mod:`specfit.eval.modeled`; absent in old files).
     score : dict
         Task metric of ``text`` (accuracy or ROUGE F1), ``{}`` without a reference.
     """

@@ -167,9 +167,11 @@ class CycleRecord:
     (``verify_ms - transfer_ms``), ``accept_ms``. ``host_cpu_ms``: CPU ms of the engine's thread spent on the host side of the cycle (expert
     predictor, tree building, calibration, gate, solver; the head and target forwards excluded), by
     ``time.thread_time``: unlike wall-clock ms it does not grow with other processes' load.
-    ``hidden_host_ms``: host CPU ms of the earlier drafted cycles' acceptance learning run while the
-    device computes this cycle's first draft level (:meth:`OnlineModel.defer`), at most the profile's
-    ``draft_level_ms``; not in ``host_cpu_ms`` (what exceeds it is).
+    ``hidden_host_ms``: host CPU ms of earlier cycles' learning that the device hides: the earlier
+    drafted cycles' acceptance learning while it computes this cycle's first draft level
+    (:meth:`OnlineModel.defer`, at most the profile's ``draft_level_ms``) and the last cycle's online
+    learning while it verifies this cycle (:meth:`SpecDecoder._learn_last_cycle`, at most the shortest
+    verify); not in ``host_cpu_ms`` (what exceeds them is).
     ``host``: in the host and auto offload modes (``offload="host"``/``"auto"``), per MoE layer the
     experts computed on the host (``"computed"``) and their (token, expert) rows (``"rows"``); empty
     in the transfer mode (in the auto mode ``transferred`` counts the experts it chose to copy).
@@ -453,6 +455,7 @@ class SpecDecoder:
         self._level_host_ms = 0.0  # this cycle's host CPU ms in its draft levels
         self._selected_depth = 0  # this cycle's deepest verified node (0: the root alone)
         self._unobserved: list = []  # committed (tokens, routing) the predictor has not observed yet
+        self._after_verify = None  # the last cycle's _learn arguments, run during the next verify
 
     #: Per solve, for selectors that take a time limit: only a branch and bound can be slow (the exact
     #: solver under budgets or in the host regime, where rare trees took seconds in the grid); past it the
@@ -522,9 +525,10 @@ class SpecDecoder:
             self._recalibrate(rec)
             new += committed
             root = committed[-1]
-        if self.online is not None and self.online.deferred and cycles:  # no device work left to hide it
-            c0 = time.thread_time()
+        if self.online is not None and (self.online.deferred or self._after_verify) and cycles:  # no device work
+            c0 = time.thread_time()  # left to hide them behind
             self.online.flush()
+            self._learn_last_cycle()
             cycles[-1].host_cpu_ms += (time.thread_time() - c0) * 1e3
         if eos_id is not None and eos_id in new:
             new = new[:new.index(eos_id) + 1]
@@ -565,10 +569,15 @@ class SpecDecoder:
             raw = drafted.raw[drafted.full_ids[keep[1:]]]  # the draft's own path probabilities
             rec.expected_tokens_raw = 1.0 + float(raw.sum())
             rec.predicted_new = items.new_per_layer(keep).tolist()
+        learn_s = self._learn_last_cycle()  # while the device verifies (on a GPU the verify is launched first)
         t0 = time.perf_counter()
         out = self.target.verify(torch.tensor(sub_tokens), sub_parents)
         logits = out.logits
         rec.verify_ms = (time.perf_counter() - t0) * 1e3
+        if learn_s:
+            hidden = min(learn_s * 1e3, self._shortest_verify_ms())
+            rec.host_cpu_ms += learn_s * 1e3 - hidden
+            rec.hidden_host_ms += hidden
         t0 = time.perf_counter()
         if self.temperature > 0:
             if self.generator.device != logits.device:  # torch.multinomial needs both on one device
@@ -609,10 +618,11 @@ class SpecDecoder:
         rec.committed = len(acc.new_tokens)
         if rec.decision == "ar":  # T(AR) of its measured counts: what the rate mode's λ counts
             rec.predicted_ms = self.cost.cycle_ms(1, *self._uncached(rec))
-        if self.online is not None and self._cache is not None:
-            c0 = time.thread_time()
-            self._learn(rec, self._cache, routing)
-            rec.host_cpu_ms += (time.thread_time() - c0) * 1e3
+        if self.online is not None and self._cache is not None:  # learned during the next cycle's verify
+            if rec.decision != "ar" and rec.levels and self._root_new is not None:  # counted now: the gate's next
+                self.online.observe_selection(rec.nodes_verified - 1, self._selected_depth)  # decision reads it
+            self._after_verify = (rec, self._cache, routing, self._root_new, self._level_host_ms, self._selected_depth,
+                                  rec.host_cpu_ms - self._level_host_ms)
         self._lam_tokens += rec.committed
         self._lam_ms += rec.predicted_ms
         path_tokens = [sub_tokens[v] for v in acc.path]
@@ -632,28 +642,49 @@ class SpecDecoder:
         self.acceptance.update(drafted.q[old], drafted.depth[old], ok, drafted.rank[old])
         self.acceptance._observe_paths(drafted.cal[full[1:]], drafted.depth[full[1:]], acc.accepted)  # checked
 
-    def _learn(self, rec: CycleRecord, cache: np.ndarray, routing: np.ndarray) -> None:
-        """Teach the online model this cycle's outcome: the root's true against predicted uncached
+    def _learn_last_cycle(self) -> float:
+        """Run the last cycle's :meth:`_learn` if it is still queued; its thread CPU seconds (0 if none).
+
+        A cycle's outcome is learned while the next cycle's verify runs on the device (SPECFIT.md §3,
+        "Whole-cycle objective"): up to :meth:`_shortest_verify_ms` of it is hidden there
+        (``rec.hidden_host_ms``), so the next cycle's gate and selection see the online model one
+        cycle late."""
+        if self._after_verify is None:
+            return 0.0
+        args, self._after_verify = self._after_verify, None
+        c0 = time.thread_time()
+        self._learn(*args)
+        return time.thread_time() - c0
+
+    def _shortest_verify_ms(self) -> float:
+        """The cost model's shortest verify, ms: the root alone with every expert cached."""
+        return float(self.cost.cycle_ms(1, ()))
+
+    def _learn(self, rec: CycleRecord, cache: np.ndarray, routing: np.ndarray, root_new, level_host_ms: float,
+               selected_depth: int, rest_ms: float) -> None:
+        """Teach the online model one cycle's outcome: the root's true against predicted uncached
         experts, and for a drafted cycle its time (:meth:`_drafted_cycle_ms`) against its counterfactual AR step
-        (:meth:`OnlineModel.observe`)."""
+        (:meth:`OnlineModel.observe`). ``cache``, ``root_new`` (the root's predicted uncached experts per
+        layer, None if not predicted), ``level_host_ms`` and ``selected_depth``: the cycle's, as it left
+        them; ``rest_ms``: its host CPU ms outside its levels."""
         layer = np.arange(cache.shape[0])[:, None]
         root_true = (~cache[layer, routing[0]]).sum(axis=1)  # (L,) the root's true uncached experts
         rec.ar_step_ms = self._ar_step_ms(root_true)
         if rec.decision != "ar" and rec.levels:
-            self.online.observe_host(rec.levels, self._level_host_ms, rec.host_cpu_ms - self._level_host_ms)
-        if self._root_new is None:
+            self.online.observe_host(rec.levels, level_host_ms, rest_ms)
+        if root_new is None:
             return
         if rec.decision == "ar" or rec.levels == 0:
-            self.online.observe(root_predicted_new=self._root_new, root_true_new=root_true)
+            self.online.observe(root_predicted_new=root_new, root_true_new=root_true)
             return
         predicted = rec.predicted_new if len(rec.predicted_new) == root_true.size else np.zeros(root_true.size)
         counts = self._uncached(rec)
         uncached = np.add(rec.host["computed"], rec.transferred) if rec.host else rec.transferred  # host + copied
-        self.online.observe(root_predicted_new=self._root_new, root_true_new=root_true,
+        self.online.observe(root_predicted_new=root_new, root_true_new=root_true,
                             selected_predicted_new=predicted, transferred=uncached,
                             draft_nodes=rec.nodes_verified - 1, committed=rec.committed,
                             cycle_ms=self._drafted_cycle_ms(rec, counts), ar_ms=rec.ar_step_ms,
-                            selected_depth=self._selected_depth)
+                            selected_depth=selected_depth, counted=True)
 
     def _drafted_cycle_ms(self, rec: CycleRecord, counts: tuple) -> float:
         """T_d of a drafted cycle for Ŝ, ms: its verify priced on the measured ``counts``, its draft

@@ -51,7 +51,10 @@ Three things the cycle's objective needs and no datasheet gives (issue 9, SPECFI
   :meth:`OnlineModel.host_cycle_ms` is a cost every drafted cycle pays whatever it verifies (added to
   the selection's sunk ms, like the levels already drafted). A verify's acceptance learning is queued
   (:meth:`OnlineModel.defer`) and run while the device computes the next drafted cycle's first draft
-  level; the part of it that level hides is not host time on the critical path.
+  level; the part of it that level hides is not host time on the critical path. The engine's learning
+  of a cycle's outcome (:meth:`OnlineModel.observe`, :meth:`OnlineModel.observe_host`) runs while the
+  next cycle's verify is on the device, so the gate and the selection see it one cycle late; what the
+  gate counts is recorded at once (:meth:`OnlineModel.observe_selection`).
 
 Decayed sums forget with factor :attr:`OnlineModel.DECAY` per observation (an effective window of ~50
 cycles; Ŝ's with :attr:`OnlineModel.SPEEDUP_DECAY`, ~20 drafted cycles), so the model follows a change
@@ -221,9 +224,17 @@ class OnlineModel:
             fixed = cost.fixed_ms
         return replace(cost, fixed_ms=fixed, per_node_ms=per_node)
 
+    def observe_selection(self, draft_nodes: int, selected_depth: int) -> None:
+        """Count one verified drafted cycle: ``draft_nodes`` draft nodes verified (root excluded), the
+        deepest at ``selected_depth`` (0: the root alone). What the gate and the warm-up's depth cap
+        read next cycle (:meth:`decide`, :meth:`draft_depth`); the engine calls it right after the
+        verify and :meth:`observe` (with ``counted=True``) while the next verify runs."""
+        self.verified_draft, self.selected_depth = draft_nodes > 0, int(selected_depth)
+        self.drafted += 1
+
     def observe(self, *, root_predicted_new, root_true_new, selected_predicted_new=None, transferred=None,
                 draft_nodes: int = 0, committed: int = 1, cycle_ms: float | None = None,
-                ar_ms: float | None = None, selected_depth: int = 0) -> None:
+                ar_ms: float | None = None, selected_depth: int = 0, counted: bool = False) -> None:
         """Learn from one verified cycle.
 
         Parameters
@@ -243,6 +254,8 @@ class OnlineModel:
             host ms, module docstring) and its counterfactual AR step's (the root alone with its true experts), ms.
         selected_depth : int
             Drafted cycles: the depth of the deepest verified node (0: the root alone).
+        counted : bool
+            Drafted cycles: :meth:`observe_selection` already counted this cycle (else this call does).
         """
         d = self.DECAY
         err = np.asarray(root_true_new, dtype=np.float64) - np.asarray(root_predicted_new, dtype=np.float64)
@@ -250,14 +263,14 @@ class OnlineModel:
         self.root_weight = d * self.root_weight + 1.0
         if cycle_ms is None:
             return
-        self.verified_draft, self.selected_depth = draft_nodes > 0, int(selected_depth)
+        if not counted:
+            self.observe_selection(draft_nodes, selected_depth)
         if draft_nodes > 0:
             extra = ((np.asarray(transferred, dtype=np.float64) - np.asarray(root_true_new, dtype=np.float64))
                      - (np.asarray(selected_predicted_new, dtype=np.float64)
                         - np.asarray(root_predicted_new, dtype=np.float64)))
             self.node_extra = extra if self.node_extra is None else d * self.node_extra + extra
             self.node_weight = d * self.node_weight + draft_nodes
-        self.drafted += 1
         if self.drafted <= self.WARMUP:  # learning: not what drafting will be worth
             return
         g = self.SPEEDUP_DECAY

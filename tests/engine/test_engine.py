@@ -454,7 +454,8 @@ def test_acceptance_learning_runs_while_the_first_draft_level_is_computed(ckpt, 
     assert len(drafted) >= 3
     for i in drafted[1:]:  # each drafted cycle after the first learned its predecessor's verify
         c = gen.cycles[i]
-        assert c.hidden_host_ms == pytest.approx(2.0) and c.host_cpu_ms >= 3.0 * 0.95
+        # (+ the last cycle's online learning, hidden by this cycle's verify: a fraction of a ms here)
+        assert 2.0 <= c.hidden_host_ms <= 2.5 and c.host_cpu_ms >= 3.0 * 0.95
     assert gen.cycles[drafted[0]].hidden_host_ms == 0.0
     assert gen.cycles[-1].host_cpu_ms >= 5.0 * 0.95  # the last drafted verify's, learned at the end: unhidden
     # the trials of every drafted cycle's verify are in the calibrator once generate returns
@@ -471,3 +472,33 @@ def test_cache_mask_is_the_resident_experts(ckpt, slots):
         want[layer, ids] = True
     assert decoder_module._cache_mask(target, EXPERTS).tolist() == want.tolist()
     assert want.all() == (slots == "all")
+
+
+def test_a_cycles_online_learning_runs_during_the_next_verify(ckpt, ar_outputs):
+    """Each cycle's online learning (_learn) runs while the next cycle's verify is on the device: its CPU
+    time up to the shortest verify (the root alone, every expert cached: fixed_ms + per_node_ms) is that
+    cycle's hidden_host_ms, the rest its host_cpu_ms; the last cycle's is learned, unhidden, before
+    generate returns; the gate counts every drafted cycle at once."""
+    import time as _time
+
+    cost = CostModel(6.0, 0.1, 0.05, draft_level_ms=0.0)
+    dec = SpecDecoder(load(ckpt), SelfDrafter(ckpt), "specfit", tree=TreeSettings(8, 3, 3), cost=cost,
+                      predictor=FixedPredictor())
+    learn, calls = dec._learn, []
+
+    def slow_learn(rec, *args):  # 8 ms of CPU: 6.1 hidden by the next verify, 1.9 on the critical path
+        calls.append(rec)
+        end = _time.thread_time() + 0.008
+        while _time.thread_time() < end:
+            pass
+        learn(rec, *args)
+
+    dec._learn = slow_learn
+    gen = dec.generate(PROMPTS[0], 16)
+    assert gen.output_ids == ar_outputs[0]
+    assert calls == gen.cycles and dec._after_verify is None
+    for c in gen.cycles[1:]:
+        assert c.hidden_host_ms >= 6.1 - 1e-9 and c.host_cpu_ms >= 1.9 * 0.9
+    assert gen.cycles[0].hidden_host_ms == 0.0
+    assert gen.cycles[-1].host_cpu_ms >= 8.0 * 0.95  # its own learning, at the end: unhidden
+    assert dec.online.drafted == sum(1 for c in gen.cycles if c.levels)
