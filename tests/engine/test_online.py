@@ -216,3 +216,25 @@ def test_warmup_drafts_one_level_past_the_last_selection():
         assert on.draft_depth(6) == 1
         on.observe(draft_nodes=0, committed=1, selected_depth=0, **kw)
     assert on.draft_depth(6) == 6  # the warm-up is over
+
+
+def test_counting_a_drafted_cycle_first_then_learning_it_is_learning_it_at_once():
+    """observe_selection right after the verify, then observe(counted=True) (the engine's order: the
+    learning runs during the next verify) leaves the state of one observe: every drafted cycle counted
+    once, the warm-up's exclusion from Ŝ unchanged."""
+    def cycles(on, split):
+        for i in range(OnlineModel.WARMUP + 3):
+            nodes, depth = i % 3, min(i % 3, 2)
+            if split:
+                on.observe_selection(nodes, depth)
+                assert on.drafted == i + 1 and on.verified_draft == (nodes > 0) and on.selected_depth == depth
+            on.observe(root_predicted_new=[1, 0], root_true_new=[1, 1], selected_predicted_new=[2, 1],
+                       transferred=[3, 1], draft_nodes=nodes, committed=1 + nodes, cycle_ms=10.0 + i,
+                       ar_ms=6.0, selected_depth=depth, counted=split)
+        return on
+
+    a, b = cycles(OnlineModel(depth=4), False), cycles(OnlineModel(depth=4), True)
+    assert a.drafted == b.drafted == OnlineModel.WARMUP + 3
+    assert a.spent_ms > 0 and a.speedup == pytest.approx(b.speedup) and a.spent_ms == pytest.approx(b.spent_ms)
+    np.testing.assert_allclose(a.node_correction(), b.node_correction())
+    assert (a.verified_draft, a.selected_depth) == (b.verified_draft, b.selected_depth)
