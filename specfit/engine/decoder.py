@@ -15,7 +15,8 @@ The engine talks to three duck-typed parts:
 * target — :class:`specfit.models.qwen3_moe.OffloadedQwen3Moe` or anything with ``prefill(ids)``,
   ``verify(tokens, parents)`` (both returning ``logits`` (n, V), ``routing`` (n, L, k),
   ``aux_hidden`` (n, 3H)), ``commit(path)``, ``reset()``, ``cache.cached_experts()``,
-  ``cache.stats()``, ``spec.num_experts`` and ``spec.top_k``;
+  ``cache.stats()``, ``spec.num_experts`` and ``spec.top_k`` (a cache whose ``slots`` equal the expert
+  count keeps every expert resident: its mask is built from ``cache.num_layers`` without listing them);
 * drafter — :class:`specfit.models.eagle3.Eagle3Drafter` or anything with ``prefill(tokens, aux)``,
   ``commit(tokens, aux)`` and ``draft_levels(root_token, top_k, max_depth)`` yielding levels with
   ``parents``, ``tokens``, ``path_prob``, ``hidden``;
@@ -619,10 +620,11 @@ class SpecDecoder:
         if rec.decision == "ar":  # T(AR) of its measured counts: what the rate mode's λ counts
             rec.predicted_ms = self.cost.cycle_ms(1, *self._uncached(rec))
         if self.online is not None and self._cache is not None:  # learned during the next cycle's verify
-            if rec.decision != "ar" and rec.levels and self._root_new is not None:  # counted now: the gate's next
-                self.online.observe_selection(rec.nodes_verified - 1, self._selected_depth)  # decision reads it
+            drafted_cycle = rec.decision != "ar" and rec.levels > 0 and self._root_new is not None
+            if drafted_cycle:  # counted now: the gate's next decision reads it
+                self.online.observe_selection(rec.nodes_verified - 1, self._selected_depth)
             self._after_verify = (rec, self._cache, routing, self._root_new, self._level_host_ms, self._selected_depth,
-                                  rec.host_cpu_ms - self._level_host_ms)
+                                  rec.host_cpu_ms - self._level_host_ms, drafted_cycle)
         self._lam_tokens += rec.committed
         self._lam_ms += rec.predicted_ms
         path_tokens = [sub_tokens[v] for v in acc.path]
@@ -661,12 +663,13 @@ class SpecDecoder:
         return float(self.cost.cycle_ms(1, ()))
 
     def _learn(self, rec: CycleRecord, cache: np.ndarray, routing: np.ndarray, root_new, level_host_ms: float,
-               selected_depth: int, rest_ms: float) -> None:
+               selected_depth: int, rest_ms: float, drafted_cycle: bool) -> None:
         """Teach the online model one cycle's outcome: the root's true against predicted uncached
         experts, and for a drafted cycle its time (:meth:`_drafted_cycle_ms`) against its counterfactual AR step
         (:meth:`OnlineModel.observe`). ``cache``, ``root_new`` (the root's predicted uncached experts per
         layer, None if not predicted), ``level_host_ms`` and ``selected_depth``: the cycle's, as it left
-        them; ``rest_ms``: its host CPU ms outside its levels."""
+        them; ``rest_ms``: its host CPU ms outside its levels; ``drafted_cycle``: whether it was a drafted
+        cycle with predicted root experts, counted at its verify (:meth:`OnlineModel.observe_selection`)."""
         layer = np.arange(cache.shape[0])[:, None]
         root_true = (~cache[layer, routing[0]]).sum(axis=1)  # (L,) the root's true uncached experts
         rec.ar_step_ms = self._ar_step_ms(root_true)
@@ -674,7 +677,7 @@ class SpecDecoder:
             self.online.observe_host(rec.levels, level_host_ms, rest_ms)
         if root_new is None:
             return
-        if rec.decision == "ar" or rec.levels == 0:
+        if not drafted_cycle:
             self.online.observe(root_predicted_new=root_new, root_true_new=root_true)
             return
         predicted = rec.predicted_new if len(rec.predicted_new) == root_true.size else np.zeros(root_true.size)

@@ -225,10 +225,17 @@ class OnlineModel:
         return replace(cost, fixed_ms=fixed, per_node_ms=per_node)
 
     def observe_selection(self, draft_nodes: int, selected_depth: int) -> None:
-        """Count one verified drafted cycle: ``draft_nodes`` draft nodes verified (root excluded), the
-        deepest at ``selected_depth`` (0: the root alone). What the gate and the warm-up's depth cap
-        read next cycle (:meth:`decide`, :meth:`draft_depth`); the engine calls it right after the
-        verify and :meth:`observe` (with ``counted=True``) while the next verify runs."""
+        """Count one verified drafted cycle: what the gate and the warm-up's depth cap read next cycle
+        (:meth:`decide`, :meth:`draft_depth`). The engine calls it right after the verify and
+        :meth:`observe` (with ``counted=True``) while the next verify runs (SPECFIT.md §3).
+
+        Parameters
+        ----------
+        draft_nodes : int
+            Draft nodes the cycle verified (root excluded; 0: the root alone).
+        selected_depth : int
+            Depth of the deepest verified node (0: the root alone).
+        """
         self.verified_draft, self.selected_depth = draft_nodes > 0, int(selected_depth)
         self.drafted += 1
 
