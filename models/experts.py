@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
+import numpy as np
 import torch
 
 from specfit.core.errors import SpecFitInputError
@@ -328,6 +329,23 @@ class DeviceExpertCache:
             ``L`` lists; all empty when ``slots=0``.
         """
         return [sorted(m) for m in self._slot_of]
+
+    def recency(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The eviction state, what :class:`specfit.engine.twin.ARTwinCache` copies after a prefill.
+
+        Returns
+        -------
+        tuple of numpy.ndarray, each shape (L, E)
+            ``resident`` (bool), ``last_use`` (recency tick), ``uses`` (use count) and ``admitted``
+            (admission order among the resident experts: the policy's ties go to the earliest).
+        """
+        L, E = self.num_layers, self.store.num_experts
+        resident, admitted = np.zeros((L, E), dtype=bool), np.zeros((L, E), dtype=np.int64)
+        for layer, slot_of in enumerate(self._slot_of):
+            ids = np.fromiter(slot_of, dtype=np.int64, count=len(slot_of))
+            resident[layer, ids] = True
+            admitted[layer, ids] = np.arange(1, ids.size + 1)
+        return resident, np.asarray(self._last_use, dtype=np.int64), np.asarray(self._uses, dtype=np.int64), admitted
 
     def stats(self) -> dict:
         """Counters per layer and in total.

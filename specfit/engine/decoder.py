@@ -39,6 +39,7 @@ from specfit.core.errors import SpecFitInputError, check_context, check_positive
 from specfit.core.instance import Instance
 from specfit.core.tree import DraftTree, check_experts
 from specfit.engine.online import OnlineModel
+from specfit.engine.twin import ARTwinCache
 from specfit.engine.verify import verify_greedy, verify_sampling
 from specfit.solvers import get_solver
 from specfit.solvers.base import solver_class
@@ -161,7 +162,10 @@ class CycleRecord:
     drafted only to measure drafting again. ``ar_step_ms``: the counterfactual AR step of this cycle,
     T(root alone) with the root's true experts against the cache at the cycle's start (ms; calibrated
     methods, else 0); ``speedup_estimate``: the gate's measured speedup of drafting over AR Ŝ when it
-    decided (None before any; :mod:`specfit.engine.online`). Measured wall-clock ms: ``draft_ms``,
+    decided (None before any; :mod:`specfit.engine.online`). ``ar_tokens_ms``: what plain AR decoding
+    would have paid for this cycle's committed tokens, one step each with its own expert cache (the
+    AR twin, :mod:`specfit.engine.twin`; calibrated methods in the transfer regime with a runtime
+    cache, else 0). Measured wall-clock ms: ``draft_ms``,
     ``predict_ms`` (the expert predictor's calls), ``tree_ms`` (the rest of each level's host work:
     tree building, calibration, pruning), ``solve_ms``, ``verify_ms`` (whole target forward),
     ``transfer_ms`` (H2D part of it, from the expert cache's timer), ``compute_ms``
@@ -203,6 +207,7 @@ class CycleRecord:
     accept_ms: float = 0.0
     host_cpu_ms: float = 0.0
     hidden_host_ms: float = 0.0
+    ar_tokens_ms: float = 0.0
     host: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
@@ -457,6 +462,8 @@ class SpecDecoder:
         self._selected_depth = 0  # this cycle's deepest verified node (0: the root alone)
         self._unobserved: list = []  # committed (tokens, routing) the predictor has not observed yet
         self._after_verify = None  # the last cycle's _learn arguments, run during the next verify
+        self._twin = None  # the AR twin's cache (specfit.engine.twin), made at the first generation
+        self._twin_pending: list = []  # committed forwards' routings (τ, L, k) the twin has not replayed
 
     #: Per solve, for selectors that take a time limit: only a branch and bound can be slow (the exact
     #: solver under budgets or in the host regime, where rare trees took seconds in the grid); past it the
@@ -512,6 +519,7 @@ class SpecDecoder:
                 drafter_ready = True
         elif self.predictor is not None:
             self.predictor.reset()
+        self._sync_twin()
         t1 = time.perf_counter()
         root, new, cycles = prompt[-1], [], []
         while len(new) < max_new_tokens and not (eos_id is not None and eos_id in new):
@@ -526,7 +534,7 @@ class SpecDecoder:
             self._recalibrate(rec)
             new += committed
             root = committed[-1]
-        if self.online is not None and (self.online.deferred or self._after_verify) and cycles:  # no device work
+        if self.online is not None and (self.online.deferred or self._after_verify or self._twin_pending) and cycles:
             c0 = time.thread_time()  # left to hide them behind
             self.online.flush()
             self._learn_last_cycle()
@@ -606,6 +614,8 @@ class SpecDecoder:
         routing = out.routing.numpy()
         if self.predictor is not None:  # observed when next predicted (an AR step predicts nothing)
             self._unobserved.append((np.asarray([sub_tokens[v] for v in acc.path]), routing[acc.path]))
+        if self._twin is not None:  # replayed with the next learning, during the next verify
+            self._twin_pending.append(routing[acc.path])
         stats1 = self.target.cache.stats()
         rec.transferred = (_layer_counts(stats1, "misses") - _layer_counts(stats0, "misses")).tolist()
         rec.transfer_ms = stats1["total"]["transfer_ms"] - stats0["total"]["transfer_ms"]
@@ -651,28 +661,70 @@ class SpecDecoder:
         "Whole-cycle objective"): up to :meth:`_shortest_verify_ms` of it is hidden there
         (``rec.hidden_host_ms``), so the next cycle's gate and selection see the online model one
         cycle late."""
-        if self._after_verify is None:
+        if self._after_verify is None and not self._twin_pending:
             return 0.0
         args, self._after_verify = self._after_verify, None
         c0 = time.thread_time()
-        self._learn(*args)
+        twin_ms = self._replay_twin()
+        if args is not None:
+            self._learn(*args, twin_ms)
         return time.thread_time() - c0
+
+    def _sync_twin(self) -> None:
+        """After a prefill: make the AR twin (the first time) and give it the runtime cache's state.
+
+        Only a calibrated method in the transfer regime whose runtime cache reports its eviction state
+        (:meth:`DeviceExpertCache.recency`) and does not hold every expert gets one; the gate's
+        counterfactual is otherwise the root's AR step against the engine's cache, τ times."""
+        self._twin_pending.clear()
+        cache = getattr(self.target, "cache", None)
+        if self._twin is None:
+            ok = (self.online is not None and hasattr(cache, "recency")
+                  and getattr(self.target, "offload", "transfer") == "transfer"
+                  and getattr(cache, "slots", self.num_experts) < self.num_experts)
+            if not ok:
+                return
+            self._twin = ARTwinCache(cache.num_layers, self.num_experts, cache.slots,
+                                     getattr(cache.policy, "name", "lru"))
+        self._twin.sync(*cache.recency())
+
+    def _replay_twin(self) -> float | None:
+        """Step the AR twin through the committed forwards it has not replayed (oldest first).
+
+        Returns
+        -------
+        float or None
+            ms plain AR decoding would have paid for the last cycle's committed tokens (τ one-token
+            steps, each priced by the cost's ``cycle_ms`` on the twin's misses); None without a twin
+            or with nothing to replay.
+        """
+        if not self._twin_pending:
+            return None
+        step, ms = self._twin.step, 0.0
+        for path in self._twin_pending:
+            ms = sum(self._ar_step_ms(step(r)) for r in path)
+        self._twin_pending.clear()
+        return ms
 
     def _shortest_verify_ms(self) -> float:
         """The cost model's shortest verify, ms: the root alone with every expert cached."""
         return float(self.cost.cycle_ms(1, ()))
 
     def _learn(self, rec: CycleRecord, cache: np.ndarray, routing: np.ndarray, root_new, level_host_ms: float,
-               selected_depth: int, rest_ms: float, drafted_cycle: bool) -> None:
+               selected_depth: int, rest_ms: float, drafted_cycle: bool, ar_tokens_ms: float | None = None) -> None:
         """Teach the online model one cycle's outcome: the root's true against predicted uncached
-        experts, and for a drafted cycle its time (:meth:`_drafted_cycle_ms`) against its counterfactual AR step
-        (:meth:`OnlineModel.observe`). ``cache``, ``root_new`` (the root's predicted uncached experts per
+        experts, and for a drafted cycle its time (:meth:`_drafted_cycle_ms`) against plain AR decoding's
+        for its committed tokens (:meth:`OnlineModel.observe`). ``cache``, ``root_new`` (the root's predicted uncached experts per
         layer, None if not predicted), ``level_host_ms`` and ``selected_depth``: the cycle's, as it left
         them; ``rest_ms``: its host CPU ms outside its levels; ``drafted_cycle``: whether it was a drafted
-        cycle with predicted root experts, counted at its verify (:meth:`OnlineModel.observe_selection`)."""
+        cycle with predicted root experts, counted at its verify (:meth:`OnlineModel.observe_selection`);
+        ``ar_tokens_ms``: AR decoding's ms for the committed tokens in the AR twin's cache
+        (:meth:`_replay_twin`), None without a twin: then τ AR steps of the root in the engine's cache."""
         layer = np.arange(cache.shape[0])[:, None]
         root_true = (~cache[layer, routing[0]]).sum(axis=1)  # (L,) the root's true uncached experts
         rec.ar_step_ms = self._ar_step_ms(root_true)
+        if ar_tokens_ms is not None:
+            rec.ar_tokens_ms = ar_tokens_ms
         if rec.decision != "ar" and rec.levels:
             self.online.observe_host(rec.levels, level_host_ms, rest_ms)
         if root_new is None:
@@ -687,7 +739,7 @@ class SpecDecoder:
                             selected_predicted_new=predicted, transferred=uncached,
                             draft_nodes=rec.nodes_verified - 1, committed=rec.committed,
                             cycle_ms=self._drafted_cycle_ms(rec, counts), ar_ms=rec.ar_step_ms,
-                            selected_depth=selected_depth, counted=True)
+                            ar_tokens_ms=ar_tokens_ms, selected_depth=selected_depth, counted=True)
 
     def _drafted_cycle_ms(self, rec: CycleRecord, counts: tuple) -> float:
         """T_d of a drafted cycle for Ŝ, ms: its verify priced on the measured ``counts``, its draft

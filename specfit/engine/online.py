@@ -241,7 +241,8 @@ class OnlineModel:
 
     def observe(self, *, root_predicted_new, root_true_new, selected_predicted_new=None, transferred=None,
                 draft_nodes: int = 0, committed: int = 1, cycle_ms: float | None = None,
-                ar_ms: float | None = None, selected_depth: int = 0, counted: bool = False) -> None:
+                ar_ms: float | None = None, ar_tokens_ms: float | None = None, selected_depth: int = 0,
+                counted: bool = False) -> None:
         """Learn from one verified cycle.
 
         Parameters
@@ -259,6 +260,10 @@ class OnlineModel:
         cycle_ms, ar_ms : float, optional
             Drafted cycles: the cycle's time (verify of the measured counts + its draft levels + its
             host ms, module docstring) and its counterfactual AR step's (the root alone with its true experts), ms.
+        ar_tokens_ms : float, optional
+            Drafted cycles: what plain AR decoding would have paid for the cycle's ``committed`` tokens
+            in its own expert cache (the AR twin, :mod:`specfit.engine.twin`), ms; default
+            ``committed * ar_ms``.
         selected_depth : int
             Drafted cycles: the depth of the deepest verified node (0: the root alone).
         counted : bool
@@ -281,7 +286,8 @@ class OnlineModel:
         if self.drafted <= self.WARMUP:  # learning: not what drafting will be worth
             return
         g = self.SPEEDUP_DECAY
-        self.gain_ms = g * self.gain_ms + committed * float(ar_ms)
+        gain = committed * float(ar_ms) if ar_tokens_ms is None else float(ar_tokens_ms)
+        self.gain_ms = g * self.gain_ms + gain
         self.spent_ms = g * self.spent_ms + float(cycle_ms)
 
     def draft_depth(self, depth: int) -> int:

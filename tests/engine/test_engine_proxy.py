@@ -107,3 +107,42 @@ def test_warmup_cycles_draft_one_level_past_the_last_selection(proxy):
     assert len(caps) == len(cycles) and all(c.levels <= k for c, k in zip(cycles, caps))
     assert caps[0] == 6 and 1 < max(caps[1:dec.online.WARMUP]) <= 6  # uncapped, then past deep selections
     assert dec.online.selected_depth >= 1
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu"])
+def test_ar_twin_prices_what_ar_decoding_pays(proxy, monkeypatch, policy):
+    """The AR gate's counterfactual (the AR twin, specfit.engine.twin): over a generation that drafts
+    every cycle, the AR ms it gives each cycle's committed tokens sum to what plain AR decoding of the
+    same tokens pays with its own expert cache, and the drafted generation's own cache would have
+    priced them differently (the pollution the twin keeps out of the gate's Ŝ)."""
+    from specfit.engine.online import OnlineModel
+
+    _, drafter, prompts = proxy
+    d = paths()
+    target_config = json.loads((d["target"] / "config.json").read_text())
+    aux = check_target(Eagle3Config.from_dict(json.loads((d["eagle3"] / "config.json").read_text())), target_config)
+
+    def fresh():
+        return OffloadedQwen3Moe.from_pretrained(d["target"], cache_slots=24, max_len=1024, eviction=policy,
+                                                 aux_layers=aux)
+
+    monkeypatch.setattr(OnlineModel, "decide", lambda self, sound=None: "draft")
+    twin_ms = root_ms = ar_ms = 0.0
+    for p in (prompts[0], prompts[10]):  # fresh caches: AR decoding and the engine start alike
+        spec_target, ar_target = fresh(), fresh()
+        spec = spec_target.spec
+        cost = get_profile("qwen3-30b-a3b-h200").for_layers(len(spec.moe_layers))
+        predictor = get_predictor("recency", num_layers=len(spec.moe_layers), num_experts=spec.num_experts,
+                                  top_k=spec.top_k)
+        dec = SpecDecoder(spec_target, drafter, "specfit", tree=TreeSettings(32, 6, 4), cost=cost, predictor=predictor)
+        ar = SpecDecoder(ar_target, None, "ar", cost=cost)
+        g = dec.generate(p, 24)
+        committed = sum(c.committed for c in g.cycles)  # the last cycle may commit past 24
+        a = ar.generate(p, committed)
+        assert a.output_ids[:len(g.output_ids)] == g.output_ids
+        assert all(c.ar_tokens_ms > 0 for c in g.cycles) and max(c.committed for c in g.cycles) > 1
+        twin_ms += sum(c.ar_tokens_ms for c in g.cycles)
+        root_ms += sum(c.committed * c.ar_step_ms for c in g.cycles)
+        ar_ms += sum(cost.cycle_ms(1, c.transferred) for c in a.cycles)
+    assert twin_ms == pytest.approx(ar_ms, rel=1e-9)
+    assert abs(root_ms - ar_ms) > 1e-3 * ar_ms
