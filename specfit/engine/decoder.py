@@ -165,7 +165,7 @@ class CycleRecord:
     decided (None before any; :mod:`specfit.engine.online`). ``ar_tokens_ms``: what plain AR decoding
     would have paid for this cycle's committed tokens, one step each with its own expert cache (the
     AR twin, :mod:`specfit.engine.twin`; calibrated methods in the transfer regime with a runtime
-    cache, else 0). Measured wall-clock ms: ``draft_ms``,
+    cache, on the cycles the online model learns from, else 0). Measured wall-clock ms: ``draft_ms``,
     ``predict_ms`` (the expert predictor's calls), ``tree_ms`` (the rest of each level's host work:
     tree building, calibration, pruning), ``solve_ms``, ``verify_ms`` (whole target forward),
     ``transfer_ms`` (H2D part of it, from the expert cache's timer), ``compute_ms``
@@ -700,11 +700,13 @@ class SpecDecoder:
         """
         if not self._twin_pending:
             return None
-        step, ms = self._twin.step, 0.0
-        for path in self._twin_pending:
-            ms = sum(self._ar_step_ms(step(r)) for r in path)
-        self._twin_pending.clear()
-        return ms
+        *earlier, last = self._twin_pending
+        self._twin_pending = []
+        step = self._twin.step
+        for path in earlier:  # AR steps the gate took without learning from them
+            for r in path:
+                step(r)
+        return sum(self._ar_step_ms(step(r)) for r in last)
 
     def _shortest_verify_ms(self) -> float:
         """The cost model's shortest verify, ms: the root alone with every expert cached."""

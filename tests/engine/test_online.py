@@ -238,3 +238,16 @@ def test_counting_a_drafted_cycle_first_then_learning_it_is_learning_it_at_once(
     assert a.spent_ms > 0 and a.speedup == pytest.approx(b.speedup) and a.spent_ms == pytest.approx(b.spent_ms)
     np.testing.assert_allclose(a.node_correction(), b.node_correction())
     assert (a.verified_draft, a.selected_depth) == (b.verified_draft, b.selected_depth)
+
+
+def test_speedup_prices_the_committed_tokens_as_ar_decoding_would():
+    """Ŝ's gain is AR decoding's ms for a cycle's tokens when the engine knows it (the AR twin), else τ
+    AR steps of the root: the same cycles give Ŝ > 1 or < 1 by which counterfactual prices them."""
+    twin, root = OnlineModel(depth=4), OnlineModel(depth=4)
+    for _ in range(twin.WARMUP + twin.MIN_DRAFTED):  # 2 tokens in 15 ms; the root's AR step 10 ms in the
+        kw = dict(root_predicted_new=[0, 0], root_true_new=[0, 0], selected_predicted_new=[0, 0],
+                  transferred=[0, 0], draft_nodes=1, committed=2, cycle_ms=15.0, ar_ms=10.0)
+        root.observe(**kw)  # engine's cache, but AR decoding's own cache would have paid 7 ms per token
+        twin.observe(**kw, ar_tokens_ms=14.0)
+    assert root.speedup == pytest.approx(20 / 15) and root.decide() == "draft"
+    assert twin.speedup == pytest.approx(14 / 15) and twin.decide() == "ar"
