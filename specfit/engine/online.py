@@ -18,18 +18,21 @@ Three things the cycle's objective needs and no datasheet gives (issue 9, SPECFI
   every node costs at least ``per_node_ms``, which the correction keeps. A host-regime profile
   (``offload="host"``/``"auto"``) gets the node correction as a per-draft-node term outside its
   per-layer max (``HostProfile.node_extra_ms``): the missed experts computed on the host.
-* **The AR gate's measured utility.** Every drafted cycle carries its own counterfactual: the AR step
-  of the same cycle would have verified the root alone, whose true experts the verify returns, so
-  ``T_AR = fixed_ms + per_node_ms + Σ_l w_l |true root experts \\ C|_l`` is known exactly after the
-  fact (in the host regime the host-regime profile prices the root's experts and rows instead).
-  ``T_d``, the drafted cycle's time, is its verify priced on the measured counts, its draft
+* **The AR gate's measured utility.** Every drafted cycle carries its own counterfactual: plain AR
+  decoding would have committed the same τ tokens in τ one-token forwards (the root and the accepted
+  draft nodes, routed as the verify routed them), so what they cost in AR decoding's own expert cache,
+  replayed by the engine (the AR twin, :mod:`specfit.engine.twin`), is known exactly after the fact:
+  ``T_AR(d) = Σ_i (fixed_ms + per_node_ms + Σ_l w_l misses_l(token i))``. Without a twin (host and
+  auto offload modes, every expert resident, a cache that does not report its eviction state) it is
+  τ AR steps of the root against the engine's cache (in the host regime the host-regime profile prices
+  the root's experts and rows). ``T_d``, the drafted cycle's time, is its verify priced on the measured counts, its draft
   levels and its host CPU time (predictor, tree, solver) as the selection charges it: the decayed
   means of the measured host ms per level and per cycle (:meth:`OnlineModel.host_level_ms`,
   :meth:`OnlineModel.host_cycle_ms`; one cycle's own CPU time is noisy, and at break-even the noise
   alone flipped the gate between runs). Drafting pays when the cycle's
-  τ tokens took less than τ AR steps would have:
+  τ tokens took less than AR decoding would have:
 
-      Ŝ = Σ_d τ_d T_AR,d / Σ_d T_d        (decayed sums over drafted cycles d)
+      Ŝ = Σ_d T_AR(d) / Σ_d T_d        (decayed sums over drafted cycles d)
 
   the measured speedup of drafting over AR (Cascade, arXiv 2506.20675, gates speculation by its
   measured utility in the same way). :meth:`OnlineModel.decide` drafts for the first
@@ -120,7 +123,7 @@ class OnlineModel:
         self.root_weight = 0.0
         self.node_extra = None  # (L,) decayed sum of unpredicted experts of draft nodes
         self.node_weight = 0.0
-        self.gain_ms = 0.0  # decayed sum of τ · T_AR over drafted cycles
+        self.gain_ms = 0.0  # decayed sum of T_AR(d), AR decoding's ms for the cycle's tokens, over drafted cycles
         self.spent_ms = 0.0  # decayed sum of T over drafted cycles
         self.drafted = 0
         self.explorations = 0
