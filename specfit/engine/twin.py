@@ -44,6 +44,17 @@ class ARTwinCache:
     ------
     SpecFitInputError
         If ``slots`` is not in [0, E] or ``policy`` is unknown.
+
+    Notes
+    -----
+    Miss for miss equal to :class:`specfit.models.experts.DeviceExpertCache` fed the same one-token
+    forwards when ``slots`` is at least the experts per token (tests/engine/test_twin.py). With fewer,
+    the runtime copies one forward's experts in rounds and the twin keeps the last admitted: an
+    approximation. The admission mode ``accepted`` does not arise: every AR forward is accepted.
+
+    References
+    ----------
+    docs/SPECFIT.md §3, "The AR step as a candidate" (the gate's measured utility).
     """
 
     def __init__(self, num_layers: int, num_experts: int, slots: int, policy: str = "lru"):
