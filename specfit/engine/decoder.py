@@ -16,7 +16,10 @@ The engine talks to three duck-typed parts:
   ``verify(tokens, parents)`` (both returning ``logits`` (n, V), ``routing`` (n, L, k),
   ``aux_hidden`` (n, 3H)), ``commit(path)``, ``reset()``, ``cache.cached_experts()``,
   ``cache.stats()``, ``spec.num_experts`` and ``spec.top_k`` (a cache whose ``slots`` equal the expert
-  count keeps every expert resident: its mask is built from ``cache.num_layers`` without listing them);
+  count keeps every expert resident: its mask is built from ``cache.num_layers`` without listing them;
+  a cache with ``slots``, ``policy`` (``"lru"``/``"lfu"`` or an object with that ``name``) and
+  ``recency()`` (:meth:`specfit.models.experts.DeviceExpertCache.recency`) gets the AR gate's twin,
+  :mod:`specfit.engine.twin`);
 * drafter — :class:`specfit.models.eagle3.Eagle3Drafter` or anything with ``prefill(tokens, aux)``,
   ``commit(tokens, aux)`` and ``draft_levels(root_token, top_k, max_depth)`` yielding levels with
   ``parents``, ``tokens``, ``path_prob``, ``hidden``;
@@ -463,6 +466,7 @@ class SpecDecoder:
         self._unobserved: list = []  # committed (tokens, routing) the predictor has not observed yet
         self._after_verify = None  # the last cycle's _learn arguments, run during the next verify
         self._twin = None  # the AR twin's cache (specfit.engine.twin), made at the first generation
+        self._twin_key = None  # the runtime cache it replays: (id, slots, policy)
         self._twin_pending: list = []  # committed forwards' routings (τ, L, k) the twin has not replayed
 
     #: Per solve, for selectors that take a time limit: only a branch and bound can be slow (the exact
@@ -671,22 +675,31 @@ class SpecDecoder:
         return time.thread_time() - c0
 
     def _sync_twin(self) -> None:
-        """After a prefill: make the AR twin (the first time) and give it the runtime cache's state.
+        """After a prefill: give the AR twin the runtime cache's state (made, or made again, for the
+        cache the target holds now: its slots and policy).
 
         Only a calibrated method in the transfer regime whose runtime cache reports its eviction state
-        (:meth:`DeviceExpertCache.recency`) and does not hold every expert gets one; the gate's
-        counterfactual is otherwise the root's AR step against the engine's cache, τ times."""
+        (:meth:`DeviceExpertCache.recency`), holds 0 or at least ``top_k`` slots but not every expert,
+        and evicts by LRU or LFU gets one; the gate's counterfactual is otherwise the root's AR step
+        against the engine's cache, τ times. (With fewer slots than a token's experts the runtime copies
+        a forward's experts in rounds, which the twin does not replay exactly.)"""
         self._twin_pending.clear()
         cache = getattr(self.target, "cache", None)
-        if self._twin is None:
-            ok = (self.online is not None and hasattr(cache, "recency")
+        slots = getattr(cache, "slots", None)
+        policy = getattr(getattr(cache, "policy", None), "name", getattr(cache, "policy", None))
+        key = (id(cache), slots, policy)
+        if self._twin is None or self._twin_key != key:
+            self._twin, self._twin_key = None, key
+            k = int(getattr(getattr(self.target, "spec", None), "top_k", self.num_experts))
+            ok = (self.online is not None and hasattr(cache, "recency") and policy in ("lru", "lfu")
                   and getattr(self.target, "offload", "transfer") == "transfer"
-                  and getattr(cache, "slots", self.num_experts) < self.num_experts)
+                  and isinstance(slots, int) and (slots == 0 or k <= slots < self.num_experts))
             if not ok:
                 return
-            self._twin = ARTwinCache(cache.num_layers, self.num_experts, cache.slots,
-                                     getattr(cache.policy, "name", "lru"))
-        self._twin.sync(*cache.recency())
+        state = cache.recency()
+        if self._twin is None:
+            self._twin = ARTwinCache(len(state[0]), self.num_experts, slots, policy)
+        self._twin.sync(*state)
 
     def _replay_twin(self) -> float | None:
         """Step the AR twin through the committed forwards it has not replayed (oldest first).

@@ -146,3 +146,27 @@ def test_ar_twin_prices_what_ar_decoding_pays(proxy, monkeypatch, policy):
         ar_ms += sum(cost.cycle_ms(1, c.transferred) for c in a.cycles)
     assert twin_ms == pytest.approx(ar_ms, rel=1e-9)
     assert abs(root_ms - ar_ms) > 1e-3 * ar_ms
+
+
+def test_ar_twin_only_where_it_replays_the_runtime_cache_and_follows_a_new_cache(proxy):
+    """No twin with fewer slots than a token's experts (the runtime copies a forward's experts in
+    rounds there), and the twin follows the cache the target holds now (slots, policy)."""
+    _, drafter, prompts = proxy
+    d = paths()
+    target_config = json.loads((d["target"] / "config.json").read_text())
+    aux = check_target(Eagle3Config.from_dict(json.loads((d["eagle3"] / "config.json").read_text())), target_config)
+    target = OffloadedQwen3Moe.from_pretrained(d["target"], cache_slots=6, max_len=1024, aux_layers=aux)
+    spec = target.spec
+    cost = get_profile("qwen3-30b-a3b-h200").for_layers(len(spec.moe_layers))
+    predictor = get_predictor("recency", num_layers=len(spec.moe_layers), num_experts=spec.num_experts,
+                              top_k=spec.top_k)
+    dec = SpecDecoder(target, drafter, "specfit", tree=TreeSettings(32, 6, 4), cost=cost, predictor=predictor)
+    assert spec.top_k > 6
+    g = dec.generate(prompts[0], 8)
+    assert dec._twin is None and all(c.ar_tokens_ms == 0.0 for c in g.cycles)
+    target.reset_cache(16, eviction="lfu")
+    g = dec.generate(prompts[0], 8)
+    assert (dec._twin.slots, dec._twin.policy) == (16, "lfu") and any(c.ar_tokens_ms > 0 for c in g.cycles)
+    target.reset_cache(24)
+    dec.generate(prompts[0], 8)
+    assert (dec._twin.slots, dec._twin.policy) == (24, "lfu")

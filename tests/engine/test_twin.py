@@ -53,3 +53,14 @@ def test_twin_all_resident_and_nothing_kept():
         ARTwinCache(2, 4, 5)
     with pytest.raises(SpecFitInputError, match="policy"):
         ARTwinCache(2, 4, 2, "fifo")
+
+
+def test_sync_without_recency_evicts_in_id_order():
+    """Synced from a resident mask alone, every resident expert is equally recent and unused: the first
+    eviction takes the lowest id not in the forward."""
+    twin = ARTwinCache(1, 6, 3)
+    twin.sync(np.array([[False, True, True, True, False, False]]))
+    assert twin.step([[2, 4]]).tolist() == [1]  # 4 misses; 1 (lowest id, not used now) is evicted
+    assert np.flatnonzero(twin.resident[0]).tolist() == [2, 3, 4]
+    assert twin.step([[1, 3]]).tolist() == [1]  # 1 misses; 2 and 4 used alike: 2, admitted first, goes
+    assert np.flatnonzero(twin.resident[0]).tolist() == [1, 3, 4]
