@@ -338,6 +338,8 @@ class DeviceExpertCache:
         tuple of numpy.ndarray, each shape (L, E)
             ``resident`` (bool), ``last_use`` (recency tick), ``uses`` (use count) and ``admitted``
             (admission order among the resident experts: the policy's ties go to the earliest).
+            Experts demoted to the cold end (``admission="accepted"``) are not marked: AR decoding,
+            which the twin replays, demotes none.
         """
         L, E = self.num_layers, self.store.num_experts
         resident, admitted = np.zeros((L, E), dtype=bool), np.zeros((L, E), dtype=np.int64)

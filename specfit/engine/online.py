@@ -23,7 +23,8 @@ Three things the cycle's objective needs and no datasheet gives (issue 9, SPECFI
   draft nodes, routed as the verify routed them), so what they cost in AR decoding's own expert cache,
   replayed by the engine (the AR twin, :mod:`specfit.engine.twin`), is known exactly after the fact:
   ``T_AR(d) = Σ_i (fixed_ms + per_node_ms + Σ_l w_l misses_l(token i))``. Without a twin (host and
-  auto offload modes, every expert resident, a cache that does not report its eviction state) it is
+  auto offload modes, every expert resident, fewer slots than a token's experts, a cache that does not
+  report its eviction state) it is
   τ AR steps of the root against the engine's cache (in the host regime the host-regime profile prices
   the root's experts and rows). ``T_d``, the drafted cycle's time, is its verify priced on the measured counts, its draft
   levels and its host CPU time (predictor, tree, solver) as the selection charges it: the decayed
