@@ -467,7 +467,7 @@ class SpecDecoder:
         self._after_verify = None  # the last cycle's _learn arguments, run during the next verify
         self._twin = None  # the AR twin's cache (specfit.engine.twin), made at the first generation
         self._twin_key = None  # the runtime cache it replays: (id, slots, policy)
-        self._twin_pending: list = []  # committed forwards' routings (τ, L, k) the twin has not replayed
+        self._twin_path = None  # the last cycle's committed forwards' routing (τ, L, k), not yet replayed
 
     #: Per solve, for selectors that take a time limit: only a branch and bound can be slow (the exact
     #: solver under budgets or in the host regime, where rare trees took seconds in the grid); past it the
@@ -538,7 +538,7 @@ class SpecDecoder:
             self._recalibrate(rec)
             new += committed
             root = committed[-1]
-        if self.online is not None and (self.online.deferred or self._after_verify or self._twin_pending) and cycles:
+        if self.online is not None and (self.online.deferred or self._after_verify or self._twin_path is not None) and cycles:
             c0 = time.thread_time()  # left to hide them behind
             self.online.flush()
             self._learn_last_cycle()
@@ -619,7 +619,7 @@ class SpecDecoder:
         if self.predictor is not None:  # observed when next predicted (an AR step predicts nothing)
             self._unobserved.append((np.asarray([sub_tokens[v] for v in acc.path]), routing[acc.path]))
         if self._twin is not None:  # replayed with the next learning, during the next verify
-            self._twin_pending.append(routing[acc.path])
+            self._twin_path = routing[acc.path]
         stats1 = self.target.cache.stats()
         rec.transferred = (_layer_counts(stats1, "misses") - _layer_counts(stats0, "misses")).tolist()
         rec.transfer_ms = stats1["total"]["transfer_ms"] - stats0["total"]["transfer_ms"]
@@ -665,7 +665,7 @@ class SpecDecoder:
         "Whole-cycle objective"): up to :meth:`_shortest_verify_ms` of it is hidden there
         (``rec.hidden_host_ms``), so the next cycle's gate and selection see the online model one
         cycle late."""
-        if self._after_verify is None and not self._twin_pending:
+        if self._after_verify is None and self._twin_path is None:
             return 0.0
         args, self._after_verify = self._after_verify, None
         c0 = time.thread_time()
@@ -683,7 +683,7 @@ class SpecDecoder:
         and evicts by LRU or LFU gets one; the gate's counterfactual is otherwise the root's AR step
         against the engine's cache, τ times. (With fewer slots than a token's experts the runtime copies
         a forward's experts in rounds, which the twin does not replay exactly.)"""
-        self._twin_pending.clear()
+        self._twin_path = None
         cache = getattr(self.target, "cache", None)
         slots = getattr(cache, "slots", None)
         policy = getattr(getattr(cache, "policy", None), "name", getattr(cache, "policy", None))
@@ -702,24 +702,19 @@ class SpecDecoder:
         self._twin.sync(*state)
 
     def _replay_twin(self) -> float | None:
-        """Step the AR twin through the committed forwards it has not replayed (oldest first).
+        """Step the AR twin through the last cycle's committed forwards (every cycle's, AR steps the
+        online model does not learn from included: :meth:`_learn_last_cycle` runs each cycle).
 
         Returns
         -------
         float or None
             ms plain AR decoding would have paid for the last cycle's committed tokens (τ one-token
-            steps, each priced by the cost's ``cycle_ms`` on the twin's misses); None without a twin
-            or with nothing to replay.
+            steps, each priced by the cost's ``cycle_ms`` on the twin's misses); None without a twin.
         """
-        if not self._twin_pending:
+        if self._twin_path is None:
             return None
-        *earlier, last = self._twin_pending
-        self._twin_pending = []
-        step = self._twin.step
-        for path in earlier:  # AR steps the gate took without learning from them
-            for r in path:
-                step(r)
-        return sum(self._ar_step_ms(step(r)) for r in last)
+        path, self._twin_path = self._twin_path, None
+        return sum(self._ar_step_ms(self._twin.step(r)) for r in path)
 
     def _shortest_verify_ms(self) -> float:
         """The cost model's shortest verify, ms: the root alone with every expert cached."""

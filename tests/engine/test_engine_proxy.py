@@ -170,3 +170,34 @@ def test_ar_twin_only_where_it_replays_the_runtime_cache_and_follows_a_new_cache
     target.reset_cache(24)
     dec.generate(prompts[0], 8)
     assert (dec._twin.slots, dec._twin.policy) == (24, "lfu")
+
+
+def test_ar_twin_per_cycle_with_the_gates_ar_steps_in_between(proxy, monkeypatch):
+    """Cycle by cycle, with AR steps the gate takes (and does not learn from) between drafted cycles:
+    each learned cycle's ``ar_tokens_ms`` equals what plain AR decoding paid for exactly those tokens."""
+    from specfit.engine.online import OnlineModel
+
+    _, drafter, prompts = proxy
+    d = paths()
+    target_config = json.loads((d["target"] / "config.json").read_text())
+    aux = check_target(Eagle3Config.from_dict(json.loads((d["eagle3"] / "config.json").read_text())), target_config)
+    calls = iter(range(10**6))
+    monkeypatch.setattr(OnlineModel, "decide", lambda self, sound=None: "ar" if next(calls) % 3 == 0 else "draft")
+    spec_target, ar_target = (OffloadedQwen3Moe.from_pretrained(d["target"], cache_slots=24, max_len=1024,
+                                                                aux_layers=aux) for _ in range(2))
+    spec = spec_target.spec
+    cost = get_profile("qwen3-30b-a3b-h200").for_layers(len(spec.moe_layers))
+    predictor = get_predictor("recency", num_layers=len(spec.moe_layers), num_experts=spec.num_experts,
+                              top_k=spec.top_k)
+    dec = SpecDecoder(spec_target, drafter, "specfit", tree=TreeSettings(32, 6, 4), cost=cost, predictor=predictor)
+    g = dec.generate(prompts[1], 32)
+    a = SpecDecoder(ar_target, None, "ar", cost=cost).generate(prompts[1], sum(c.committed for c in g.cycles))
+    per_token = [cost.cycle_ms(1, c.transferred) for c in a.cycles]
+    t, checked, after_ar = 0, 0, 0
+    for i, c in enumerate(g.cycles):
+        if c.ar_tokens_ms > 0:
+            assert c.ar_tokens_ms == pytest.approx(sum(per_token[t:t + c.committed]), rel=1e-9)
+            checked += 1
+            after_ar += i > 0 and g.cycles[i - 1].decision == "ar"
+        t += c.committed
+    assert checked >= 5 and after_ar >= 2
