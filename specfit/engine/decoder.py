@@ -684,6 +684,8 @@ class SpecDecoder:
         against the engine's cache, τ times. (With fewer slots than a token's experts the runtime copies
         a forward's experts in rounds, which the twin does not replay exactly.)"""
         self._twin_path = None
+        if self.online is None:  # no gate: nothing reads the twin
+            return
         cache = getattr(self.target, "cache", None)
         slots = getattr(cache, "slots", None)
         policy = getattr(getattr(cache, "policy", None), "name", getattr(cache, "policy", None))
@@ -691,9 +693,9 @@ class SpecDecoder:
         if self._twin is None or self._twin_key != key:
             self._twin, self._twin_key = None, key
             k = int(getattr(getattr(self.target, "spec", None), "top_k", self.num_experts))
-            ok = (self.online is not None and hasattr(cache, "recency") and policy in ("lru", "lfu")
+            ok = (hasattr(cache, "recency") and policy in ("lru", "lfu")
                   and getattr(self.target, "offload", "transfer") == "transfer"
-                  and isinstance(slots, int) and (slots == 0 or k <= slots < self.num_experts))
+                  and isinstance(slots, (int, np.integer)) and (slots == 0 or k <= slots < self.num_experts))
             if not ok:
                 return
         state = cache.recency()
