@@ -153,6 +153,23 @@ class CPSATSolver(Solver):
             raise SpecFitInputError("precision_bits", f"must lie in [10, 52], got {precision_bits!r}")
         self.time_limit_s, self.workers, self.precision_bits = t, w, bits
 
+    def _cp_solver(self):
+        """A CP-SAT solver with this oracle's workers and seed, and presolve's inclusion detection off.
+
+        OR-Tools 9.15's presolve can certify a wrong optimum (status OPTIMAL below a feasible
+        assignment's objective) through its at-most-one/linear inclusion reductions
+        (google/or-tools#5293); the host-regime model hit it (a 5-node tree whose optimum
+        {0, 3} at 96.2 tok/s was reported as {0, 1, 3} at 90.9, tests/solvers/test_cpsat.py).
+        ``presolve_inclusion_work_limit = 0`` switches that family off and keeps the rest of presolve.
+        """
+        from ortools.sat.python import cp_model
+
+        solver = cp_model.CpSolver()
+        solver.parameters.num_workers = self.workers
+        solver.parameters.random_seed = 0
+        solver.parameters.presolve_inclusion_work_limit = 0
+        return solver
+
     def select(self, instance: Instance, rate: float | None) -> tuple[Sequence[int], str]:
         from ortools.sat.python import cp_model
 
@@ -186,9 +203,7 @@ class CPSATSolver(Solver):
                 if terms:
                     model.add(sum(terms) <= cap - int(root_layers[l]))
 
-        solver = cp_model.CpSolver()
-        solver.parameters.num_workers = self.workers
-        solver.parameters.random_seed = 0
+        solver = self._cp_solver()
 
         def best_for(lam: float, hint: Sequence[int]) -> tuple[list[int] | None, bool]:
             """Maximise A - lam*T (scaled); return (nodes or None, proven optimal)."""
@@ -221,9 +236,7 @@ class CPSATSolver(Solver):
         n = instance.n
         if n == 1:
             return [0], "optimal"
-        solver = cp_model.CpSolver()
-        solver.parameters.num_workers = self.workers
-        solver.parameters.random_seed = 0
+        solver = self._cp_solver()
 
         def best_for(lam: float, hint: Sequence[int]) -> tuple[list[int] | None, bool]:
             return _run(solver, *_host_model(instance, lam, self.precision_bits, hint),

@@ -103,3 +103,21 @@ def test_cpsat_models_the_max_on_a_preset_instance():
         a, b = get_solver("exact").solve(inst), get_solver("cpsat").solve(inst)
         assert a.status == b.status == "optimal"
         assert math.isclose(a.throughput, b.throughput, rel_tol=1e-9)
+
+
+def test_cpsat_optimum_where_presolve_certified_a_wrong_one():
+    """A hypothesis draw on which OR-Tools 9.15's presolve (inclusion detection, google/or-tools#5293)
+    made CP-SAT report {0, 1, 3} at 90.9 tok/s as OPTIMAL; the optimum is {0, 3} at 96.2 (node 3
+    routes to the root's experts, so its rows stay under the GPU part in every layer)."""
+    experts = np.array([[[1], [0], [0]], [[2], [0], [0]], [[0], [0], [0]], [[1], [0], [0]], [[0], [0], [0]]])
+    cache = np.zeros((3, 3), dtype=bool)
+    cache[0, 0] = True
+    prof = HostProfile("drawn", CostModel(12.0, 0.0, 0.0, reference_layers=3), 80.0, 2.75, 0.5, 0.0,
+                       extra_ms=1.0).for_layers(3)
+    tree = DraftTree([-1, 0, 1, 0, 0], path_prob=[1.0, 0.25, 0.0625, 0.25, 0.0], experts=experts, num_experts=3)
+    inst = Instance(tree, prof, cache)
+    ref = get_solver("bruteforce").solve(inst)
+    assert ref.nodes == (0, 3) and close(ref.throughput, 1250.0 / 13.0)
+    for name in ("exact", "cpsat"):
+        sel = get_solver(name).solve(inst)
+        assert sel.status == "optimal" and sel.nodes == (0, 3), name
