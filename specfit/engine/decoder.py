@@ -538,7 +538,9 @@ class SpecDecoder:
             self._recalibrate(rec)
             new += committed
             root = committed[-1]
-        if self.online is not None and (self.online.deferred or self._after_verify or self._twin_path is not None) and cycles:
+        if self._after_verify is None:  # nothing reads the last cycle's AR twin ms; the next prefill syncs the twin
+            self._twin_path = None
+        if self.online is not None and (self.online.deferred or self._after_verify) and cycles:
             c0 = time.thread_time()  # left to hide them behind
             self.online.flush()
             self._learn_last_cycle()
@@ -583,6 +585,10 @@ class SpecDecoder:
             rec.expected_tokens_raw = 1.0 + float(raw.sum())
             rec.predicted_new = items.new_per_layer(keep).tolist()
         learn_s = self._learn_last_cycle()  # while the device verifies (on a GPU the verify is launched first)
+        if rec.decision == "ar":  # and after an AR step the gate's next decision, now that its learning is done
+            c0 = time.thread_time()
+            self.online.decide_ahead()
+            learn_s += time.thread_time() - c0
         t0 = time.perf_counter()
         out = self.target.verify(torch.tensor(sub_tokens), sub_parents)
         logits = out.logits

@@ -133,6 +133,7 @@ class OnlineModel:
         self.verified_draft = False  # did the last drafted cycle's selection verify a draft node?
         self.selected_depth = None  # the deepest node the last drafted cycle's selection verified (root 0)
         self.burst_left = 0  # exploring cycles left in the current burst
+        self.ahead: str | None = None  # the next cycle's decision, made ahead (:meth:`decide_ahead`)
         self.min_expert_ms: deque = deque(maxlen=self.GATE_WINDOW)
         self.host_ms = [0.0, 0.0, 0.0, 0.0]  # decayed sums: level host ms, levels, rest-of-cycle host ms, cycles
         #: Learning deferred to the next drafted cycle's first draft level (:meth:`defer`), oldest first.
@@ -337,6 +338,9 @@ class OnlineModel:
             step is measured better: up to :attr:`EXPLORE_BURST` in a row after ``explore_after`` AR
             steps) or ``"ar"``.
         """
+        if self.ahead is not None:
+            decision, self.ahead = self.ahead, None
+            return decision
         s = self.speedup
         if s is None or self.drafted < self.WARMUP + self.MIN_DRAFTED:
             return "draft"
@@ -362,3 +366,21 @@ class OnlineModel:
             return "explore"
         self.skips += 1
         return "ar"
+
+    def decide_ahead(self) -> None:
+        """Make the next cycle's decision now, if it needs nothing of that cycle: :meth:`decide` then
+        returns it. The sound bound (``sound_can_draft``) is consulted only when Ŝ > 1 after the
+        warm-up and needs the next root and cache, so then nothing is decided ahead.
+
+        The engine calls it while an AR step's verify runs on the device, after learning the cycle
+        before (``SpecDecoder._learn_last_cycle``): after an AR step nothing else the gate reads changes
+        before the next decision (only a drafted cycle is counted after its verify), so the decision is
+        the one :meth:`decide` would make at the next cycle's start, and a run of AR steps pays no host
+        time for the gate on the critical path (SPECFIT.md §3, "Whole-cycle objective").
+        """
+        if self.ahead is not None:
+            return
+        s = self.speedup
+        if s is not None and s > 1.0 and self.drafted >= self.WARMUP + self.MIN_DRAFTED:
+            return
+        self.ahead = self.decide()

@@ -201,3 +201,38 @@ def test_ar_twin_per_cycle_with_the_gates_ar_steps_in_between(proxy, monkeypatch
             after_ar += i > 0 and g.cycles[i - 1].decision == "ar"
         t += c.committed
     assert checked >= 5 and after_ar >= 2
+
+
+@pytest.mark.slow
+def test_the_gates_decision_made_during_an_ar_steps_verify_is_the_same(proxy, monkeypatch):
+    """After an AR step the engine makes the next decision while the verify runs
+    (OnlineModel.decide_ahead): the same decisions and outputs as deciding at the cycle's start
+    (host CPU time frozen: the gate prices measured host ms), and no AR-twin replay is left for the
+    end of a generation whose last cycle is an AR step (nothing would read it)."""
+    from specfit.engine import decoder as decoder_module
+    from specfit.engine.online import OnlineModel
+
+    targets, drafter, prompts = proxy
+    spec = targets[32].spec
+    cost = get_profile("qwen3-30b-a3b-pcie4").for_layers(len(spec.moe_layers))
+    monkeypatch.setattr(decoder_module.time, "thread_time", lambda: 0.0)
+
+    def run():
+        online, out = OnlineModel(6), []
+        predictor = get_predictor("recency", num_layers=len(spec.moe_layers), num_experts=spec.num_experts,
+                                  top_k=spec.top_k)
+        for p in prompts[:10]:
+            targets[32].reset_cache(32)  # each generation from an empty expert cache, as in the evaluation
+            dec = SpecDecoder(targets[32], drafter, "specfit", tree=TreeSettings(32, 6, 4), cost=cost,
+                              predictor=predictor, online=online)
+            g = dec.generate(p, 24)
+            assert dec._twin is not None and dec._twin_path is None
+            out.append((g.output_ids, [c.decision for c in g.cycles], [c.nodes_verified for c in g.cycles]))
+        return out
+
+    ahead = run()
+    monkeypatch.setattr(OnlineModel, "decide_ahead", lambda self: None)
+    assert run() == ahead
+    decisions = [d for _, ds, _ in ahead for d in ds]
+    assert decisions.count("ar") >= 10 and decisions.count("draft") >= OnlineModel.WARMUP + OnlineModel.MIN_DRAFTED
+    assert any(ds[-1] == "ar" for _, ds, _ in ahead)

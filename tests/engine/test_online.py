@@ -3,6 +3,8 @@ model, and the AR gate's measured speedup with bounded exploration."""
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from specfit.core.cost import CostModel
 from specfit.engine.online import OnlineModel
@@ -251,3 +253,36 @@ def test_speedup_prices_the_committed_tokens_as_ar_decoding_would():
         twin.observe(**kw, ar_tokens_ms=14.0)
     assert root.speedup == pytest.approx(20 / 15) and root.decide() == "draft"
     assert twin.speedup == pytest.approx(14 / 15) and twin.decide() == "ar"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.2, 2.0), st.integers(0, 3), st.booleans()), min_size=1, max_size=120))
+def test_deciding_ahead_after_an_ar_step_decides_as_at_the_next_cycle(cycles):
+    """The engine calls decide_ahead while an AR step verifies; every decision, and every call of the
+    sound bound, is the one decide() makes without it. Drawn: per cycle the measured speedup of a
+    drafted cycle, its verified draft nodes, and the sound bound's answer."""
+    def run(ahead: bool):
+        on, out, asked = OnlineModel(depth=4), [], []
+        for ratio, nodes, sound in cycles:
+            d = on.decide(lambda: asked.append(len(out)) or sound)
+            out.append(d)
+            if d == "ar":
+                if ahead:
+                    on.decide_ahead()
+            else:
+                on.observe(root_predicted_new=[0], root_true_new=[0], selected_predicted_new=[0], transferred=[0],
+                           draft_nodes=nodes, committed=ratio, cycle_ms=10.0, ar_ms=10.0)
+        return out, asked, (on.skips, on.explore_after, on.burst_left, on.explorations)
+
+    assert run(True) == run(False)
+
+
+def test_nothing_is_decided_ahead_where_the_sound_bound_is_needed():
+    on = OnlineModel(depth=4)
+    on.decide_ahead()
+    assert on.ahead == "draft" and on.decide(lambda: pytest.fail("not consulted")) == "draft" and on.ahead is None
+    for _ in range(on.WARMUP + on.MIN_DRAFTED):  # drafting pays: Ŝ = 2
+        on.observe(root_predicted_new=[0], root_true_new=[0], selected_predicted_new=[0], transferred=[0],
+                   draft_nodes=2, committed=2, cycle_ms=10.0, ar_ms=10.0)
+    on.decide_ahead()
+    assert on.ahead is None and on.decide(lambda: False) == "ar"  # the bound, with this cycle's root, said no
