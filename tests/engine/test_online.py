@@ -272,6 +272,7 @@ def test_deciding_ahead_after_an_ar_step_decides_as_at_the_next_cycle(cycles):
             else:
                 on.observe(root_predicted_new=[0], root_true_new=[0], selected_predicted_new=[0], transferred=[0],
                            draft_nodes=nodes, committed=ratio, cycle_ms=10.0, ar_ms=10.0)
+        out.append(on.decide(lambda: asked.append(-1) or True))  # the one decided ahead, if any
         return out, asked, (on.skips, on.explore_after, on.burst_left, on.explorations)
 
     assert run(True) == run(False)
