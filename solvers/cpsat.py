@@ -159,7 +159,7 @@ class CPSATSolver(Solver):
         OR-Tools 9.15's presolve can certify a wrong optimum (status OPTIMAL below a feasible
         assignment's objective) through its at-most-one/linear inclusion reductions
         (google/or-tools#5293); the host-regime model hit it (a 5-node tree whose optimum
-        {0, 3} at 96.2 tok/s was reported as {0, 1, 3} at 90.9, tests/solvers/test_cpsat.py).
+        {0, 3} at 96.2 tok/s was reported as {0, 1, 3} at 90.9, tests/solvers/test_host_regime.py).
         ``presolve_inclusion_work_limit = 0`` switches that family off and keeps the rest of presolve.
         """
         from ortools.sat.python import cp_model

@@ -376,7 +376,7 @@ class OnlineModel:
         before (``SpecDecoder._learn_last_cycle``): after an AR step nothing else the gate reads changes
         before the next decision (only a drafted cycle is counted after its verify), so the decision is
         the one :meth:`decide` would make at the next cycle's start, and a run of AR steps pays no host
-        time for the gate on the critical path (SPECFIT.md §3, "Whole-cycle objective").
+        time for the gate on the critical path (SPECFIT.md §3, "Exploration, and what the rule guarantees").
         """
         if self.ahead is not None:
             return
