@@ -154,20 +154,24 @@ class CPSATSolver(Solver):
         self.time_limit_s, self.workers, self.precision_bits = t, w, bits
 
     def _cp_solver(self):
-        """A CP-SAT solver with this oracle's workers and seed, and presolve's inclusion detection off.
+        """A CP-SAT solver with this oracle's workers, random seed 0, and presolve's inclusion detection off.
 
         OR-Tools 9.15's presolve can certify a wrong optimum (status OPTIMAL below a feasible
         assignment's objective) through its at-most-one/linear inclusion reductions
         (google/or-tools#5293); the host-regime model hit it (a 5-node tree whose optimum
         {0, 3} at 96.2 tok/s was reported as {0, 1, 3} at 90.9, tests/solvers/test_host_regime.py).
-        ``presolve_inclusion_work_limit = 0`` switches that family off and keeps the rest of presolve.
+        ``presolve_inclusion_work_limit = 0`` switches that family off and keeps the rest of presolve;
+        an OR-Tools without that parameter gets no presolve at all (``cp_model_presolve = False``).
         """
         from ortools.sat.python import cp_model
 
         solver = cp_model.CpSolver()
         solver.parameters.num_workers = self.workers
         solver.parameters.random_seed = 0
-        solver.parameters.presolve_inclusion_work_limit = 0
+        try:
+            solver.parameters.presolve_inclusion_work_limit = 0
+        except AttributeError:  # pragma: no cover - an older OR-Tools
+            solver.parameters.cp_model_presolve = False
         return solver
 
     def select(self, instance: Instance, rate: float | None) -> tuple[Sequence[int], str]:

@@ -585,7 +585,7 @@ class SpecDecoder:
             rec.expected_tokens_raw = 1.0 + float(raw.sum())
             rec.predicted_new = items.new_per_layer(keep).tolist()
         learn_s = self._learn_last_cycle()  # while the device verifies (on a GPU the verify is launched first)
-        if rec.decision == "ar":  # and after an AR step the gate's next decision, now that its learning is done
+        if rec.decision == "ar":  # in the same slot after an AR step: the gate's next decision, its learning done
             c0 = time.thread_time()
             self.online.decide_ahead()
             learn_s += time.thread_time() - c0

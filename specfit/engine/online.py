@@ -372,11 +372,13 @@ class OnlineModel:
         returns it. The sound bound (``sound_can_draft``) is consulted only when Ŝ > 1 after the
         warm-up and needs the next root and cache, so then nothing is decided ahead.
 
-        The engine calls it while an AR step's verify runs on the device, after learning the cycle
-        before (``SpecDecoder._learn_last_cycle``): after an AR step nothing else the gate reads changes
-        before the next decision (only a drafted cycle is counted after its verify), so the decision is
-        the one :meth:`decide` would make at the next cycle's start, and a run of AR steps pays no host
-        time for the gate on the critical path (SPECFIT.md §3, "Exploration, and what the rule guarantees").
+        The engine calls it in an AR step's learning slot, after learning the cycle before
+        (``SpecDecoder._learn_last_cycle``): the host work a GPU does while the verify it launched runs,
+        booked as hidden up to the shortest verify (``CycleRecord.hidden_host_ms``; on the CPU the verify
+        runs after it, synchronously). After an AR step nothing else the gate reads changes before the
+        next decision (only a drafted cycle is counted after its verify), so the decision is the one
+        :meth:`decide` would make at the next cycle's start, and a run of AR steps puts no host time for
+        the gate on the modeled critical path (SPECFIT.md §3, "Exploration, and what the rule guarantees").
         """
         if self.ahead is not None:
             return
