@@ -344,7 +344,7 @@ class OnlineModel:
         s = self.speedup
         if s is None or self.drafted < self.WARMUP + self.MIN_DRAFTED:
             return "draft"
-        if s > 1.0 and sound_can_draft():
+        if self._asks_sound_bound() and sound_can_draft():
             self.skips, self.explore_after, self.burst_left = 0, self.EXPLORE_FIRST, 0
             return "draft"
         if self.burst_left > 0 and self.verified_draft:  # an exploration goes on while it verifies drafts
@@ -380,9 +380,10 @@ class OnlineModel:
         :meth:`decide` would make at the next cycle's start, and a run of AR steps puts no host time for
         the gate on the modeled critical path (SPECFIT.md §3, "Exploration, and what the rule guarantees").
         """
-        if self.ahead is not None:
-            return
+        if self.ahead is None and not self._asks_sound_bound():
+            self.ahead = self.decide()
+
+    def _asks_sound_bound(self) -> bool:
+        """Whether :meth:`decide` would consult the sound bound now: Ŝ > 1 after the warm-up."""
         s = self.speedup
-        if s is not None and s > 1.0 and self.drafted >= self.WARMUP + self.MIN_DRAFTED:
-            return
-        self.ahead = self.decide()
+        return s is not None and s > 1.0 and self.drafted >= self.WARMUP + self.MIN_DRAFTED
