@@ -19,8 +19,8 @@ BASELINES = ("ar", "eagle3", "eagle3-scan")
 #: Table columns: header, row key, format.
 COLUMNS = (("dataset", "dataset", "s"), ("slots", "cache_slots", "d"), ("cached", "cached_fraction", ".2f"),
            ("method", "method", "s"), ("tok/s modeled", "modeled_tokens_per_s", ".1f"),
-           ("× ar", "speedup_vs_ar", ".2f"), ("× eagle3", "speedup_vs_eagle3", ".2f"),
-           ("× best baseline", "vs_best_baseline", ".2f"), ("× oracle", "vs_oracle", ".2f"), ("τ", "tau", ".2f"),
+           ("× ar", "speedup_vs_ar", ".3f"), ("× eagle3", "speedup_vs_eagle3", ".3f"),
+           ("× best baseline", "vs_best_baseline", ".3f"), ("× oracle", "vs_oracle", ".3f"), ("τ", "tau", ".2f"),
            ("hit rate", "cache_hit_rate", ".3f"), ("experts/token", "experts_per_token", ".1f"),
            ("AR-step share", "ar_share", ".0%"), ("host share", "host_share", ".1%"),
            ("solve + predict share", "solve_predict_share", ".1%"))

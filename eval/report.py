@@ -25,7 +25,7 @@ from specfit.engine import get_method
 COLUMNS = (
     ("dataset", "dataset", "s"), ("method", "method", "s"), ("prompts", "prompts", "d"), ("τ", "tau", ".2f"),
     ("tok/s wall", "tokens_per_s", ".1f"), ("tok/s modeled", "modeled_tokens_per_s", ".1f"),
-    ("× ar (modeled)", "speedup_vs_ar", ".2f"), ("× eagle3 (modeled)", "speedup_vs_eagle3", ".2f"),
+    ("× ar (modeled)", "speedup_vs_ar", ".3f"), ("× eagle3 (modeled)", "speedup_vs_eagle3", ".3f"),
     ("experts/token", "experts_per_token", ".1f"), ("hit rate", "cache_hit_rate", ".3f"),
     ("nodes/cycle", "mean_nodes_verified", ".1f"), ("host share", "host_share", ".1%"),
     ("solve + predict share", "solve_predict_share", ".1%"),

@@ -88,7 +88,7 @@ def test_crossover_writer_on_hand_made_rows(tmp_path):
     assert rows[0]["cached_fraction"] == 0.125
     text, paths = write_crossover(tmp_path, rows, {"note": "hand-made"})
     table = [line for line in text.splitlines() if line.startswith("| ")]
-    assert len(table) == 1 + len(rows) and "| gsm8k | 64 | 0.50 | specfit | 15.0 | - | - | 1.25 | - | 2.00 |" in text
+    assert len(table) == 1 + len(rows) and "| gsm8k | 64 | 0.50 | specfit | 15.0 | - | - | 1.250 | - | 2.00 |" in text
     assert "| gsm8k | all | 1.00 | ar |" in text  # every expert cached: printed as the CLI's "all"
     assert paths["crossover_png"].read_bytes()[:4] == b"\x89PNG"
     assert json.loads(paths["sweep_json"].read_text())["rows"] == rows
