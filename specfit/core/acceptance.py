@@ -86,6 +86,9 @@ class AcceptanceCalibrator:
         #: (max_depth + 1,) int64: depth d's first cell in the flat tables with one rank class (d >= 1)
         self._depth_offset = (np.arange(self.max_depth + 1) - 1) * (e.size + 1)
         self.refresh()
+        from specfit.core.kernels import level_probs_kernel
+
+        level_probs_kernel()  # compiled (or loaded from numba's cache) here: no decoding cycle pays it
 
     def _cell(self, q: np.ndarray, depth: np.ndarray, rank) -> np.ndarray:
         """Flat index of each node's (depth, rank class, q bin) cell in :attr:`trials` (q clipped; rank
@@ -189,7 +192,9 @@ class AcceptanceCalibrator:
 
     def level_probs(self, parent_cal: np.ndarray, parent_pp: np.ndarray, parents: np.ndarray, q: np.ndarray,
                     depth) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """:meth:`level` and :meth:`path_prob` of one draft level in one call, for the engine's own arrays.
+        """:meth:`level` and :meth:`path_prob` of one draft level in one call, for the engine's own arrays:
+        one compiled call (:func:`specfit.core.kernels.level_probs_kernel`, numba) doing the same floating-point
+        operations in the same order, so the results are bit-identical to those two methods'.
 
         Parameters
         ----------
@@ -210,10 +215,14 @@ class AcceptanceCalibrator:
             The sibling-rank classes where they were computed (two rank classes, or a cap); None where
             every node's class is irrelevant (one rank class, no cap).
         """
-        nb = int(parents.max()) + 1
-        d = np.minimum(depth, self.max_depth)  # depth >= 1: the clip of _cell, once for both lookups
-        p_hat, rank = self._level(parent_cal, parents, q, d, nb)
-        return p_hat, self._path_prob(parent_pp, parents, p_hat, self.path_factor[d], nb), rank
+        from specfit.core.kernels import level_probs_kernel  # numba: imported on first use, not by `import specfit`
+
+        if not isinstance(depth, np.ndarray):
+            depth = np.full(parents.shape[0], depth, dtype=np.int64)
+        p_hat, pp, rank, ranked = level_probs_kernel()(self.rank_classes, self._alpha, self._beta, self.edges,
+                                                       self.path_factor, self.max_depth, parent_cal, parent_pp,
+                                                       parents, q, depth)
+        return p_hat, pp, rank if ranked else None
 
     def path_prob(self, parent_pp, parents, cal, depth) -> np.ndarray:
         """One level's path probabilities with the per-depth path correction: ``f_d * P̂_v``, each
