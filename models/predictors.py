@@ -292,7 +292,7 @@ class FrequencyPredictor:
             raise SpecFitInputError("global_share", f"must have shape (L, E), got {g.shape}")
         self.L, self.E, self.k = _check_dims(g.shape[0], g.shape[1], top_k)
         ids = check_tokens(token_ids, field="token_ids")
-        table = np.asarray(table, dtype=np.float32)
+        table = np.array(table, dtype=np.float32, order="C")  # one layout (and writable): one compiled predict
         if table.shape != (len(ids), self.L, self.E):
             raise SpecFitInputError("table", f"must have shape ({len(ids)}, {self.L}, {self.E}), got {table.shape}")
         for field, v in (("smoothing", smoothing), ("recency_weight", recency_weight)):
@@ -307,6 +307,9 @@ class FrequencyPredictor:
         self._pseudo = self.a * g  # (L, E), the smoothing's pseudo-shares
         self.window = _Window(self.L, self.E, self.k, window)
         self._context = None  # (β w, the unseen token's scores), both (L, E), until the next observe
+        from specfit.core.kernels import frequency_top_k_kernel
+
+        frequency_top_k_kernel()  # compiled (or loaded from numba's cache) here: no decoding cycle pays it
 
     def reset(self) -> None:
         """Forget the recency context (the tables stay)."""
@@ -356,8 +359,15 @@ class FrequencyPredictor:
         return out
 
     def predict(self, tokens, draft_hidden=None) -> np.ndarray:
-        """(m, L, k) int64, the top-k of :meth:`scores` per node and layer."""
-        return top_k_ids(self.scores(tokens), self.k)
+        """(m, L, k) int64, the top-k of :meth:`scores` per node and layer (:func:`top_k_ids`' order), in
+        one compiled call (:func:`specfit.core.kernels.frequency_top_k_kernel`) that computes the scores
+        operation for operation as :meth:`scores` does."""
+        from specfit.core.kernels import frequency_top_k_kernel
+
+        t = check_tokens(tokens)
+        blend, unseen = self._recency_terms()
+        return frequency_top_k_kernel()(self.table, self._row, self.n, self.a, self.k, self._pseudo,
+                                        unseen if blend is None else blend, blend is not None, self._tiebreak, unseen, t)
 
 
 def build_frequency(trace: RoutingTrace, smoothing: float = 1.0, recency_weight: float = 0.5,

@@ -1,4 +1,4 @@
-"""Compiled kernels of the engine's per-level host work (numba).
+"""Compiled kernels of the engine's per-cycle host work (numba).
 
 A drafted cycle runs its host work between the device's forwards, a few dozen small numpy calls per draft
 level. On the 2-vCPU VM this project is measured on, each such call costs several times more there than
@@ -7,12 +7,14 @@ in a loop (BENCHMARKS.md, issue 9, fifteenth round): one level's calibrated path
 a run, after 1 ms of other work) as about fifty numpy calls, and 7.5 µs as one compiled call. The kernel
 performs the same floating-point operations in the same order as the numpy reference
 (:meth:`~specfit.core.acceptance.AcceptanceCalibrator.level` then ``path_prob``), so the results are
-bit-identical (tests/core/test_acceptance.py).
+bit-identical (tests/core/test_acceptance.py). The frequency predictor's top-k experts per draft node
+(:meth:`specfit.models.predictors.FrequencyPredictor.predict`) are one compiled call the same way
+(tests/models/test_predictors.py).
 
 numba compiles a kernel on its first call in a process and keeps the machine code in its on-disk cache
 (``__pycache__`` beside this file, or numba's user cache directory), so later processes load it in a
-fraction of a second. :func:`level_probs_kernel` compiles on first use; the calibrator asks for it when it
-is built, so no decoding cycle pays the compilation. This module is imported on that first use, not
+fraction of a second. Each ``*_kernel()`` compiles on first use; the calibrator asks for it when it
+is built (the predictor likewise), so no decoding cycle pays the compilation. This module is imported on that first use, not
 by ``import specfit``.
 """
 
@@ -114,6 +116,68 @@ def _level_probs(k, alpha, beta, edges, path_factor, max_depth, parent_cal, pare
         for i in range(m):
             pp[i] *= sums[par[i]]
     return c, pp, rank, ranked
+
+
+@numba.njit(cache=True)
+def _frequency_top_k(table, row_of, n, a, k, pseudo, blend, has_blend, tiebreak, unseen, tokens):
+    """``FrequencyPredictor.predict``: for each token (m,) and layer, the k experts of the largest scores,
+    best first, ties to the lower id (``np.argsort(-scores, kind="stable")[..., :k]``), from the scores
+    ``scores`` computes, operation for operation: ``(table[row] / k + pseudo) / (n[row] + a) + blend +
+    tiebreak`` (float32 division, then float64) for a token with a table row, ``unseen`` otherwise.
+    ``table`` (rows, L, E) float32, ``row_of`` (V,) int64 (-1: no row), ``n`` (rows,), ``pseudo``,
+    ``blend``, ``tiebreak``, ``unseen`` (L, E) float64 (``blend`` read only when ``has_blend``)."""
+    m = tokens.shape[0]
+    L, E = pseudo.shape
+    out = np.empty((m, L, k), np.int64)
+    s = np.empty(E)
+    vals = np.empty(k)
+    ids = np.empty(k, np.int64)
+    kf = np.float32(k)
+    for i in range(m):
+        t = tokens[i]
+        r = row_of[t] if t < row_of.shape[0] else -1
+        for l in range(L):
+            if r >= 0:
+                den = n[r] + a
+                for e in range(E):
+                    v = np.float64(table[r, l, e] / kf) + pseudo[l, e]
+                    v /= den
+                    if has_blend:
+                        v += blend[l, e]
+                    v += tiebreak[l, e]
+                    s[e] = v
+            else:
+                for e in range(E):
+                    s[e] = unseen[l, e]
+            filled = 0  # ids[:filled] best first; a later id goes after every score it does not beat
+            for e in range(E):
+                v = s[e]
+                at = filled
+                for j in range(filled):
+                    if v == v and (vals[j] != vals[j] or v > vals[j]):  # NaN after every number
+                        at = j
+                        break
+                if at >= k:
+                    continue
+                for j in range(min(filled, k - 1), at, -1):
+                    vals[j] = vals[j - 1]
+                    ids[j] = ids[j - 1]
+                vals[at] = v
+                ids[at] = e
+                if filled < k:
+                    filled += 1
+            for j in range(k):
+                out[i, l, j] = ids[j]
+    return out
+
+
+@functools.cache
+def frequency_top_k_kernel():
+    """The compiled :func:`_frequency_top_k`, compiled (or loaded from numba's cache) for the predictor's
+    argument types on the first call in a process."""
+    table, le = np.zeros((1, 1, 2), np.float32), np.zeros((1, 2))
+    _frequency_top_k(table, np.zeros(1, np.int64), np.ones(1), 1.0, 1, le, le, False, le, le, np.zeros(1, np.int64))
+    return _frequency_top_k
 
 
 @functools.cache
