@@ -148,48 +148,54 @@ def global_counts(trace: RoutingTrace) -> np.ndarray:
 
 
 class _Window:
-    """The routing of the last W observed tokens: per-layer counts and last-use step."""
+    """The routing of the last W observed tokens: per-layer counts and last-use step.
+
+    ``counts[l, e]``: uses of expert e of layer l by the window's tokens; ``last[l, e]``: the step (0 for
+    the first token observed) of its last use, -1 if never; ``step``: tokens observed; ``size``: tokens
+    in the window (at most W), kept oldest first in a ring of W rows from ``head``. One compiled call
+    checks and pushes a batch (:func:`specfit.core.kernels.window_push_kernel`)."""
 
     def __init__(self, L: int, E: int, k: int, window: int):
         self.L, self.E, self.k, self.W = L, E, k, check_positive_int("window", window)
+        from specfit.core.kernels import window_push_kernel
+
+        window_push_kernel()  # compiled (or loaded from numba's cache) here: no decoding cycle pays it
         self.reset()
 
     def observe(self, tokens, routing) -> None:
-        """Validate the committed tokens (T,) and their true routing (T, L, k), then push it."""
-        r = check_routing(routing, self.E)
+        """Validate the committed tokens (T,) and their true routing (T, L, k), then push it (nothing is
+        pushed if any check fails)."""
+        r = np.asarray(routing)
+        if r.ndim != 3:
+            raise SpecFitInputError("routing", f"must have shape (T, L, k), got {r.shape}")
+        if r.size and not np.issubdtype(r.dtype, np.integer):
+            raise SpecFitInputError("routing", f"must hold integer expert ids, got dtype {r.dtype}")
         if r.shape[1:] != (self.L, self.k):
             raise SpecFitInputError("routing", f"must have shape (T, {self.L}, {self.k}), got {r.shape}")
         check_tokens(tokens, r.shape[0])
         self.push(r)
 
     def reset(self) -> None:
-        self.rows: list[np.ndarray] = []  # (L, k) per token, oldest first
+        self.ring = np.zeros((self.W, self.L, self.k), np.int64)
+        self.size = self.head = self.step = 0
         self.counts = np.zeros((self.L, self.E), np.int64)
         self.last = np.full((self.L, self.E), -1, np.int64)
-        self.step = 0
 
-    def push(self, routing: np.ndarray) -> None:
-        routing = np.asarray(routing)  # (T, L, k), as if pushed one row at a time
-        if not len(routing):
-            return
-        # (layer, expert) cells as flat ids into the C-contiguous (L, E) tables: 1-D ufunc.at is numpy's fast path
-        offset = (np.arange(self.L) * self.E)[:, None]
-        cells = (routing + offset).ravel()
-        steps = np.repeat(self.step + np.arange(len(routing)), routing[0].size)
-        np.maximum.at(self.last.ravel(), cells, steps)  # steps increase: the maximum is the last use
-        self.step += len(routing)
-        new = routing[-self.W:]  # older rows would leave the window at once
-        np.add.at(self.counts.ravel(), cells[-new.size:], 1)
-        self.rows.extend(new)
-        excess = len(self.rows) - self.W
-        if excess > 0:
-            np.add.at(self.counts.ravel(), (np.stack(self.rows[:excess]) + offset).ravel(), -1)
-            del self.rows[:excess]
+    def push(self, routing) -> None:
+        """Push (T, L, k) routing rows, as if one at a time (checked as :func:`check_routing` checks)."""
+        from specfit.core.kernels import window_push_kernel
+
+        r = np.ascontiguousarray(routing, dtype=np.int64)
+        self.size, self.head, self.step, error = window_push_kernel()(self.counts, self.last, self.ring, self.size,
+                                                                      self.head, self.step, r, self.E)
+        if error == 1:
+            raise SpecFitInputError("routing", f"expert ids must lie in [0, {self.E})")
+        if error == 2:
+            raise SpecFitInputError("routing", "each (token, layer) row must list k distinct experts")
 
     def share(self) -> np.ndarray:
         """(L, E) fraction of the window's token slots that used each expert (0 when empty)."""
-        n = len(self.rows)
-        return self.counts / (n * self.rows[0].shape[1]) if n else np.zeros((self.L, self.E))
+        return self.counts / (self.size * self.k) if self.size else np.zeros((self.L, self.E))
 
 
 # -- (a) recency -------------------------------------------------------------------------------------

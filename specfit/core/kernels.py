@@ -9,7 +9,8 @@ performs the same floating-point operations in the same order as the numpy refer
 (:meth:`~specfit.core.acceptance.AcceptanceCalibrator.level` then ``path_prob``), so the results are
 bit-identical (tests/core/test_acceptance.py). The frequency predictor's top-k experts per draft node
 (:meth:`specfit.models.predictors.FrequencyPredictor.predict`) are one compiled call the same way
-(tests/models/test_predictors.py).
+(tests/models/test_predictors.py), and so is its recency window's update with a verify's committed
+routing (``_Window.observe``: the routing's checks and the push).
 
 numba compiles a kernel on its first call in a process and keeps the machine code in its on-disk cache
 (``__pycache__`` beside this file, or numba's user cache directory), so later processes load it in a
@@ -169,6 +170,51 @@ def _frequency_top_k(table, row_of, n, a, k, pseudo, blend, has_blend, tiebreak,
             for j in range(k):
                 out[i, l, j] = ids[j]
     return out
+
+
+@numba.njit(cache=True)
+def _window_push(counts, last, ring, size, head, step, routing, num_experts):
+    """Push routing rows (T, L, k) into a recency window (``_Window`` of :mod:`specfit.models.predictors`):
+    ``last[l, e]`` the step of the expert's last use, ``counts[l, e]`` its uses over the ring's rows
+    (``ring`` (W, L, k), ``size`` rows from ``head``, oldest first). Checks every id first and changes
+    nothing unless all lie in ``[0, num_experts)`` and each (token, layer) row is distinct. Returns
+    ``(size, head, step, error)``: error 0, 1 (an id out of range) or 2 (a repeated id)."""
+    T, L, k = routing.shape
+    for t in range(T):
+        for l in range(L):
+            for j in range(k):
+                e = routing[t, l, j]
+                if e < 0 or e >= num_experts:
+                    return size, head, step, 1
+                for i in range(j):
+                    if routing[t, l, i] == e:
+                        return size, head, step, 2
+    W = ring.shape[0]
+    for t in range(T):
+        if size == W:  # the oldest row leaves the window
+            for l in range(L):
+                for j in range(k):
+                    counts[l, ring[head, l, j]] -= 1
+            head = (head + 1) % W
+            size -= 1
+        at = (head + size) % W
+        for l in range(L):
+            for j in range(k):
+                e = routing[t, l, j]
+                last[l, e] = step
+                counts[l, e] += 1
+                ring[at, l, j] = e
+        size += 1
+        step += 1
+    return size, head, step, 0
+
+
+@functools.cache
+def window_push_kernel():
+    """The compiled :func:`_window_push`, compiled (or loaded from numba's cache) on the first call."""
+    le = np.zeros((1, 1), np.int64)
+    _window_push(le, le.copy(), np.zeros((1, 1, 1), np.int64), 0, 0, 0, np.zeros((1, 1, 1), np.int64), 1)
+    return _window_push
 
 
 @functools.cache

@@ -430,7 +430,7 @@ def test_window_push_of_a_batch_equals_pushing_its_rows_one_by_one(data):
             one.push(r[None])
     np.testing.assert_array_equal(one.counts, many.counts)
     np.testing.assert_array_equal(one.last, many.last)
-    assert one.step == many.step and len(one.rows) == len(many.rows) <= W
+    assert one.step == many.step and one.size == many.size == min(W, len(all_rows))
     # and both equal the definition: counts over the last W rows, the step of each expert's last use
     assert many.step == len(all_rows)
     counts, last = np.zeros((L, E), np.int64), np.full((L, E), -1, np.int64)
