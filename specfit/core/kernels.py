@@ -14,9 +14,10 @@ routing (``_Window.observe``: the routing's checks and the push).
 
 numba compiles a kernel on its first call in a process and keeps the machine code in its on-disk cache
 (``__pycache__`` beside this file, or numba's user cache directory), so later processes load it in a
-fraction of a second. Each ``*_kernel()`` compiles on first use; the calibrator asks for it when it
-is built (the predictor likewise), so no decoding cycle pays the compilation. This module is imported on that first use, not
-by ``import specfit``.
+fraction of a second. Each ``*_kernel()`` compiles on first use; the calibrator asks for its kernel
+when it is built (the predictor and its window likewise), so no decoding cycle pays the compilation. This
+module is imported on that first use, not by ``import specfit``. A call with argument types other than
+the engine's (e.g. float32 or non-contiguous arrays) compiles once more, on that call.
 """
 
 from __future__ import annotations
