@@ -305,7 +305,9 @@ class FrequencyPredictor:
             if not np.isfinite(v) or v < 0:
                 raise SpecFitInputError(field, f"must be a finite number >= 0, got {v!r}")
         self.g, self.table = g, table
-        self.n = np.asarray(token_counts, dtype=np.float64)
+        self.n = np.array(token_counts, dtype=np.float64)
+        if self.n.shape != (len(ids),) or not (np.isfinite(self.n).all() and (self.n >= 0).all()):
+            raise SpecFitInputError("token_counts", f"must be {len(ids)} finite counts >= 0, one per token id")
         self.a, self.beta = float(smoothing), float(recency_weight)
         self._row = np.full(int(ids.max()) + 1 if len(ids) else 0, -1, np.int64)
         self._row[ids] = np.arange(len(ids))

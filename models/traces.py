@@ -75,6 +75,8 @@ def check_tokens(tokens, n: int | None = None, field: str = "tokens") -> np.ndar
         raise SpecFitInputError(field, f"must hold integer token ids, got dtype {t.dtype}")
     if t.size and t.min() < 0:
         raise SpecFitInputError(field, "token ids must be non-negative")
+    if t.size and t.dtype.kind == "u" and t.max() > np.iinfo(np.int64).max:
+        raise SpecFitInputError(field, "token ids must be < 2**63")
     if n is not None and t.shape[0] != n:
         raise SpecFitInputError(field, f"must have one entry per row ({n}), got {t.shape[0]}")
     return t.astype(np.int64)

@@ -28,7 +28,7 @@ import numba
 import numpy as np
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def _sibling_rank(par, q, nb, rank):
     """``rank[i]`` = 0 if ``q[i]`` is the largest among its siblings (ties included), else 1."""
     best = np.zeros(nb)
@@ -39,7 +39,7 @@ def _sibling_rank(par, q, nb, rank):
         rank[i] = 1 if q[i] < best[par[i]] else 0
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def _level_probs(k, alpha, beta, edges, path_factor, max_depth, parent_cal, parent_pp, par, q, depth):
     """One draft level's calibrated conditionals times the parent's ``P̂`` (``p_hat``) and the objective's
     path probabilities (``pp``), as ``AcceptanceCalibrator._level`` and ``_path_prob`` compute them.
@@ -120,7 +120,7 @@ def _level_probs(k, alpha, beta, edges, path_factor, max_depth, parent_cal, pare
     return c, pp, rank, ranked
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def _frequency_top_k(table, row_of, n, a, k, pseudo, blend, has_blend, tiebreak, unseen, tokens):
     """``FrequencyPredictor.predict``: for each token (m,) and layer, the k experts of the largest scores,
     best first, ties to the lower id (``np.argsort(-scores, kind="stable")[..., :k]``), from the scores
@@ -137,7 +137,7 @@ def _frequency_top_k(table, row_of, n, a, k, pseudo, blend, has_blend, tiebreak,
     kf = np.float32(k)
     for i in range(m):
         t = tokens[i]
-        r = row_of[t] if t < row_of.shape[0] else -1
+        r = row_of[t] if 0 <= t < row_of.shape[0] else -1
         for l in range(L):
             if r >= 0:
                 den = n[r] + a
@@ -173,7 +173,7 @@ def _frequency_top_k(table, row_of, n, a, k, pseudo, blend, has_blend, tiebreak,
     return out
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def _window_push(counts, last, ring, size, head, step, routing, num_experts):
     """Push routing rows (T, L, k) into a recency window (``_Window`` of :mod:`specfit.models.predictors`):
     ``last[l, e]`` the step of the expert's last use, ``counts[l, e]`` its uses over the ring's rows

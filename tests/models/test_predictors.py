@@ -269,6 +269,10 @@ def test_trace_bad_input(call, field):
     (lambda: get_predictor("probe", trace=synthetic_trace(), epochs=1).predict([0], np.zeros((1, HD + 1), np.float32)),
      "draft_hidden"),
     (lambda: FrequencyPredictor([0], np.zeros((1, L, E)), [1], np.ones((L, E)) / E, K, recency_weight=-1), "recency_weight"),
+    # the compiled predict reads the counts and the token's row unchecked: both are refused up front
+    (lambda: FrequencyPredictor([0, 1], np.zeros((2, L, E)), [1], np.ones((L, E)) / E, K), "token_counts"),
+    (lambda: FrequencyPredictor([0], np.zeros((1, L, E)), [-1], np.ones((L, E)) / E, K), "token_counts"),
+    (lambda: build_frequency(synthetic_trace()).predict(np.array([2**63 + 5], dtype=np.uint64)), "tokens"),
 ])
 def test_predictor_bad_input(call, field):
     with pytest.raises(SpecFitInputError) as e:
@@ -440,3 +444,15 @@ def test_window_push_of_a_batch_equals_pushing_its_rows_one_by_one(data):
             counts[l, r[l]] += step >= len(all_rows) - W
     np.testing.assert_array_equal(many.counts, counts)
     np.testing.assert_array_equal(many.last, last)
+
+
+def test_frequency_predict_with_zero_counts_and_no_smoothing_ranks_as_the_scores_do():
+    """n + a = 0 divides by zero: the compiled predict gives numpy's inf/NaN scores (no exception) and
+    ranks them as the stable sort of scores does."""
+    g = np.full((L, E), 1.0 / E)
+    table = np.zeros((2, L, E))
+    table[0, :, :K] = 1.0
+    p = FrequencyPredictor([0, 1], table, [0, 0], g, K, smoothing=0.0, recency_weight=0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        want = np.argsort(-p.scores([0, 1, 7]), axis=-1, kind="stable")[..., :K]
+    np.testing.assert_array_equal(p.predict([0, 1, 7]), want)
