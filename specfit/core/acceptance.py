@@ -194,7 +194,10 @@ class AcceptanceCalibrator:
                     depth) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """:meth:`level` and :meth:`path_prob` of one draft level in one call, for the engine's own arrays:
         one compiled call (:func:`specfit.core.kernels.level_probs_kernel`, numba) doing the same floating-point
-        operations in the same order, so the results are bit-identical to those two methods'.
+        operations in the same order, so the results are bit-identical to those two methods'. Nothing is
+        checked: a depth below 1, q outside [0, 1] or a parent id >= n gives undefined results (:meth:`level`
+        and :meth:`path_prob` check them), and arrays of other dtypes or layouts than below compile the
+        kernel once more (about a second) or fail numba's typing (lists).
 
         Parameters
         ----------
