@@ -29,7 +29,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from specfit.models.traces import RoutingTrace, check_hidden, check_routing, check_tokens, save_npz
+from specfit.models.traces import RoutingTrace, check_hidden, check_routing, check_tokens, routing_array, save_npz
 from specfit.core.errors import SpecFitInputError, check_positive_int
 
 
@@ -165,11 +165,7 @@ class _Window:
     def observe(self, tokens, routing) -> None:
         """Validate the committed tokens (T,) and their true routing (T, L, k), then push it (nothing is
         pushed if any check fails)."""
-        r = np.asarray(routing)
-        if r.ndim != 3:
-            raise SpecFitInputError("routing", f"must have shape (T, L, k), got {r.shape}")
-        if r.size and not np.issubdtype(r.dtype, np.integer):
-            raise SpecFitInputError("routing", f"must hold integer expert ids, got dtype {r.dtype}")
+        r = routing_array(routing)  # its ids: checked by the push
         if r.shape[1:] != (self.L, self.k):
             raise SpecFitInputError("routing", f"must have shape (T, {self.L}, {self.k}), got {r.shape}")
         check_tokens(tokens, r.shape[0])

@@ -27,6 +27,22 @@ from specfit.core.io import atomic_write
 FORMAT = "specfit-routing-trace-v1"
 
 
+def routing_array(routing, field: str = "routing") -> np.ndarray:
+    """A routing array's shape and dtype checked, its ids not: (T, L, k) integers, returned as int64.
+
+    Raises
+    ------
+    SpecFitInputError
+        If it is not 3-D or not integer (field ``field``).
+    """
+    r = np.asarray(routing)
+    if r.ndim != 3:
+        raise SpecFitInputError(field, f"must have shape (T, L, k), got {r.shape}")
+    if r.size and not np.issubdtype(r.dtype, np.integer):
+        raise SpecFitInputError(field, f"must hold integer expert ids, got dtype {r.dtype}")
+    return r.astype(np.int64)
+
+
 def check_routing(routing, num_experts: int | None = None, field: str = "routing") -> np.ndarray:
     """Validate a routing array and return it as int64.
 
@@ -50,12 +66,7 @@ def check_routing(routing, num_experts: int | None = None, field: str = "routing
         If it is not 3-D, not integer, has an id out of range, or repeats an expert within a
         (token, layer) row.
     """
-    r = np.asarray(routing)
-    if r.ndim != 3:
-        raise SpecFitInputError(field, f"must have shape (T, L, k), got {r.shape}")
-    if r.size and not np.issubdtype(r.dtype, np.integer):
-        raise SpecFitInputError(field, f"must hold integer expert ids, got dtype {r.dtype}")
-    r = r.astype(np.int64)
+    r = routing_array(routing, field)
     if r.size:
         hi = num_experts if num_experts is not None else np.iinfo(np.int64).max
         if r.min() < 0 or r.max() >= hi:

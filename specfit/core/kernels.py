@@ -212,7 +212,8 @@ def _window_push(counts, last, ring, size, head, step, routing, num_experts):
 
 @functools.cache
 def window_push_kernel():
-    """The compiled :func:`_window_push`, compiled (or loaded from numba's cache) on the first call."""
+    """The compiled :func:`_window_push` (a numba dispatcher; arguments, shapes and return value as there),
+    compiled or loaded from numba's cache on the first call in a process."""
     le = np.zeros((1, 1), np.int64)
     _window_push(le, le.copy(), np.zeros((1, 1, 1), np.int64), 0, 0, 0, np.zeros((1, 1, 1), np.int64), 1)
     return _window_push
@@ -220,8 +221,9 @@ def window_push_kernel():
 
 @functools.cache
 def frequency_top_k_kernel():
-    """The compiled :func:`_frequency_top_k`, compiled (or loaded from numba's cache) for the predictor's
-    argument types on the first call in a process."""
+    """The compiled :func:`_frequency_top_k` (a numba dispatcher; arguments, shapes and return value as
+    there), compiled or loaded from numba's cache for the predictor's argument types on the first call in
+    a process."""
     table, le = np.zeros((1, 1, 2), np.float32), np.zeros((1, 2))
     _frequency_top_k(table, np.zeros(1, np.int64), np.ones(1), 1.0, 1, le, le, False, le, le, np.zeros(1, np.int64))
     return _frequency_top_k
@@ -229,8 +231,8 @@ def frequency_top_k_kernel():
 
 @functools.cache
 def level_probs_kernel():
-    """The compiled :func:`_level_probs`, compiled (or loaded from numba's cache) for the engine's argument
-    types on the first call in a process."""
+    """The compiled :func:`_level_probs` (a numba dispatcher; arguments, shapes and return value as there),
+    compiled or loaded from numba's cache for the engine's argument types on the first call in a process."""
     one, ids = np.ones(1), np.zeros(1, np.int64)
     for k in (1, 2):  # the compilation is paid here, not in a decoding cycle
         _level_probs(k, np.zeros(4 * k), np.zeros(4 * k), np.array([0.5]), np.ones(3), 2, one, one, ids, one, ids + 1)
