@@ -165,7 +165,7 @@ class _Window:
     def observe(self, tokens, routing) -> None:
         """Validate the committed tokens (T,) and their true routing (T, L, k), then push it (nothing is
         pushed if any check fails)."""
-        r = routing_array(routing)  # its ids: checked by the push
+        r = routing_array(routing, copy=False)  # its ids: checked by the push (which only reads it)
         if r.shape[1:] != (self.L, self.k):
             raise SpecFitInputError("routing", f"must have shape (T, {self.L}, {self.k}), got {r.shape}")
         check_tokens(tokens, r.shape[0])

@@ -27,8 +27,9 @@ from specfit.core.io import atomic_write
 FORMAT = "specfit-routing-trace-v1"
 
 
-def routing_array(routing, field: str = "routing") -> np.ndarray:
-    """A routing array's shape and dtype checked, its ids not: (T, L, k) integers, returned as int64.
+def routing_array(routing, field: str = "routing", copy: bool = True) -> np.ndarray:
+    """A routing array's shape and dtype checked, its ids not: (T, L, k) integers, returned as int64 (a
+    copy, unless ``copy`` is False and ``routing`` is an int64 array already).
 
     Raises
     ------
@@ -40,7 +41,7 @@ def routing_array(routing, field: str = "routing") -> np.ndarray:
         raise SpecFitInputError(field, f"must have shape (T, L, k), got {r.shape}")
     if r.size and not np.issubdtype(r.dtype, np.integer):
         raise SpecFitInputError(field, f"must hold integer expert ids, got dtype {r.dtype}")
-    return r.astype(np.int64)
+    return r.astype(np.int64, copy=copy)
 
 
 def check_routing(routing, num_experts: int | None = None, field: str = "routing") -> np.ndarray:
@@ -78,19 +79,21 @@ def check_routing(routing, num_experts: int | None = None, field: str = "routing
 
 
 def check_tokens(tokens, n: int | None = None, field: str = "tokens") -> np.ndarray:
-    """Validate token ids: (T,) non-negative integers, ``T == n`` when given; returns int64."""
+    """Validate token ids: (T,) non-negative integers, ``T == n`` when given; returns int64 (``tokens``
+    itself when it is an int64 array: the engine's, checked per predictor call)."""
     t = np.asarray(tokens)
     if t.ndim != 1:
         raise SpecFitInputError(field, f"must have shape (T,), got {t.shape}")
-    if t.size and not np.issubdtype(t.dtype, np.integer):
-        raise SpecFitInputError(field, f"must hold integer token ids, got dtype {t.dtype}")
+    if t.dtype != np.int64 and t.size:
+        if not np.issubdtype(t.dtype, np.integer):
+            raise SpecFitInputError(field, f"must hold integer token ids, got dtype {t.dtype}")
+        if t.dtype.kind == "u" and t.max() > np.iinfo(np.int64).max:
+            raise SpecFitInputError(field, "token ids must be < 2**63")
     if t.size and t.min() < 0:
         raise SpecFitInputError(field, "token ids must be non-negative")
-    if t.size and t.dtype.kind == "u" and t.max() > np.iinfo(np.int64).max:
-        raise SpecFitInputError(field, "token ids must be < 2**63")
     if n is not None and t.shape[0] != n:
         raise SpecFitInputError(field, f"must have one entry per row ({n}), got {t.shape[0]}")
-    return t.astype(np.int64)
+    return t.astype(np.int64, copy=False)
 
 
 def check_hidden(hidden, n: int, width: int | None = None, field: str = "draft_hidden") -> np.ndarray | None:
@@ -167,7 +170,7 @@ class RoutingTrace:
             On a shape, dtype or range error (field ``tokens``, ``routing`` or ``draft_hidden``).
         """
         r = check_routing(routing, self.num_experts)
-        t = check_tokens(tokens, r.shape[0])
+        t = check_tokens(tokens, r.shape[0]).copy()  # kept: not the caller's array
         if self._rout and r.shape[1:] != self._rout[0].shape[1:]:
             raise SpecFitInputError("routing", f"must have (L, k) = {self._rout[0].shape[1:]} like earlier prompts, got {r.shape[1:]}")
         width = next((h.shape[1] for h in self._hid if h is not None), None)

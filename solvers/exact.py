@@ -51,7 +51,7 @@ import numpy as np
 
 from specfit.core.coverage import Coverage, at_least_twice, coverage
 from specfit.core.instance import Instance
-from specfit.core.objective import evaluate_uncovered
+from specfit.core.objective import evaluate_selected, evaluate_uncovered
 from specfit.solvers.base import Solver
 from specfit.solvers.exact_host import select_host
 from specfit.solvers.greedy import _scan_prefix, linear_prefix
@@ -300,6 +300,10 @@ class ExactSolver(Solver):
     time_limit_s : float, optional
         Only the budgeted branch and bound can be slow; past this limit it returns the best
         selection found with status ``"feasible"``. Default: no limit.
+    compiled : bool
+        Solve instances without budgets in the transfer regime (the engine's) by one compiled call
+        (:mod:`specfit.solvers.exact_compiled`, the same algorithm; default) instead of the Python
+        path below, which stays the reference.
 
     See the module docstring for the algorithm and why it is exact. An instance of the
     host-compute regime (cost a :class:`~specfit.core.cost.HostProfile`) is solved by
@@ -309,24 +313,42 @@ class ExactSolver(Solver):
     name = "exact"
     exact = True
 
-    def __init__(self, tol: float = 1e-12, time_limit_s: float | None = None):
+    def __init__(self, tol: float = 1e-12, time_limit_s: float | None = None, compiled: bool = True):
         self.tol = tol
         self.time_limit_s = time_limit_s
+        self.compiled = compiled
+        if compiled:  # compiled (or loaded from numba's cache) here: no solve pays it
+            from specfit.solvers.exact_compiled import exact_kernel, linear_prefix_kernel
+
+            exact_kernel()
+            linear_prefix_kernel()
 
     def select(self, instance: Instance, rate: float | None):
         deadline = None if self.time_limit_s is None else time.perf_counter() + self.time_limit_s
         host = instance.cost.regime == "host"
         linear = not host or instance.cost.node_extra_ms <= instance.cost.gpu.fixed_ms + instance.cost.extra_ms
-        if linear and not instance.items.union(range(instance.n)):  # no uncached expert: T linear in |S|, a prefix is optimal
+        if linear and not any(instance.items.need):  # no uncached expert: T linear in |S|, a prefix is optimal
             lam = None if rate is None else rate / 1000.0
+            if self.compiled:  # the same prefix, one compiled call
+                from specfit.solvers.exact_compiled import linear_prefix as compiled_prefix
+
+                cost = instance.cost.gpu_only() if host else instance.cost
+                nodes = compiled_prefix(instance.tree, cost, instance.max_nodes, lam)
+            else:
+                nodes = linear_prefix(replace(instance, cost=instance.cost.gpu_only()) if host else instance, lam)
             if host:  # nothing on the host: the GPU part prices it (solve evaluates it on the profile)
-                return linear_prefix(replace(instance, cost=instance.cost.gpu_only()), lam), "optimal"
-            nodes = linear_prefix(instance, lam)
+                return nodes, "optimal"
             return nodes, "optimal", evaluate_uncovered(instance, nodes)  # a prefix: closed, sorted, no expert
         if host:  # per-layer max: branch and bound (specfit.solvers.exact_host)
             return select_host(instance, rate, [0], self.tol, deadline)  # {root}: cheaper than a prefix scan here
-        cov = coverage(instance)
         budgeted = instance.has_budget
+        if self.compiled and not budgeted:
+            from specfit.solvers.exact_compiled import select_unbudgeted
+
+            nodes, new = select_unbudgeted(instance, None if rate is None else rate / 1000.0, self.tol)
+            ev = evaluate_selected(instance, nodes, new)
+            return ev.nodes, "optimal", ev
+        cov = coverage(instance)
         status = "optimal"
 
         def best_for(lam: float, incumbent: list[int]) -> list[int]:

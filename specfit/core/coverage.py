@@ -77,6 +77,7 @@ class ItemSets:
         self.own: list[int] = []
         self.rows = np.zeros((0, self.num_layers), dtype=np.int64)
         self._mask = (1 << self.num_experts) - 1
+        self._word_rows: list[bytes] = []  # words(): one row per node, converted once
 
     def __len__(self) -> int:
         return len(self.need)
@@ -122,6 +123,20 @@ class ItemSets:
             self.need.append(bits)
             self.above.append(above)
             self.own.append(bits & ~above if p >= 0 else 0)
+
+    def words(self) -> np.ndarray:
+        """The root's items and the items each other node owns as 64-bit words, for compiled code.
+
+        Returns
+        -------
+        numpy.ndarray of uint64, shape (n, ceil(L * num_experts / 64)), read-only
+            Row 0: ``need[0]``; row v > 0: ``own[v]``; item i is bit ``i % 64`` of word ``i // 64``.
+            Each node's row is converted once, when first asked for.
+        """
+        rows, nbytes = self._word_rows, 8 * ((self.num_layers * self.num_experts + 63) // 64)
+        for v in range(len(rows), len(self.need)):
+            rows.append((self.need[0] if v == 0 else self.own[v]).to_bytes(nbytes, "little"))
+        return np.frombuffer(b"".join(rows), dtype="<u8").reshape(len(rows), nbytes // 8)
 
     def per_layer(self, bits: int) -> list[int]:
         """Number of items of bitset ``bits`` in each layer."""

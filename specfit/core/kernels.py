@@ -154,6 +154,8 @@ def _frequency_top_k(table, row_of, n, a, k, pseudo, blend, has_blend, tiebreak,
             filled = 0  # ids[:filled] best first; a later id goes after every score it does not beat
             for e in range(E):
                 v = s[e]
+                if filled == k and not (v == v and (vals[k - 1] != vals[k - 1] or v > vals[k - 1])):
+                    continue  # beats no kept score: it does not beat the worst, so none better either
                 at = filled
                 for j in range(filled):
                     if v == v and (vals[j] != vals[j] or v > vals[j]):  # NaN after every number

@@ -109,10 +109,36 @@ def evaluate_uncovered(instance: Instance, nodes: Sequence[int]) -> Evaluation:
     return _evaluation(instance, tuple(map(int, nodes)), np.zeros(instance.num_layers, dtype=np.int64))
 
 
+def evaluate_selected(instance: Instance, nodes: np.ndarray, new: np.ndarray) -> Evaluation:
+    """:func:`evaluate` of a solver's selection whose uncached experts per layer the solver counted: the
+    same floats, without the closure check and the coverage count.
+
+    Parameters
+    ----------
+    instance : Instance
+        Cost a :class:`~specfit.core.cost.CostModel` (not checked).
+    nodes : numpy.ndarray of int64, shape (|S|,)
+        Increasing node ids, root first, ancestor-closed (not checked).
+    new : numpy.ndarray of int64, shape (L,)
+        ``|(U_{v in S} E[v][l]) \\ C[l]|`` per layer (not checked).
+
+    Returns
+    -------
+    Evaluation
+        Nothing is raised: the caller vouches for ``nodes`` and ``new``.
+    """
+    a = 1.0 + float(instance.tree.path_prob[nodes[1:]].sum()) if len(nodes) > 1 else 1.0  # as _evaluation
+    return _finish(tuple(nodes.tolist()), a, instance.cost.cycle_ms(len(nodes), new), new)
+
+
 def _evaluation(instance: Instance, s: tuple[int, ...], new: np.ndarray) -> Evaluation:
     """The :class:`Evaluation` of the sorted, checked node tuple ``s`` with ``new`` uncached experts per layer."""
     a = 1.0 + float(instance.tree.path_prob[list(s[1:])].sum()) if len(s) > 1 else 1.0
-    t = _cycle_ms(instance, s, new)
+    return _finish(s, a, _cycle_ms(instance, s, new), new)
+
+
+def _finish(s: tuple[int, ...], a: float, t: float, new: np.ndarray) -> Evaluation:
+    """The :class:`Evaluation` of node tuple ``s`` from A (tokens) and T (ms): throughput ``1000 A / T``."""
     return Evaluation(s, a, t, 1000.0 * a / t if t > 0 else float("inf"), new)
 
 

@@ -111,15 +111,16 @@ def _check_path_prob(child: np.ndarray, parent: np.ndarray, first_id: int) -> No
                                 f"got {child[i]}: path probabilities are products of q <= 1")
 
 
-def check_experts(experts, n: int, num_experts, start: int = 0) -> np.ndarray:
-    """Experts of n nodes as int64 (n, L, k), ids in ``[0, num_experts)``, k >= 1 when L >= 1.
+def check_experts(experts, n: int, num_experts, start: int = 0, copy: bool = True) -> np.ndarray:
+    """Experts of n nodes as int64 (n, L, k), ids in ``[0, num_experts)``, k >= 1 when L >= 1 (``experts``
+    itself if it is such an int64 array and ``copy`` is False).
 
     Raises
     ------
     SpecFitInputError
         Naming ``experts`` (or ``experts[i][l]``, i counted from ``start``) or ``num_experts``.
     """
-    exp = _as_int_array(experts, "experts", 3)
+    exp = _as_int_array(experts, "experts", 3, copy)
     if exp.shape[0] != n:
         raise SpecFitInputError("experts", f"must have one entry per node ({n}), got {exp.shape[0]}")
     if num_experts is None:

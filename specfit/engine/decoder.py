@@ -987,7 +987,7 @@ class SpecDecoder:
             toks, rows = zip(*self._unobserved)
             self.predictor.observe(np.concatenate(toks), np.concatenate(rows), None)
             self._unobserved.clear()
-        experts = check_experts(self.predictor.predict(tokens, hidden), len(tokens), self.num_experts)
+        experts = check_experts(self.predictor.predict(tokens, hidden), len(tokens), self.num_experts, copy=False)
         self._predict_s += time.perf_counter() - t0
         return experts
 

@@ -1,0 +1,510 @@
+"""The exact solver's unbudgeted transfer-regime path as one compiled call (numba).
+
+The engine solves one selection per stop-rule check, one to two per drafted cycle, each a small
+instance (tens of nodes) without budgets in the transfer regime. In Python the solve is spread over a
+few hundred interpreter-level steps (the coverage pricing, the best-prefix scan that starts
+Dinkelbach, one maximum closure per Dinkelbach step with its tree DP, shared-item accounting and
+Dinic's minimum cut, the final evaluation); on the 2-vCPU VM this project is measured on it took
+0.2-0.3 ms per solve, about half of the solver + predictor host share of a drafted cycle
+(BENCHMARKS.md, issue 9, sixteenth round). :func:`select_unbudgeted` runs the same algorithm
+(:mod:`specfit.solvers.exact`, whose module docstring proves it) as one compiled call over the items
+as ``uint64`` words, so it is exact for the same reasons.
+
+Differences from the Python path, none of which changes the optimum:
+
+* the items shared by two or more live nodes each get their own vertex in the minimum-cut graph
+  (the Python path merges items with the same live owners into one vertex): both graphs have the
+  same minimum cuts over the nodes, and the source side read from the residual graph is the unique
+  smallest maximiser of F_λ in both (Picard 1976);
+* sums of item costs are taken per item rather than per owner group, so selections can differ from
+  the Python path's only where two of them tie to within float round-off.
+
+tests/solvers/test_exact_compiled.py checks it against the Python path, CP-SAT and brute force on
+generated instances.
+
+References
+----------
+W. Dinkelbach (1967); J.-C. Picard (1976); E. A. Dinic (1970), as in :mod:`specfit.solvers.exact`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numba
+import numpy as np
+
+_INF = np.inf
+
+
+@numba.njit(cache=True, inline="always")
+def _popcount(x):
+    """Set bits of a uint64 (SWAR; LLVM emits popcnt where the CPU has it)."""
+    x = x - ((x >> np.uint64(1)) & np.uint64(0x5555555555555555))
+    x = (x & np.uint64(0x3333333333333333)) + ((x >> np.uint64(2)) & np.uint64(0x3333333333333333))
+    x = (x + (x >> np.uint64(4))) & np.uint64(0x0F0F0F0F0F0F0F0F)
+    return np.int64((x * np.uint64(0x0101010101010101)) >> np.uint64(56))
+
+
+@numba.njit(cache=True)
+def _per_layer(bits, seg_word, seg_mask, seg_layer, counts):
+    """``counts[l]`` = items of the word row ``bits`` in layer l (segments: word, mask, layer)."""
+    counts[:] = 0
+    for s in range(seg_word.shape[0]):
+        counts[seg_layer[s]] += _popcount(bits[seg_word[s]] & seg_mask[s])
+
+
+@numba.njit(cache=True)
+def _bits_ms(bits, uniform_ms, layer_ms, seg_word, seg_mask, seg_layer, counts):
+    """Transfer ms of the items in ``bits``: as :meth:`specfit.core.coverage.Coverage.bits_ms`."""
+    if uniform_ms >= 0.0:
+        c = 0
+        for w in range(bits.shape[0]):
+            c += _popcount(bits[w])
+        return uniform_ms * c if c else 0.0
+    _per_layer(bits, seg_word, seg_mask, seg_layer, counts)
+    total = 0.0
+    for l in range(layer_ms.shape[0]):
+        total += layer_ms[l] * counts[l]
+    return total
+
+
+@numba.njit(cache=True)
+def _value(sel, pp, own, base_ms, per_node_ms, uniform_ms, layer_ms, seg_word, seg_mask, seg_layer, counts):
+    """``(A, T)`` of the selection mask ``sel``: as ``Coverage.value`` over its ascending node ids."""
+    W = own.shape[1]
+    bits = np.zeros(W, np.uint64)
+    a, count = 1.0, 0
+    for v in range(1, sel.shape[0]):
+        if sel[v]:
+            a += pp[v]
+            for w in range(W):
+                bits[w] |= own[v, w]
+            count += 1
+    return a, base_ms + per_node_ms * count + _bits_ms(bits, uniform_ms, layer_ms, seg_word, seg_mask, seg_layer,
+                                                       counts)
+
+
+@numba.njit(cache=True)
+def _min_cut_source_side(nv, eu, ev, ecap, eps):
+    """Dinic's algorithm on edges ``(eu[i], ev[i], ecap[i])`` from source 0 to sink 1; the source side
+    of a minimum cut (residual-reachable vertices), as :func:`specfit.solvers.exact.min_cut_source_side`
+    (one augmenting path per search, adjacency in insertion order)."""
+    m = eu.shape[0]
+    to = np.empty(2 * m, np.int64)
+    cap = np.empty(2 * m)
+    deg = np.zeros(nv + 1, np.int64)
+    for i in range(m):
+        to[2 * i], cap[2 * i] = ev[i], ecap[i]
+        to[2 * i + 1], cap[2 * i + 1] = eu[i], 0.0
+        deg[eu[i] + 1] += 1
+        deg[ev[i] + 1] += 1
+    for u in range(nv):
+        deg[u + 1] += deg[u]
+    adj = np.empty(2 * m, np.int64)
+    fill = deg[:nv].copy()
+    for e in range(2 * m):  # edge e leaves to[e ^ 1]; ids in insertion order per vertex
+        u = to[e ^ 1]
+        adj[fill[u]] = e
+        fill[u] += 1
+    level = np.empty(nv, np.int64)
+    queue = np.empty(nv, np.int64)
+    nxt = np.empty(nv, np.int64)
+    path = np.empty(nv, np.int64)
+    while True:
+        level[:] = -1
+        level[0] = 0
+        queue[0], qn = 0, 1
+        qi = 0
+        while qi < qn:
+            u = queue[qi]
+            qi += 1
+            for k in range(deg[u], deg[u + 1]):
+                e = adj[k]
+                w = to[e]
+                if level[w] < 0 and cap[e] > eps:
+                    level[w] = level[u] + 1
+                    queue[qn] = w
+                    qn += 1
+        if level[1] < 0:
+            return level >= 0
+        nxt[:] = deg[:nv]
+        while True:  # one augmenting path per search, as the recursive push
+            depth, u, d = 0, 0, 0.0
+            while True:
+                if u == 1:
+                    d = _INF
+                    for i in range(depth):
+                        if cap[path[i]] < d:
+                            d = cap[path[i]]
+                    for i in range(depth):
+                        cap[path[i]] -= d
+                        cap[path[i] ^ 1] += d
+                    break
+                advanced = False
+                while nxt[u] < deg[u + 1]:
+                    e = adj[nxt[u]]
+                    w = to[e]
+                    if cap[e] > eps and level[w] == level[u] + 1:
+                        path[depth] = e
+                        depth += 1
+                        u = w
+                        advanced = True
+                        break
+                    nxt[u] += 1
+                if not advanced:
+                    if depth == 0:
+                        d = 0.0
+                        break
+                    depth -= 1
+                    u = to[path[depth] ^ 1]
+                    nxt[u] += 1
+            if not d > eps:
+                break
+
+
+@numba.njit(cache=True)
+def _max_closure(lam, parents, pp, own, shared, per_node_ms, excl_ms, uniform_ms, layer_ms, seg_word, seg_mask,
+                 seg_layer, item_ms, counts, cptr, cidx):
+    """Selection mask maximising ``A - lam T`` without budgets: as :func:`specfit.solvers.exact.max_closure`."""
+    n, W = pp.shape[0], own.shape[1]
+    c = per_node_ms
+    base = np.empty(n)
+    live = np.zeros(n, np.bool_)
+    for v in range(n):
+        base[v] = pp[v] - lam * (c + excl_ms[v])
+        live[v] = v == 0 or pp[v] > lam * c
+    weight = base.copy()
+    fits = False
+    dp = np.zeros(n)
+    once = np.zeros(W, np.uint64)
+    twice = np.zeros(W, np.uint64)
+    row = np.zeros(W, np.uint64)
+    while True:  # drop subtrees that cannot add value; fold items left with one live owner
+        dp[:] = 0.0
+        for v in range(n - 1, 0, -1):
+            if live[v]:
+                s = weight[v]
+                for k in range(cptr[v], cptr[v + 1]):
+                    s += dp[cidx[k]]
+                dp[v] = s if s > 0.0 else 0.0
+        pruned = False
+        for v in range(1, n):
+            if live[v] and not (live[parents[v]] and dp[v] > 0.0):
+                live[v] = False
+                pruned = True
+        if fits and not pruned:
+            break
+        any_live = False
+        for v in range(1, n):
+            any_live = any_live or live[v]
+        if not any_live:
+            out = np.zeros(n, np.bool_)
+            out[0] = True
+            return out
+        once[:] = 0
+        twice[:] = 0
+        for v in range(1, n):
+            if live[v]:
+                for w in range(W):
+                    r = own[v, w] & shared[w]
+                    twice[w] |= once[w] & r
+                    once[w] |= r
+        for v in range(n):
+            weight[v] = base[v]
+        for v in range(1, n):
+            if live[v]:
+                for w in range(W):
+                    row[w] = own[v, w] & shared[w] & once[w] & ~twice[w]
+                weight[v] -= lam * _bits_ms(row, uniform_ms, layer_ms, seg_word, seg_mask, seg_layer, counts)
+        fits = True
+    has_groups = False
+    for w in range(W):
+        has_groups = has_groups or twice[w] != 0
+    if not has_groups:  # the tree DP is exact
+        return live
+    # minimum cut: source 0, sink 1, live nodes 2.., then one vertex per item shared by >= 2 live owners
+    vid = np.full(n, -1, np.int64)
+    nl = 0
+    for v in range(1, n):
+        if live[v]:
+            vid[v] = nl + 2
+            nl += 1
+    items = np.empty(W * 64, np.int64)
+    ni = 0
+    for w in range(W):
+        x = twice[w]
+        for b in range(64):
+            if (x >> np.uint64(b)) & np.uint64(1):
+                items[ni] = w * 64 + b
+                ni += 1
+    cap_edges = 3 * nl + ni * (nl + 1)
+    eu = np.empty(cap_edges, np.int64)
+    ev = np.empty(cap_edges, np.int64)
+    ec = np.empty(cap_edges)
+    m = 0
+    for v in range(1, n):
+        if not live[v]:
+            continue
+        i = vid[v]
+        if weight[v] > 0.0:
+            eu[m], ev[m], ec[m] = 0, i, weight[v]
+            m += 1
+        elif weight[v] < 0.0:
+            eu[m], ev[m], ec[m] = i, 1, -weight[v]
+            m += 1
+        if parents[v]:
+            eu[m], ev[m], ec[m] = i, vid[parents[v]], _INF
+            m += 1
+    g0 = nl + 2
+    for k in range(ni):
+        it = items[k]
+        w, b = it // 64, np.uint64(it % 64)
+        eu[m], ev[m], ec[m] = g0 + k, 1, lam * item_ms[it]
+        m += 1
+        for v in range(1, n):
+            if live[v] and (own[v, w] >> b) & np.uint64(1):
+                eu[m], ev[m], ec[m] = vid[v], g0 + k, _INF
+                m += 1
+    side = _min_cut_source_side(g0 + ni, eu[:m], ev[:m], ec[:m], 1e-12)
+    out = np.zeros(n, np.bool_)
+    out[0] = True
+    for v in range(1, n):
+        if live[v] and side[vid[v]]:
+            out[v] = True
+    return out
+
+
+@numba.njit(cache=True)
+def _path_prob_order(parents, pp):
+    """Nodes by decreasing P, ties shallow-first then lower index: ``np.lexsort((ids, depth, -pp))``
+    (:func:`specfit.solvers.greedy.path_prob_order`)."""
+    n = pp.shape[0]
+    depth = np.zeros(n, np.int64)
+    for v in range(1, n):
+        depth[v] = depth[parents[v]] + 1
+    order = np.argsort(-pp, kind="mergesort")  # stable: ties in index order
+    i = 0
+    while i < n:  # within a run of equal P, a stable insertion sort by depth
+        j = i + 1
+        while j < n and pp[order[j]] == pp[order[i]]:
+            j += 1
+        for a in range(i + 1, j):
+            x = order[a]
+            b = a - 1
+            while b >= i and depth[order[b]] > depth[x]:
+                order[b + 1] = order[b]
+                b -= 1
+            order[b + 1] = x
+        i = j
+    return order
+
+
+@numba.njit(cache=True, error_model="numpy")
+def _linear_prefix(parents, pp, fixed_ms, per_node_ms, k_max, lam):
+    """Mask of the best prefix of the path-probability order when T is linear in |S| (at most ``k_max``
+    nodes; ``lam < 0``: maximise A/T, else A - lam T): :func:`specfit.solvers.greedy.linear_prefix`, the
+    same floats in the same order (its cumulative sums are sequential), the first maximum winning."""
+    n = pp.shape[0]
+    order = _path_prob_order(parents, pp)
+    a, t = 0.0, fixed_ms
+    best, best_len = -np.inf, 1
+    for i in range(min(n, k_max)):
+        a += 1.0 if i == 0 else pp[order[i]]
+        t += per_node_ms
+        val = a / t if lam < 0.0 else a - lam * t
+        if val > best or (i == 0 and val != val):  # np.argmax: the first maximum (a NaN first wins)
+            best, best_len = val, i + 1
+    sel = np.zeros(n, np.bool_)
+    for i in range(best_len):
+        sel[order[i]] = True
+    return sel
+
+
+@numba.njit(cache=True)
+def _select(parents, pp, own, num_experts, fixed_ms, per_node_ms, layer_ms, seg_word, seg_mask, seg_layer, lam_rate,
+            tol):
+    """The exact selection (a mask of shape (n,)) without budgets, and the uncached experts per layer it
+    needs (the root's included). ``own`` (n, words): row 0 the root's items, row v > 0 the items v owns
+    (:meth:`specfit.core.coverage.ItemSets.words`).
+
+    Ratio mode (``lam_rate < 0``): Dinkelbach from the best prefix of the path-probability order (as
+    ``_scan_prefix``); rate mode: one maximum closure at λ = ``lam_rate`` tokens/ms. Item costs: every
+    layer's ``layer_ms`` the same (``uniform``) or per layer, as ``Coverage.bits_ms``."""
+    n, W, L = pp.shape[0], own.shape[1], layer_ms.shape[0]
+    uniform = layer_ms[0] if L else -1.0
+    for l in range(L):
+        if layer_ms[l] != uniform:
+            uniform = -1.0
+    item_ms = np.empty(L * num_experts)
+    for l in range(L):
+        item_ms[l * num_experts:(l + 1) * num_experts] = layer_ms[l]
+    root_new = np.zeros(L, np.int64)
+    _per_layer(own[0], seg_word, seg_mask, seg_layer, root_new)
+    root_count = 0
+    root_ms = 0.0
+    for l in range(L):
+        root_count += root_new[l]
+        root_ms += layer_ms[l] * root_new[l]
+    if uniform >= 0.0:
+        root_ms = uniform * root_count if root_count else 0.0
+    counts = np.zeros(L, np.int64)
+    cptr = np.zeros(n + 1, np.int64)  # children in increasing id order (CSR)
+    for v in range(1, n):
+        cptr[parents[v] + 1] += 1
+    for v in range(n):
+        cptr[v + 1] += cptr[v]
+    cidx = np.empty(max(n - 1, 0), np.int64)
+    fill = cptr[:n].copy()
+    for v in range(1, n):
+        cidx[fill[parents[v]]] = v
+        fill[parents[v]] += 1
+    once = np.zeros(W, np.uint64)
+    shared = np.zeros(W, np.uint64)
+    for v in range(1, n):
+        for w in range(W):
+            shared[w] |= once[w] & own[v, w]
+            once[w] |= own[v, w]
+    excl = np.zeros(n)
+    row = np.zeros(W, np.uint64)
+    for v in range(1, n):
+        for w in range(W):
+            row[w] = own[v, w] & ~shared[w]
+        excl[v] = _bits_ms(row, uniform, layer_ms, seg_word, seg_mask, seg_layer, counts)
+    base_ms = fixed_ms + per_node_ms + root_ms
+    if lam_rate >= 0.0:
+        sel = _max_closure(lam_rate, parents, pp, own, shared, per_node_ms, excl, uniform, layer_ms, seg_word,
+                           seg_mask, seg_layer, item_ms, counts, cptr, cidx)
+    else:
+        order = _path_prob_order(parents, pp)
+        covered = np.zeros(W, np.uint64)  # the best prefix of the path-probability order
+        a = 1.0
+        t = fixed_ms + (per_node_ms + root_ms)
+        best, best_len = a / t, 1
+        for k in range(1, n):
+            v = order[k]
+            for w in range(W):
+                row[w] = own[v, w] & ~covered[w]
+                covered[w] |= row[w]
+            a += pp[v]
+            t += per_node_ms + _bits_ms(row, uniform, layer_ms, seg_word, seg_mask, seg_layer, counts)
+            if a / t > best:
+                best, best_len = a / t, k + 1
+        sel = np.zeros(n, np.bool_)
+        for k in range(best_len):
+            sel[order[k]] = True
+        a, t = _value(sel, pp, own, base_ms, per_node_ms, uniform, layer_ms, seg_word, seg_mask, seg_layer, counts)
+        lam = a / t
+        while True:
+            cand = _max_closure(lam, parents, pp, own, shared, per_node_ms, excl, uniform, layer_ms, seg_word,
+                                seg_mask, seg_layer, item_ms, counts, cptr, cidx)
+            ca, ct = _value(cand, pp, own, base_ms, per_node_ms, uniform, layer_ms, seg_word, seg_mask, seg_layer,
+                            counts)
+            if ca - lam * ct <= tol:
+                if ca / ct > lam:
+                    sel = cand
+                break
+            sel, lam = cand, ca / ct
+    bits = np.zeros(W, np.uint64)
+    for v in range(1, n):
+        if sel[v]:
+            for w in range(W):
+                bits[w] |= own[v, w]
+    _per_layer(bits, seg_word, seg_mask, seg_layer, counts)
+    for l in range(L):
+        counts[l] += root_new[l]
+    return sel, counts
+
+
+def _segments(num_layers: int, num_experts: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per (word, layer) overlap of the item ids ``l * E + e`` in 64-bit words: ``(word, mask, layer)``."""
+    words, masks, layers = [], [], []
+    for l in range(num_layers):
+        lo, hi = l * num_experts, (l + 1) * num_experts
+        for w in range(lo // 64, (hi + 63) // 64):
+            a, b = max(lo, 64 * w) - 64 * w, min(hi, 64 * w + 64) - 64 * w
+            words.append(w)
+            masks.append(((1 << b) - 1) ^ ((1 << a) - 1))
+            layers.append(l)
+    return np.array(words, np.int64), np.array(masks, np.uint64), np.array(layers, np.int64)
+
+
+@functools.lru_cache(maxsize=16)
+def _layout(num_layers: int, num_experts: int) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
+    words = (num_layers * num_experts + 63) // 64
+    return (words,) + _segments(num_layers, num_experts)
+
+
+def select_unbudgeted(instance, rate_lam: float | None, tol: float) -> tuple[np.ndarray, np.ndarray]:
+    """The exact selection of a transfer-regime instance without budgets, as one compiled call.
+
+    Parameters
+    ----------
+    instance : Instance
+        Cost a :class:`~specfit.core.cost.CostModel`; no ``max_nodes`` nor expert budget (not checked).
+    rate_lam : float or None
+        λ in tokens per ms (rate mode), or None (ratio mode: maximise A/T).
+    tol : float
+        Dinkelbach's stopping tolerance (tokens).
+
+    Returns
+    -------
+    nodes : numpy.ndarray of int64
+        Selected node ids, increasing, root first (ancestor-closed).
+    new : numpy.ndarray of int64, shape (L,)
+        Uncached experts per layer the selection needs (the root's included): the ``new_experts`` of
+        :func:`specfit.core.objective.evaluate`.
+    """
+    items, cost, tree = instance.items, instance.cost, instance.tree
+    L, E = instance.num_layers, instance.num_experts
+    _, seg_word, seg_mask, seg_layer = _layout(L, E)
+    sel, new = exact_kernel()(tree.parents, tree.path_prob, items.words(), E, float(cost.fixed_ms),
+                              float(cost.per_node_ms), cost.per_expert_array(L), seg_word, seg_mask, seg_layer,
+                              -1.0 if rate_lam is None else float(rate_lam), float(tol))
+    return np.flatnonzero(sel), new
+
+
+def linear_prefix(tree, cost, max_nodes: int | None, lam: float | None) -> list[int]:
+    """:func:`specfit.solvers.greedy.linear_prefix` (the same prefix, bit for bit) as one compiled call.
+
+    Parameters
+    ----------
+    tree : DraftTree
+    cost : CostModel
+        T of a k-node prefix is ``fixed_ms + k * per_node_ms`` (the caller checks that no node needs an
+        uncached expert).
+    max_nodes : int or None
+    lam : float or None
+        λ in tokens per ms (maximise ``A - λT``), or None (``A / T``).
+
+    Returns
+    -------
+    list of int
+        Sorted node ids of the best prefix, root included.
+    """
+    sel = linear_prefix_kernel()(tree.parents, tree.path_prob, float(cost.fixed_ms), float(cost.per_node_ms),
+                                 tree.n if max_nodes is None else int(max_nodes), -1.0 if lam is None else float(lam))
+    return np.flatnonzero(sel).tolist()
+
+
+@functools.cache
+def linear_prefix_kernel():
+    """The compiled :func:`_linear_prefix` (a numba dispatcher), compiled or loaded from numba's cache on
+    the first call in a process."""
+    for lam in (-1.0, 0.1):
+        _linear_prefix(np.array([-1, 0], np.int64), np.array([1.0, 0.5]), 1.0, 0.1, 2, lam)
+    return _linear_prefix
+
+
+@functools.cache
+def exact_kernel():
+    """The compiled :func:`_select` (a numba dispatcher), compiled or loaded from numba's cache on the
+    first call in a process (the exact solver asks for it when it is built)."""
+    parents, pp = np.array([-1, 0, 0], np.int64), np.array([1.0, 0.5, 0.4])
+    own = np.frombuffer(np.array([4, 3, 1], np.uint64).tobytes(), "<u8").reshape(3, 1)  # read-only, as ItemSets.words
+    seg = _segments(1, 64)
+    layer_ms = np.ones(1)
+    layer_ms.setflags(write=False)  # as CostModel.per_expert_array
+    for lam in (-1.0, 0.1):
+        _select(parents, pp, own, 64, 1.0, 0.1, layer_ms, *seg, lam, 1e-12)
+    return _select

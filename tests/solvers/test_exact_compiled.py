@@ -1,0 +1,109 @@
+"""The exact solver's compiled path (solvers/exact_compiled.py) against its Python reference.
+
+The compiled path (``ExactSolver()``, the default) and the Python one (``ExactSolver(compiled=False)``)
+run the same algorithm; on generated instances without budgets they must return the same nodes and the
+same A, T and throughput bit for bit, and both must match brute force. (tests/solvers/test_solvers.py
+checks the default, compiled, solver against CP-SAT and brute force with and without budgets.)
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specfit.core.coverage import ItemSets
+from specfit.core.cost import CostModel
+from specfit.core.instance import Instance
+from specfit.core.tree import DraftTree
+from specfit.solvers import get_solver
+from specfit.solvers.exact import ExactSolver
+from specfit.solvers.exact_compiled import _segments, linear_prefix
+from specfit.solvers import greedy
+from strategies import instances
+
+RATES = st.one_of(st.none(), st.floats(0.0, 600.0))
+COMPILED, PYTHON = ExactSolver(), ExactSolver(compiled=False)
+
+
+def fields(sel) -> tuple:
+    return sel.nodes, sel.expected_tokens, sel.predicted_ms, sel.throughput, sel.status
+
+
+@settings(max_examples=300, deadline=None)
+@given(instances(max_nodes=12), RATES)
+def test_compiled_equals_python_path_bit_for_bit(inst, rate):
+    """Same nodes, same floats as the Python path; the optimum brute force finds."""
+    got, ref = COMPILED.solve(inst, rate), PYTHON.solve(inst, rate)
+    assert fields(got) == fields(ref)
+    assert all(type(v) is int for v in got.nodes)
+    brute = get_solver("bruteforce").solve(inst, rate)
+    assert math.isclose(got.objective, brute.objective, rel_tol=1e-9, abs_tol=1e-9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2 ** 32 - 1), st.sampled_from([1, 3, 64, 65, 128]), st.booleans(), RATES)
+def test_compiled_equals_python_path_on_wide_layers(seed, num_experts, per_layer, rate):
+    """Layers of 1-128 experts (items straddling 64-bit words, per-layer costs): the same selection."""
+    rng = np.random.default_rng(seed)
+    n, L, k = int(rng.integers(2, 40)), int(rng.integers(1, 4)), min(num_experts, 4)
+    parents = [-1] + [int(rng.integers(0, v)) for v in range(1, n)]
+    q = [1.0] + rng.uniform(0.05, 1.0, n - 1).tolist()
+    hot = rng.choice(num_experts, size=min(num_experts, 6), replace=False)  # shared experts: coupled nodes
+    experts = np.stack([np.stack([rng.choice(hot, k, replace=False) if rng.random() < 0.7 else
+                                  rng.choice(num_experts, k, replace=False) for _ in range(L)]) for _ in range(n)])
+    cache = rng.random((L, num_experts)) < 0.3
+    per_expert = rng.uniform(0.0, 2.0, L).tolist() if per_layer else float(rng.uniform(0.0, 2.0))
+    tree = DraftTree(parents, q=q, experts=experts, num_experts=num_experts)
+    inst = Instance(tree, CostModel(float(rng.uniform(0.5, 10.0)), float(rng.uniform(0.0, 1.0)), per_expert), cache)
+    assert fields(COMPILED.solve(inst, rate)) == fields(PYTHON.solve(inst, rate))
+
+
+@settings(max_examples=200, deadline=None)
+@given(instances(max_nodes=14, per_expert_zero=True), st.one_of(st.none(), st.integers(1, 14)),
+       st.one_of(st.none(), st.floats(0.0, 2.0)))
+def test_compiled_linear_prefix_is_the_numpy_prefix(inst, max_nodes, lam):
+    """greedy.linear_prefix and its compiled twin: the same prefix (ties in P included)."""
+    capped = Instance(inst.tree, inst.cost, inst.cache, max_nodes=max_nodes)
+    assert linear_prefix(inst.tree, inst.cost, max_nodes, lam) == greedy.linear_prefix(capped, lam)
+
+
+def test_item_words_hold_the_roots_items_then_each_nodes_own():
+    """ItemSets.words: row 0 the root's items, row v its own items; item l * E + e is bit (i % 64) of
+    word i // 64."""
+    cache = np.zeros((2, 40), dtype=bool)
+    items = ItemSets(cache)
+    experts = np.array([[[1], [39]], [[1], [2]], [[5], [39]]])  # root: items 1, 79; node 1 owns 42; node 2 owns 5
+    items.extend([-1, 0, 1], experts)
+    words = items.words()
+    assert words.shape == (3, 2) and words.dtype == np.uint64
+    assert words[0].tolist() == [1 << 1, 1 << (79 - 64)]
+    assert words[1].tolist() == [1 << 42, 0]
+    assert words[2].tolist() == [1 << 5, 0]
+    items.extend([2], np.array([[[7], [0]]]))
+    assert items.words().shape == (4, 2) and items.words()[3].tolist() == [1 << 7 | 1 << 40, 0]
+
+
+@pytest.mark.parametrize("num_experts", [1, 5, 64, 100, 128])
+def test_segments_cover_every_item_of_its_layer_once(num_experts):
+    """The (word, mask, layer) segments partition the L * E item bits by layer."""
+    L = 3
+    word, mask, layer = _segments(L, num_experts)
+    seen = {}
+    for w, m, l in zip(word.tolist(), mask.tolist(), layer.tolist()):
+        for b in range(64):
+            if m >> b & 1:
+                assert 64 * w + b not in seen
+                seen[64 * w + b] = l
+    assert seen == {i: i // num_experts for i in range(L * num_experts)}
+
+
+def test_compiled_linear_prefix_keeps_the_first_of_tied_prefixes():
+    """Free nodes of probability 0 tie the objective; the shortest best prefix wins, as np.argmax."""
+    tree = DraftTree([-1, 0, 0, 1], path_prob=[1.0, 0.5, 0.0, 0.0])
+    inst = Instance(tree, CostModel(1.0, 0.0, 0.0))
+    for lam in (None, 0.5):
+        assert linear_prefix(tree, inst.cost, None, lam) == greedy.linear_prefix(inst, lam) == [0, 1]
