@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Iterable, Sequence
 
 import numpy as np
 
+from specfit.core.errors import SpecFitInputError
+
 if TYPE_CHECKING:  # pragma: no cover
     from specfit.core.instance import Instance
 
@@ -65,8 +67,8 @@ class ItemSets:
 
     Notes
     -----
-    :meth:`extend` costs one ``packbits`` of the new nodes' (m, L * num_experts) need mask and O(m)
-    bitset operations, so a tree grown level by level is accounted for once, not once per level.
+    :meth:`extend` costs one compiled pass over the new nodes' (m, L, k) experts (their need bits, packed)
+    and O(m) bitset operations, so a tree grown level by level is accounted for once, not once per level.
     """
 
     def __init__(self, cache: np.ndarray):
@@ -78,13 +80,15 @@ class ItemSets:
         self.rows = np.zeros((0, self.num_layers), dtype=np.int64)
         self._mask = (1 << self.num_experts) - 1
         self._word_rows: list[bytes] = []  # words(): one row per node, converted once
+        self._cache_c = np.ascontiguousarray(cache, dtype=bool)  # the need kernel's argument
 
     def __len__(self) -> int:
         return len(self.need)
 
     def need_mask(self, experts: np.ndarray) -> np.ndarray:
         """Bool array of shape (m, L * num_experts): True where a node of ``experts`` (shape (m, L, k))
-        routes to an uncached expert."""
+        routes to an uncached expert (:meth:`extend` packs the same bits in one compiled call,
+        :func:`specfit.core.kernels.need_bits_kernel`)."""
         m, L, E = experts.shape[0], self.num_layers, self.num_experts
         mask = np.zeros((m, L * E), dtype=bool)
         if L and m:
@@ -110,10 +114,12 @@ class ItemSets:
             self.own += [0] * m
             self.rows = np.concatenate([self.rows, np.zeros((m, self.num_layers), dtype=np.int64)])
             return
-        mask = self.need_mask(experts)
-        rows = mask.reshape(mask.shape[0], self.num_layers, self.num_experts).sum(axis=2, dtype=np.int64)
+        from specfit.core.kernels import need_bits_kernel
+
+        packed, rows, ok = need_bits_kernel()(np.ascontiguousarray(experts, dtype=np.int64), self._cache_c)
+        if not ok:
+            raise SpecFitInputError("experts", f"expert ids must lie in [0, {self.num_experts})")
         self.rows = np.concatenate([self.rows, rows])
-        packed = np.packbits(mask, axis=1, bitorder="little")
         for p, row in zip(parents, packed):
             bits = int.from_bytes(row.tobytes(), "little")
             if p < 0:

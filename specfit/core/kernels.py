@@ -212,6 +212,40 @@ def _window_push(counts, last, ring, size, head, step, routing, num_experts):
     return size, head, step, 0
 
 
+@numba.njit(cache=True)
+def _need_bits(experts, cache):
+    """For ``ItemSets.extend``: node i's uncached items ``l * E + e`` as little-endian packed bits
+    (m, ceil(L * E / 8)) uint8, and its distinct uncached experts per layer (m, L) int64; the same as
+    ``np.packbits(ItemSets.need_mask(experts), axis=1, bitorder="little")`` and the mask's per-layer sums.
+    ``experts`` (m, L, k) int64, ``cache`` (L, E) bool. Returns ``(packed, rows, ok)``: ``ok`` False (and
+    the arrays partly filled) if an id lies outside [0, E)."""
+    m, L, k = experts.shape
+    E = cache.shape[1]
+    packed = np.zeros((m, (L * E + 7) // 8), np.uint8)
+    rows = np.zeros((m, L), np.int64)
+    for i in range(m):
+        for l in range(L):
+            for j in range(k):
+                e = experts[i, l, j]
+                if e < 0 or e >= E:
+                    return packed, rows, False
+                if not cache[l, e]:
+                    b = l * E + e
+                    bit = np.uint8(1 << (b & 7))
+                    if not packed[i, b >> 3] & bit:  # a repeated id counts once, as in the mask
+                        packed[i, b >> 3] |= bit
+                        rows[i, l] += 1
+    return packed, rows, True
+
+
+@functools.cache
+def need_bits_kernel():
+    """The compiled :func:`_need_bits` (a numba dispatcher), compiled or loaded from numba's cache on the
+    first call in a process."""
+    _need_bits(np.zeros((1, 1, 1), np.int64), np.zeros((1, 1), np.bool_))
+    return _need_bits
+
+
 @functools.cache
 def window_push_kernel():
     """The compiled :func:`_window_push` (a numba dispatcher; arguments, shapes and return value as there),

@@ -3,6 +3,8 @@
 import networkx as nx
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from specfit.core.coverage import ItemSets
 from specfit.core.errors import SpecFitInputError
@@ -123,3 +125,28 @@ def test_from_networkx_rejects_bad_graphs_naming_node_and_attribute(make, field,
         DraftTree.from_networkx(make())
     assert err.value.field == field
     assert rule in err.value.rule
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2 ** 32 - 1), st.integers(1, 3), st.sampled_from([1, 3, 8, 64, 70]), st.integers(1, 4))
+def test_extend_packs_the_need_mask_bits_and_counts_rows(seed, layers, num_experts, k):
+    """ItemSets.extend's compiled pass (need bits, rows per layer) against need_mask: the same bitsets and
+    rows, a repeated id counted once."""
+    rng = np.random.default_rng(seed)
+    m = int(rng.integers(1, 12))
+    experts = rng.integers(0, num_experts, size=(m, layers, k))
+    cache = rng.random((layers, num_experts)) < 0.4
+    items = ItemSets(cache)
+    items.extend([-1] + [int(rng.integers(0, v)) for v in range(1, m)], experts)
+    mask = items.need_mask(experts)
+    want = [int.from_bytes(np.packbits(r, bitorder="little").tobytes(), "little") for r in mask]
+    assert items.need == want
+    np.testing.assert_array_equal(items.rows, mask.reshape(m, layers, num_experts).sum(axis=2))
+
+
+def test_extend_refuses_expert_ids_out_of_range():
+    items = ItemSets(np.zeros((1, 4), dtype=bool))
+    with pytest.raises(SpecFitInputError, match="experts"):
+        items.extend([-1], np.array([[[4]]]))
+    with pytest.raises(SpecFitInputError, match="experts"):
+        items.extend([-1], np.array([[[-1]]]))
