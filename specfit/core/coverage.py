@@ -135,14 +135,15 @@ class ItemSets:
 
         Returns
         -------
-        numpy.ndarray of uint64, shape (n, ceil(L * num_experts / 64)), read-only
-            Row 0: ``need[0]``; row v > 0: ``own[v]``; item i is bit ``i % 64`` of word ``i // 64``.
+        numpy.ndarray of uint64, shape (n, ceil(L * num_experts / 64))
+            Row 0: ``need[0]``; row v > 0: ``own[v]``; item i is bit ``i % 64`` of word ``i // 64``. A new
+            array on each call (changing it changes nothing here).
             Each node's row is converted once, when first asked for.
         """
         rows, nbytes = self._word_rows, 8 * ((self.num_layers * self.num_experts + 63) // 64)
         for v in range(len(rows), len(self.need)):
             rows.append((self.need[0] if v == 0 else self.own[v]).to_bytes(nbytes, "little"))
-        return np.frombuffer(b"".join(rows), dtype="<u8").reshape(len(rows), nbytes // 8)
+        return np.frombuffer(bytearray(b"".join(rows)), dtype="<u8").reshape(len(rows), nbytes // 8)
 
     def per_layer(self, bits: int) -> list[int]:
         """Number of items of bitset ``bits`` in each layer."""
