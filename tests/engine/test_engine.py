@@ -502,3 +502,21 @@ def test_a_cycles_online_learning_runs_during_the_next_verify(ckpt, ar_outputs):
     assert gen.cycles[0].hidden_host_ms == 0.0
     assert gen.cycles[-1].host_cpu_ms >= 8.0 * 0.95  # its own learning, at the end: unhidden
     assert dec.online.drafted == sum(1 for c in gen.cycles if c.levels)
+
+
+@pytest.mark.parametrize("method", ["specfit", "eagle3-scan", "oracle"])
+def test_no_kernel_is_compiled_inside_a_decoding_cycle(ckpt, method):
+    """Every numba kernel a cycle calls is compiled (or loaded from numba's cache) when the decoder and its
+    parts are built: a first call inside a cycle would be booked as that cycle's host time (seconds on a
+    fresh checkout)."""
+    from specfit.core import kernels
+    from specfit.solvers import exact_compiled
+
+    getters = [kernels.level_probs_kernel, kernels.need_bits_kernel, exact_compiled.exact_kernel,
+               exact_compiled.linear_prefix_kernel]
+    for g in getters:
+        g.cache_clear()
+    dec = decoder(ckpt, method, SelfDrafter(ckpt), tree=TreeSettings(total_tokens=8, depth=3, top_k=3))
+    built = [g.cache_info().misses for g in getters]
+    dec.generate(PROMPTS[0], 8)
+    assert [g.cache_info().misses for g in getters] == built
