@@ -443,8 +443,8 @@ class SpecDecoder:
                 options["time_limit_s"] = self.SOLVE_TIME_LIMIT_S
             self.solver = get_solver(m.selector, **options)
         self.num_experts = int(target.spec.num_experts)
-        if m.cost_aware:  # a tree's coverage accounting runs compiled (ItemSets.extend): compiled, or loaded from
-            from specfit.core.kernels import need_bits_kernel  # numba's cache, here, so that no cycle pays it
+        if m.drafts:  # a drafted tree's coverage accounting runs compiled (ItemSets.extend): compiled, or loaded
+            from specfit.core.kernels import need_bits_kernel  # from numba's cache, here, so that no cycle pays it
 
             need_bits_kernel()
         self._lam_tokens = 0.0

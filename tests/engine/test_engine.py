@@ -504,7 +504,7 @@ def test_a_cycles_online_learning_runs_during_the_next_verify(ckpt, ar_outputs):
     assert dec.online.drafted == sum(1 for c in gen.cycles if c.levels)
 
 
-@pytest.mark.parametrize("method", ["specfit", "eagle3-scan", "oracle"])
+@pytest.mark.parametrize("method", sorted(METHODS))
 def test_no_kernel_is_compiled_inside_a_decoding_cycle(ckpt, method):
     """Every numba kernel a cycle calls is compiled (or loaded from numba's cache) when the decoder and its
     parts are built: a first call inside a cycle would be booked as that cycle's host time (seconds on a
