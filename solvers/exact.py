@@ -318,10 +318,12 @@ class ExactSolver(Solver):
         self.time_limit_s = time_limit_s
         self.compiled = compiled
         if compiled:  # compiled (or loaded from numba's cache) here: no solve pays it
+            from specfit.core.kernels import need_bits_kernel
             from specfit.solvers.exact_compiled import exact_kernel, linear_prefix_kernel
 
             exact_kernel()
             linear_prefix_kernel()
+            need_bits_kernel()  # an instance's coverage accounting (ItemSets.extend)
 
     def select(self, instance: Instance, rate: float | None):
         deadline = None if self.time_limit_s is None else time.perf_counter() + self.time_limit_s

@@ -37,6 +37,8 @@ import functools
 import numba
 import numpy as np
 
+from specfit.core.kernels import kernel_array
+
 _INF = np.inf
 
 
@@ -489,8 +491,9 @@ def select_unbudgeted(instance, rate_lam: float | None, tol: float) -> tuple[np.
     items, cost, tree = instance.items, instance.cost, instance.tree
     L, E = instance.num_layers, instance.num_experts
     _, seg_word, seg_mask, seg_layer = _layout(L, E)
-    sel, new = exact_kernel()(tree.parents, tree.path_prob, items.words(), E, float(cost.fixed_ms),
-                              float(cost.per_node_ms), cost.per_expert_array(L), seg_word, seg_mask, seg_layer,
+    sel, new = exact_kernel()(kernel_array(tree.parents, np.int64), kernel_array(tree.path_prob, np.float64),
+                              items.words(), E, float(cost.fixed_ms), float(cost.per_node_ms),
+                              cost.per_expert_array(L), seg_word, seg_mask, seg_layer,
                               -1.0 if rate_lam is None else float(rate_lam), float(tol))
     return np.flatnonzero(sel), new
 
@@ -513,7 +516,8 @@ def linear_prefix(tree, cost, max_nodes: int | None, lam: float | None) -> list[
     list of int
         Sorted node ids of the best prefix, root included.
     """
-    sel = linear_prefix_kernel()(tree.parents, tree.path_prob, float(cost.fixed_ms), float(cost.per_node_ms),
+    sel = linear_prefix_kernel()(kernel_array(tree.parents, np.int64), kernel_array(tree.path_prob, np.float64),
+                                 float(cost.fixed_ms), float(cost.per_node_ms),
                                  tree.n if max_nodes is None else int(max_nodes), -1.0 if lam is None else float(lam))
     return np.flatnonzero(sel).tolist()
 

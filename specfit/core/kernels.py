@@ -212,6 +212,15 @@ def _window_push(counts, last, ring, size, head, step, routing, num_experts):
     return size, head, step, 0
 
 
+def kernel_array(a, dtype) -> np.ndarray:
+    """``a`` as a writable C-contiguous array of ``dtype``: itself when it is one, else a copy. Every kernel
+    is compiled for such arrays; another layout or a read-only array would compile it again, on that call."""
+    a = np.asarray(a)
+    if a.dtype == dtype and a.flags.c_contiguous and a.flags.writeable:
+        return a
+    return np.array(a, dtype=dtype, order="C")
+
+
 @numba.njit(cache=True)
 def _need_bits(experts, cache):
     """For ``ItemSets.extend``: node i's uncached items ``l * E + e`` as little-endian packed bits
@@ -223,6 +232,8 @@ def _need_bits(experts, cache):
     E = cache.shape[1]
     packed = np.zeros((m, (L * E + 7) // 8), np.uint8)
     rows = np.zeros((m, L), np.int64)
+    if L > cache.shape[0]:
+        return packed, rows, False
     for i in range(m):
         for l in range(L):
             for j in range(k):

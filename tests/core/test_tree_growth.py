@@ -150,3 +150,13 @@ def test_extend_refuses_expert_ids_out_of_range():
         items.extend([-1], np.array([[[4]]]))
     with pytest.raises(SpecFitInputError, match="experts"):
         items.extend([-1], np.array([[[-1]]]))
+
+
+def test_extend_refuses_a_cache_with_other_layers_than_the_experts():
+    """The compiled pass reads cache[l, e] unchecked: a cache with fewer layers is refused by field first."""
+    items = ItemSets(np.zeros((1, 8), dtype=bool))
+    with pytest.raises(SpecFitInputError, match="cache"):
+        items.extend([-1], np.zeros((1, 3, 1), dtype=np.int64))
+    tree = DraftTree([-1, 0], path_prob=[1.0, 0.5], experts=np.zeros((2, 4, 1), np.int64), num_experts=8)
+    with pytest.raises(SpecFitInputError, match="cache"):
+        tree.items(np.zeros((1, 8), dtype=bool))

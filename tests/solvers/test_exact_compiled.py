@@ -107,3 +107,22 @@ def test_compiled_linear_prefix_keeps_the_first_of_tied_prefixes():
     inst = Instance(tree, CostModel(1.0, 0.0, 0.0))
     for lam in (None, 0.5):
         assert linear_prefix(tree, inst.cost, None, lam) == greedy.linear_prefix(inst, lam) == [0, 1]
+
+
+def test_other_array_layouts_do_not_compile_the_kernels_again():
+    """Read-only or strided inputs (a caller's arrays) are copied into the layout the kernels were compiled
+    for, instead of compiling a new specialisation inside a solve."""
+    from specfit.core.kernels import need_bits_kernel
+    from specfit.solvers.exact_compiled import exact_kernel, linear_prefix_kernel
+
+    pp = np.array([1.0, 9.0, 0.5, 9.0, 0.4, 9.0])[::2]
+    experts = np.array([[[1]], [[2]], [[3]]], dtype=np.int32)
+    experts.setflags(write=False)
+    cache = np.zeros((1, 8), dtype=bool)
+    cache.setflags(write=False)
+    before = {k: len(k().signatures) for k in (exact_kernel, linear_prefix_kernel, need_bits_kernel)}
+    tree = DraftTree([-1, 0, 0], path_prob=pp, experts=experts, num_experts=8)
+    for c in (cache, np.ones((1, 8), dtype=bool)):
+        inst = Instance(tree, CostModel(1.0, 0.1, 0.5), c)
+        assert fields(COMPILED.solve(inst)) == fields(PYTHON.solve(inst))
+    assert {k: len(k().signatures) for k in before} == before
