@@ -372,7 +372,7 @@ class ExactSolver(Solver):
         while True:
             cand = best_for(lam, nodes)
             ca, ct = cov.value(cand)
-            if ca - lam * ct <= self.tol or status != "optimal":
+            if not ca - lam * ct > self.tol or status != "optimal":  # NaN-safe (an overflowing T)
                 if ca / ct > lam:
                     nodes = cand
                 return nodes, status

@@ -1,8 +1,10 @@
 """The exact solver's compiled path (solvers/exact_compiled.py) against its Python reference.
 
 The compiled path (``ExactSolver()``, the default) and the Python one (``ExactSolver(compiled=False)``)
-run the same algorithm; on generated instances without budgets they must return the same nodes and the
-same A, T and throughput bit for bit, and both must match brute force. (tests/solvers/test_solvers.py
+run the same algorithm; on generated instances without budgets they must reach the same optimum, and
+return the same nodes with the same A, T and throughput unless two selections tie to within float
+round-off (then each path's answer is optimal: a newcomer found such ties in about 1 of 20,000 generated
+ratio-mode instances), and both must match brute force. (tests/solvers/test_solvers.py
 checks the default, compiled, solver against CP-SAT and brute force with and without budgets.)
 """
 
@@ -18,6 +20,7 @@ from hypothesis import strategies as st
 from specfit.core.coverage import ItemSets
 from specfit.core.cost import CostModel
 from specfit.core.instance import Instance
+from specfit.core.objective import evaluate
 from specfit.core.tree import DraftTree
 from specfit.solvers import get_solver
 from specfit.solvers.exact import ExactSolver
@@ -33,12 +36,22 @@ def fields(sel) -> tuple:
     return sel.nodes, sel.expected_tokens, sel.predicted_ms, sel.throughput, sel.status
 
 
+def same_selection(inst, got, ref, rate) -> None:
+    """The same nodes and floats, or (a tie to round-off) two selections of the same objective."""
+    if fields(got) == fields(ref):
+        return
+    assert got.status == ref.status == "optimal"
+    assert math.isclose(got.objective, ref.objective, rel_tol=1e-12, abs_tol=1e-12), (fields(got), fields(ref))
+    check = evaluate(inst, got.nodes)
+    assert (check.expected_tokens, check.predicted_ms) == (got.expected_tokens, got.predicted_ms)
+
+
 @settings(max_examples=300, deadline=None)
 @given(instances(max_nodes=12), RATES)
-def test_compiled_equals_python_path_bit_for_bit(inst, rate):
-    """Same nodes, same floats as the Python path; the optimum brute force finds."""
+def test_compiled_equals_python_path(inst, rate):
+    """Same nodes, same floats as the Python path (or a tie to round-off); the optimum brute force finds."""
     got, ref = COMPILED.solve(inst, rate), PYTHON.solve(inst, rate)
-    assert fields(got) == fields(ref)
+    same_selection(inst, got, ref, rate)
     assert all(type(v) is int for v in got.nodes)
     brute = get_solver("bruteforce").solve(inst, rate)
     assert math.isclose(got.objective, brute.objective, rel_tol=1e-9, abs_tol=1e-9)
@@ -59,7 +72,7 @@ def test_compiled_equals_python_path_on_wide_layers(seed, num_experts, per_layer
     per_expert = rng.uniform(0.0, 2.0, L).tolist() if per_layer else float(rng.uniform(0.0, 2.0))
     tree = DraftTree(parents, q=q, experts=experts, num_experts=num_experts)
     inst = Instance(tree, CostModel(float(rng.uniform(0.5, 10.0)), float(rng.uniform(0.0, 1.0)), per_expert), cache)
-    assert fields(COMPILED.solve(inst, rate)) == fields(PYTHON.solve(inst, rate))
+    same_selection(inst, COMPILED.solve(inst, rate), PYTHON.solve(inst, rate), rate)
 
 
 @settings(max_examples=200, deadline=None)
@@ -124,5 +137,28 @@ def test_other_array_layouts_do_not_compile_the_kernels_again():
     tree = DraftTree([-1, 0, 0], path_prob=pp, experts=experts, num_experts=8)
     for c in (cache, np.ones((1, 8), dtype=bool)):
         inst = Instance(tree, CostModel(1.0, 0.1, 0.5), c)
-        assert fields(COMPILED.solve(inst)) == fields(PYTHON.solve(inst))
+        same_selection(inst, COMPILED.solve(inst), PYTHON.solve(inst), None)
     assert {k: len(k().signatures) for k in before} == before
+
+
+def test_a_round_off_tie_may_resolve_either_way():
+    """A newcomer's instance: the root alone and {root, 2} tie to one ulp (T priced per item or per layer),
+    the paths pick different ones, both optimal within round-off and as brute force finds."""
+    experts = [[[53, 43, 64], [9, 1, 53], [64, 53, 9], [11, 12, 64], [34, 34, 53]],
+               [[9, 9, 9], [53, 53, 53], [48, 48, 48], [3, 3, 3], [64, 64, 64]],
+               [[9, 9, 9], [53, 53, 64], [9, 12, 9], [53, 53, 9], [12, 33, 12]]]
+    inst = Instance(DraftTree([-1, 0, 0], path_prob=[1.0, 0.0, 0.5], experts=experts, num_experts=65),
+                    CostModel(0.1, 0.1, 0.3))
+    got, ref = COMPILED.solve(inst), PYTHON.solve(inst)
+    same_selection(inst, got, ref, None)
+    assert math.isclose(got.throughput, get_solver("bruteforce").solve(inst).throughput, rel_tol=1e-12)
+
+
+@pytest.mark.parametrize("solver", [COMPILED, PYTHON], ids=["compiled", "python"])
+def test_dinkelbach_ends_when_t_overflows(solver):
+    """A newcomer's cost whose T overflows to inf (each field finite): F_λ is NaN there, and the loop,
+    which used to run forever (the compiled one deaf to Ctrl-C), ends."""
+    tree = DraftTree([-1, 0], path_prob=[1.0, 0.5], experts=[[[0, 1]], [[2, 3]]], num_experts=4)
+    with np.errstate(over="ignore"):
+        sel = solver.solve(Instance(tree, CostModel(1.0, 0.0, 1e308)))
+    assert sel.nodes[0] == 0 and sel.status == "optimal"
