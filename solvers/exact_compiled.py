@@ -21,10 +21,10 @@ Differences from the Python path, none of which changes the optimum:
   round-off; a newcomer's fuzzing found about 1 such instance in 20,000 generated ratio-mode ones).
 
 tests/solvers/test_exact_compiled.py checks it against the Python path (the same nodes and floats, or
-a tie to round-off) and brute force on generated instances; tests/solvers/test_solvers.py checks the default, compiled, solver
-against CP-SAT and brute force. The kernels avoid numpy array expressions and numba's argsort, which
-multiply the compile time (first use in a fresh checkout: about 6 s for both kernels here, then 0.1-0.2 s
-from numba's disk cache).
+a tie to round-off) and brute force on generated instances; tests/solvers/test_solvers.py checks the
+default, compiled, solver against CP-SAT and brute force. The kernels avoid numpy array expressions and
+numba's argsort, which multiply the compile time (first use in a fresh checkout: about 6 s for both
+kernels here, then 0.1-0.2 s from numba's disk cache).
 
 References
 ----------
