@@ -331,13 +331,13 @@ class ExactSolver(Solver):
         linear = not host or instance.cost.node_extra_ms <= instance.cost.gpu.fixed_ms + instance.cost.extra_ms
         if linear and not any(instance.items.need):  # no uncached expert: T linear in |S|, a prefix is optimal
             lam = None if rate is None else rate / 1000.0
+            cost = instance.cost.gpu_only() if host else instance.cost  # host: nothing on the host, the GPU part
             if self.compiled:  # the same prefix, one compiled call
                 from specfit.solvers.exact_compiled import linear_prefix as compiled_prefix
 
-                cost = instance.cost.gpu_only() if host else instance.cost
                 nodes = compiled_prefix(instance.tree, cost, instance.max_nodes, lam)
             else:
-                nodes = linear_prefix(replace(instance, cost=instance.cost.gpu_only()) if host else instance, lam)
+                nodes = linear_prefix(replace(instance, cost=cost), lam)
             if host:  # nothing on the host: the GPU part prices it (solve evaluates it on the profile)
                 return nodes, "optimal"
             return nodes, "optimal", evaluate_uncovered(instance, nodes)  # a prefix: closed, sorted, no expert

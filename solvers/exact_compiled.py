@@ -23,8 +23,8 @@ Differences from the Python path, none of which changes the optimum:
 tests/solvers/test_exact_compiled.py checks it against the Python path (the same nodes and floats, or
 a tie to round-off) and brute force on generated instances; tests/solvers/test_solvers.py checks the
 default, compiled, solver against CP-SAT and brute force. The kernels avoid numpy array expressions and
-numba's argsort, which multiply the compile time (first use in a fresh checkout: about 6 s for both
-kernels here, then 0.1-0.2 s from numba's disk cache).
+numba's argsort, which multiply the compile time (first use in a fresh checkout: 5.5 s for both kernels
+on this project's 2-vCPU VM; all six of the project's kernels then load from numba's disk cache in 0.45 s).
 
 References
 ----------
@@ -179,7 +179,7 @@ def _min_cut_source_side(nv, eu, ev, ecap, eps):
 
 @numba.njit(cache=True, error_model="numpy")
 def _max_closure(lam, parents, pp, own, shared, per_node_ms, excl_ms, uniform_ms, layer_ms, seg_word, seg_mask,
-                 seg_layer, item_ms, counts, cptr, cidx):
+                 seg_layer, num_experts, counts, cptr, cidx):
     """Selection mask maximising ``A - lam T`` without budgets: as :func:`specfit.solvers.exact.max_closure`."""
     n, W = pp.shape[0], own.shape[1]
     c = per_node_ms
@@ -278,7 +278,7 @@ def _max_closure(lam, parents, pp, own, shared, per_node_ms, excl_ms, uniform_ms
     for k in range(ni):
         it = items[k]
         w, b = it // 64, np.uint64(it % 64)
-        eu[m], ev[m], ec[m] = g0 + k, 1, lam * item_ms[it]
+        eu[m], ev[m], ec[m] = g0 + k, 1, lam * layer_ms[it // num_experts]
         m += 1
         for v in range(1, n):
             if live[v] and (own[v, w] >> b) & np.uint64(1):
@@ -367,10 +367,6 @@ def _select(parents, pp, own, num_experts, fixed_ms, per_node_ms, layer_ms, seg_
     for l in range(L):
         if layer_ms[l] != uniform:
             uniform = -1.0
-    item_ms = np.empty(L * num_experts)
-    for l in range(L):
-        for e in range(num_experts):
-            item_ms[l * num_experts + e] = layer_ms[l]
     root_new = np.zeros(L, np.int64)
     _per_layer(own[0], seg_word, seg_mask, seg_layer, root_new)
     root_count = 0
@@ -409,7 +405,7 @@ def _select(parents, pp, own, num_experts, fixed_ms, per_node_ms, layer_ms, seg_
     base_ms = fixed_ms + per_node_ms + root_ms
     if lam_rate >= 0.0:
         sel = _max_closure(lam_rate, parents, pp, own, shared, per_node_ms, excl, uniform, layer_ms, seg_word,
-                           seg_mask, seg_layer, item_ms, counts, cptr, cidx)
+                           seg_mask, seg_layer, num_experts, counts, cptr, cidx)
     else:
         order = _path_prob_order(parents, pp)
         covered = np.zeros(W, np.uint64)  # the best prefix of the path-probability order
@@ -432,7 +428,7 @@ def _select(parents, pp, own, num_experts, fixed_ms, per_node_ms, layer_ms, seg_
         lam = a / t
         while True:
             cand = _max_closure(lam, parents, pp, own, shared, per_node_ms, excl, uniform, layer_ms, seg_word,
-                                seg_mask, seg_layer, item_ms, counts, cptr, cidx)
+                                seg_mask, seg_layer, num_experts, counts, cptr, cidx)
             ca, ct = _value(cand, pp, own, base_ms, per_node_ms, uniform, layer_ms, seg_word, seg_mask, seg_layer,
                             counts)
             if not ca - lam * ct > tol:  # NaN-safe: an overflowing T (inf) ends the loop

@@ -45,12 +45,6 @@ def item_ids(bits: int, num_items: int) -> np.ndarray:
     return np.flatnonzero(np.unpackbits(raw, count=num_items, bitorder="little")).astype(np.int64)
 
 
-def _cache_arg(cache: np.ndarray) -> np.ndarray:
-    from specfit.core.kernels import kernel_array
-
-    return kernel_array(cache, np.bool_)
-
-
 class ItemSets:
     """Per-node bitsets of the uncached items of a draft tree, grown level by level.
 
@@ -86,7 +80,7 @@ class ItemSets:
         self.rows = np.zeros((0, self.num_layers), dtype=np.int64)
         self._mask = (1 << self.num_experts) - 1
         self._word_rows: list[bytes] = []  # words(): one row per node, converted once
-        self._cache_c = None if self.num_layers == 0 else _cache_arg(cache)  # the need kernel's argument
+        self._cache_c = None  # the need kernel's cache argument, made at the first extend that needs it
 
     def __len__(self) -> int:
         return len(self.need)
@@ -125,6 +119,8 @@ class ItemSets:
         if experts.ndim != 3 or experts.shape[1] != self.num_layers:
             raise SpecFitInputError("cache", f"must have one row per MoE layer of the experts: experts have shape "
                                     f"{experts.shape} (m, L, k), the cache {self.num_layers} layers")
+        if self._cache_c is None:
+            self._cache_c = kernel_array(self.cache, np.bool_)
         packed, rows, ok = need_bits_kernel()(kernel_array(experts, np.int64), self._cache_c)
         if not ok:
             raise SpecFitInputError("experts", f"expert ids must lie in [0, {self.num_experts})")
