@@ -1,7 +1,8 @@
 """The sound stop rule for level-by-level drafting (SPECFIT.md §3).
 
 After each draft level the engine solves the selection problem on the tree drafted so far and asks
-:func:`should_stop` whether drafting deeper could still pay. Before drafting, :func:`draft_can_beat_ar`
+:func:`should_stop` whether drafting deeper could still pay (only when :func:`ratio_upper_bound`, an
+upper bound on the solve's answer, says the rule can fire at all). Before drafting, :func:`draft_can_beat_ar`
 asks whether any draft can beat the plain AR step at all (the AR gate), and :func:`selectable`
 which drafted nodes can belong to an optimal selection at all (the others need no expert prediction,
 no coverage accounting and no place in the solver's instance).
@@ -138,6 +139,54 @@ def stop_node_ms(cost: CostModel | HostProfile, *, level_ms: float = 0.0, level_
         check_positive_int("level_width", level_width)
         per_node += check_ms("level_ms", level_ms) / level_width
     return per_node
+
+
+def ratio_upper_bound(path_prob, root_ms: float, min_node_ms: float) -> float:
+    """An upper bound on R*, the best ratio ``1000 A(S) / T(S)`` over the selections of a draft tree,
+    from its path probabilities and two lower bounds of T alone (no solve, no experts).
+
+    Parameters
+    ----------
+    path_prob : array-like of float, shape (m,)
+        P_v of the tree's draft nodes (the root excluded; the objective's, calibrated where the
+        engine calibrates), in [0, 1].
+    root_ms : float
+        T({root}), ms (> 0): the root alone, with every cost of the cycle that does not depend on
+        the selection (e.g. the draft levels paid).
+    min_node_ms : float
+        A per-node lower bound of T (``cost.min_node_ms_for(cache)``): every draft node a selection
+        holds adds at least this many ms.
+
+    Returns
+    -------
+    float
+        tokens/s: ``max_k 1000 (1 + P_(1) + ... + P_(k)) / (root_ms + k min_node_ms)`` over k = 0..m,
+        with P_(1) >= P_(2) >= ... the path probabilities sorted.
+
+    Raises
+    ------
+    SpecFitInputError
+        If ``root_ms`` is not > 0 and finite, or ``min_node_ms`` is negative or not finite.
+
+    Notes
+    -----
+    Proof. A selection S with k draft nodes has A(S) = 1 + ΣP over them <= 1 + P_(1) + ... + P_(k),
+    and T(S) >= root_ms + k min_node_ms (S holds the root; adding its k nodes one leaf at a time
+    adds at least ``min_node_ms`` each, the bound :func:`selectable` uses), so A(S)/T(S) is at most
+    the k-th term. It ignores the tree's shape and the experts' cost, so it is loose where those
+    bind; it is never above ``1000 (1 + ΣP) / root_ms`` (k = m with the node cost dropped). The
+    engine asks it before it predicts and solves in the middle of drafting: when even this bound
+    cannot make the stop rule fire, the solve would not stop drafting (SPECFIT.md §3, "Stop rule").
+    """
+    t = float(root_ms)
+    if not (t > 0 and math.isfinite(t)):
+        raise SpecFitInputError("root_ms", f"must be a finite number > 0 (ms), got {root_ms!r}")
+    c = check_ms("min_node_ms", min_node_ms)
+    p = np.sort(np.asarray(path_prob, dtype=np.float64).ravel())[::-1]
+    best = 1.0 / t
+    if p.size:
+        best = max(best, float(((1.0 + np.cumsum(p)) / (t + c * np.arange(1, p.size + 1))).max()))
+    return 1000.0 * best
 
 
 def draft_can_beat_ar(ar_ms: float, level_mass, level_ms: float, per_node_ms: float,

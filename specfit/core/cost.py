@@ -181,9 +181,16 @@ class CostModel:
         SpecFitInputError
             If ``ms`` is not a finite number >= 0 (field ``ms``).
         """
-        out = object.__new__(type(self))  # the engine calls this per solve: no re-check of the valid fields
+        return self._with_costs(self.fixed_ms + check_ms("ms", ms), self.per_node_ms)
+
+    def _with_costs(self, fixed_ms: float, per_node_ms: float) -> "CostModel":
+        """This model with ``fixed_ms`` and ``per_node_ms`` replaced, both already checked (finite, >= 0,
+        their sum > 0): the engine prices every cycle anew, so no other field is re-checked (as
+        ``dataclasses.replace`` would) and the per-layer expert array is kept."""
+        out = object.__new__(type(self))
         out.__dict__.update(self.__dict__)
-        object.__setattr__(out, "fixed_ms", self.fixed_ms + check_ms("ms", ms))
+        object.__setattr__(out, "fixed_ms", fixed_ms)
+        object.__setattr__(out, "per_node_ms", per_node_ms)
         return out
 
     def node_added_ms(self, root_new_per_layer, node_new, node_rows) -> np.ndarray:

@@ -46,7 +46,7 @@ from specfit.engine.twin import ARTwinCache
 from specfit.engine.verify import verify_greedy, verify_sampling
 from specfit.solvers import get_solver
 from specfit.solvers.base import solver_class
-from specfit.solvers.stop import draft_can_beat_ar, selectable, stop_node_ms
+from specfit.solvers.stop import draft_can_beat_ar, ratio_upper_bound, selectable, stop_node_ms
 
 
 @dataclass(frozen=True)
@@ -573,7 +573,10 @@ class SpecDecoder:
         self._predict_s = 0.0  # this cycle's wall seconds in the expert predictor (_predict)
         self._drafted, self._selected_depth = None, 0
         c0 = time.thread_time()
-        if m.drafts and drafter_ready:
+        online = self.online
+        if m.drafts and drafter_ready and online is not None and online.ahead == "ar":  # decided in the last
+            rec.decision, rec.speedup_estimate, online.ahead = "ar", online.speedup, None  # learning slot
+        elif m.drafts and drafter_ready:
             tree, selection, items = self._draft_and_select(root, None, rec)
         rec.host_cpu_ms += (time.thread_time() - c0 - self._untimed_s) * 1e3  # (+ the learning's unhidden part)
         rec.predict_ms = self._predict_s * 1e3
@@ -905,14 +908,17 @@ class SpecDecoder:
             selection = None
             if m.level_by_level and rec.levels < depth:
                 # The stop rule stops iff P_f <= (per_node_ms + level_ms / width) * R*. R* <= 1000 (1 + sum P) /
-                # (T(root alone) + sunk), as every subtree holds the root; solve only when even that bound lets
-                # the rule fire (rate mode needs no R*). Sunk: the cycle's host ms and the levels drafted.
+                # (T(root alone) + sunk), as every subtree holds the root, and R* <= ratio_upper_bound (each node
+                # adds >= node_ms too); predict and solve only when both bounds let the rule fire (rate mode needs
+                # no R*). Sunk: the cycle's host ms and the levels drafted.
                 p_f = max(kept_pp)
                 sunk = host_ms + rec.levels * level_ms
                 bound = 1000.0 * pp_sum / (root_ms + sunk)
-                if p_f <= stop_ms * (bound if rate is None else rate) / 1000.0:
-                    if rate is not None:
-                        break
+                if rate is not None and p_f <= stop_ms * rate / 1000.0:
+                    break
+                if rate is None and p_f <= stop_ms * bound / 1000.0 and p_f <= stop_ms * ratio_upper_bound(
+                        np.concatenate([tree.path_prob[1:]] + [pp for _, pp, _, _ in pending]),
+                        root_ms + sunk, node_ms) / 1000.0:
                     self._grow(tree, pending, predicted, rec)
                     selection = self._select(tree, cache, rate, rec, cost, sunk)
                     if prune:  # the same subtree, every level paid, is still there at the end of the cycle

@@ -74,7 +74,7 @@ from typing import Callable
 import numpy as np
 
 from specfit.core.acceptance import AcceptanceCalibrator
-from specfit.core.cost import CostModel, HostProfile
+from specfit.core.cost import CostModel, HostProfile, check_ms
 
 
 class OnlineModel:
@@ -227,7 +227,7 @@ class OnlineModel:
         fixed = max(fixed, 0.0)
         if fixed + per_node <= 0:  # a cost model's cycle takes time: keep the uncorrected fixed_ms
             fixed = cost.fixed_ms
-        return replace(cost, fixed_ms=fixed, per_node_ms=per_node)
+        return cost._with_costs(check_ms("fixed_ms", fixed), check_ms("per_node_ms", per_node))
 
     def observe_selection(self, draft_nodes: int, selected_depth: int) -> None:
         """Count one verified drafted cycle: what the gate and the warm-up's depth cap read next cycle

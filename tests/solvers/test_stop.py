@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specfit.solvers import get_solver
-from specfit.solvers.stop import draft_can_beat_ar, selectable, should_stop, stop_node_ms
+from specfit.solvers.stop import draft_can_beat_ar, ratio_upper_bound, selectable, should_stop, stop_node_ms
 from specfit.core.cost import CostModel
 from specfit.core.errors import SpecFitInputError
 from specfit.core.instance import Instance
@@ -198,6 +198,41 @@ def test_selectable_drops_only_nodes_in_no_optimal_selection(budget, mode, host,
         sub, _ = inst.tree.subtree(kept)
         pruned = brute.solve(Instance(sub, inst.cost, inst.cache, inst.max_nodes, inst.max_new_experts_per_layer), rate)
         assert pruned.objective == pytest.approx(best.objective, rel=1e-9, abs=1e-12)
+
+
+@pytest.mark.parametrize("host", [False, True])
+@pytest.mark.parametrize("budget", BUDGETS)
+@pytest.mark.parametrize("mode", ["ratio", "rate"])
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_ratio_upper_bound_is_never_below_the_optimum(budget, mode, host, data):
+    """R* of every generated instance (brute force, with a sunk cost of the cycle) is at most
+    ratio_upper_bound, which is at most the engine's older bound 1000 (1 + ΣP) / T(root alone). In rate
+    mode the solver's throughput is that of the selection maximising A - λT: no higher than R* either."""
+    inst = data.draw(instances(max_nodes=10, budget=budget, host=host))
+    inst = Instance(inst.tree, inst.cost.plus_ms(data.draw(st.floats(0.0, 20.0))), inst.cache, inst.max_nodes,
+                    inst.max_new_experts_per_layer)
+    rate = data.draw(st.floats(0.0, 800.0)) if mode == "rate" else None
+    best = get_solver("bruteforce").solve(inst, rate)
+    root_ms = inst.cost.cycle_ms(1, inst.items.root_new_per_layer, inst.items.rows[0])
+    bound = ratio_upper_bound(inst.tree.path_prob[1:], root_ms, inst.cost.min_node_ms_for(inst.cache))
+    assert best.throughput <= bound * (1 + 1e-9)
+    assert bound <= 1000.0 * float(inst.tree.path_prob.sum()) / root_ms * (1 + 1e-12)
+
+
+def test_ratio_upper_bound_is_exact_on_a_cached_star():
+    """A star with no expert term: every k-node prefix by P is a subtree, so the bound is R*."""
+    tree = DraftTree([-1, 0, 0, 0, 0], q=[1.0, 0.9, 0.5, 0.2, 0.01])
+    inst = Instance(tree, CostModel(fixed_ms=10.0, per_node_ms=2.0, per_expert_ms=0.0))
+    best = get_solver("bruteforce").solve(inst)
+    bound = ratio_upper_bound(tree.path_prob[1:], inst.cost.cycle_ms(1, ()), 2.0)
+    assert bound == pytest.approx(best.throughput, rel=1e-12)
+    assert bound == pytest.approx(1000.0 * (1 + 0.9 + 0.5) / (12.0 + 2 * 2.0))  # 0.2 < 2 ms * 0.15 tokens/ms: no gain
+    assert ratio_upper_bound([], 4.0, 1.0) == 250.0  # the root alone
+    with pytest.raises(SpecFitInputError, match="root_ms"):
+        ratio_upper_bound([0.5], 0.0, 1.0)
+    with pytest.raises(SpecFitInputError, match="min_node_ms"):
+        ratio_upper_bound([0.5], 1.0, -1.0)
 
 
 def test_selectable_threshold_and_errors():
