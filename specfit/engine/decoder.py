@@ -465,6 +465,7 @@ class SpecDecoder:
         self._cache = self._root = None  # this cycle's cache mask, and its root tree with its cost model
         self._untimed_s = 0.0  # this cycle's CPU s of head and reference forwards (not host work)
         self._drafted = None  # this cycle's whole drafted tree (_Drafted)
+        self._gate_inputs = None  # this cycle's drafted tree and cache, for the next gate (_prepare_gate)
         self._level_host_ms = 0.0  # this cycle's host CPU ms in its draft levels
         self._selected_depth = 0  # this cycle's deepest verified node (0: the root alone)
         self._unobserved: list = []  # committed (tokens, routing) the predictor has not observed yet
@@ -571,7 +572,7 @@ class SpecDecoder:
         self._reference_verified = False  # oracle: did the reference already verify this cycle's tree?
         self._cache, self._root_new, self._root, self._untimed_s = None, None, None, 0.0
         self._predict_s = 0.0  # this cycle's wall seconds in the expert predictor (_predict)
-        self._drafted, self._selected_depth = None, 0
+        self._drafted, self._selected_depth, self._gate_inputs = None, 0, None
         c0 = time.thread_time()
         online = self.online
         if m.drafts and drafter_ready and online is not None and online.ahead == "ar":  # decided in the last
@@ -592,6 +593,10 @@ class SpecDecoder:
             rec.expected_tokens_raw = 1.0 + float(raw.sum())
             rec.predicted_new = items.new_per_layer(keep).tolist()
         learn_s = self._learn_last_cycle()  # while the device verifies (on a GPU the verify is launched first)
+        if self._gate_inputs is not None:  # in the same slot: what the next cycle's AR gate reads
+            c0 = time.thread_time()
+            self._prepare_gate()
+            learn_s += time.thread_time() - c0
         if rec.decision == "ar":  # in the same slot after an AR step: the gate's next decision, its learning done
             c0 = time.thread_time()
             self.online.decide_ahead()
@@ -933,8 +938,8 @@ class SpecDecoder:
         rec.tree_ms = max(rec.tree_ms - (self._predict_s - predict_s0) * 1e3, 0.0)
         if selection is None:
             selection = self._select(tree, cache, rate, rec, cost, host_ms + rec.levels * level_ms)
-        if self.online is not None and tree.n > 1:
-            self.online.min_expert_ms.append(self._cheapest_node_expert_ms(tree, cache))
+        if self.online is not None and tree.n > 1:  # the next gate's expert bound, computed while the verify runs
+            self._gate_inputs = (tree, cache)
         return tree, selection, tree.items(cache)
 
     def _flush_learning(self, rec: CycleRecord) -> None:
@@ -1043,8 +1048,24 @@ class SpecDecoder:
             return True
         tree, cost = self._root_tree(root, cache)
         ar_ms = cost.cycle_ms(1, tree.items(cache).root_new_per_layer)
-        mass = self.acceptance.mass_bound([self.tree.level_width(j) for j in range(1, self.tree.depth + 1)])
+        mass = self.acceptance.mass_bound(self._gate_widths())
         return draft_can_beat_ar(ar_ms, mass, self._level_ms(), cost.min_node_ms, min(online.min_expert_ms))
+
+    def _prepare_gate(self) -> None:
+        """What the next cycle's AR gate (:meth:`_sound_gate`) reads, computed while this cycle's verify
+        runs (booked as learning: hidden up to the shortest verify): this drafted tree's cheapest node's
+        expert ms into the online model's window, and the calibrator's mass bound (kept by
+        :meth:`~specfit.core.acceptance.AcceptanceCalibrator.mass_bound` until its tables change; they
+        changed at this cycle's first draft level and change next at the next drafted cycle's, after its
+        gate)."""
+        tree, cache = self._gate_inputs
+        self._gate_inputs = None
+        self.online.min_expert_ms.append(self._cheapest_node_expert_ms(tree, cache))
+        self.acceptance.mass_bound(self._gate_widths())
+
+    def _gate_widths(self) -> list[int]:
+        """The drafter's most nodes per depth 1..D (``top_k``, then ``top_k ** 2``): the mass bound's widths."""
+        return [self.tree.level_width(j) for j in range(1, self.tree.depth + 1)]
 
     def _cheapest_node_expert_ms(self, tree: DraftTree, cache: np.ndarray) -> float:
         """Smallest expert ms a single draft node of ``tree`` adds to the root's beyond the cost's

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -295,6 +297,34 @@ def test_mass_bound_holds_every_tree_the_calibrator_builds(data):
         frontier = list(range(pp.size, pp.size + 3))  # expand three nodes of this level
         p_cal, pp = np.concatenate([p_cal, p_hat]), np.concatenate([pp, new])
     assert all(x >= y for x, y in zip(bound, bound[1:]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_mass_bound_is_recomputed_whenever_the_tables_change(data):
+    """mass_bound keeps its last answer for the AR gate; after any update, observed path, refresh or
+    path-factor change it equals a fresh computation."""
+    cal = AcceptanceCalibrator(max_depth=3, rank_classes=2)
+    widths = data.draw(st.lists(st.integers(0, 2), min_size=1, max_size=4))  # small: the bounds stay below 1
+    for _ in range(data.draw(st.integers(1, 8))):
+        step = data.draw(st.sampled_from(["update", "paths", "factor", "cells", "none"]))
+        if step == "update":
+            m = data.draw(st.integers(1, 20))
+            cal.update(data.draw(st.lists(st.floats(0, 1), min_size=m, max_size=m)),
+                       data.draw(st.lists(st.integers(1, 4), min_size=m, max_size=m)),
+                       data.draw(st.lists(st.booleans(), min_size=m, max_size=m)),
+                       data.draw(st.lists(st.integers(0, 1), min_size=m, max_size=m)))
+        elif step == "paths":
+            cal.observe_paths([0.5, 0.25], [1, 2], data.draw(st.integers(0, 2)))
+        elif step == "factor":  # in place
+            cal.path_factor[1] = data.draw(st.floats(0.1, 0.9))
+        elif step == "cells":  # the tables changed directly, then refresh (its contract)
+            cal.trials += 5.0  # five more rejections in every cell
+            cal.refresh()
+        fresh = copy.deepcopy(cal)
+        fresh.__dict__.pop("_mass_memo", None)
+        assert cal.mass_bound(widths) == fresh.mass_bound(widths)
+        assert cal.mass_bound(widths) == fresh.mass_bound(widths)  # the kept answer
 
 
 def test_path_correction_refuses_bad_input_by_field():

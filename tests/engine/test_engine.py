@@ -456,7 +456,7 @@ def test_acceptance_learning_runs_while_the_first_draft_level_is_computed(ckpt, 
         c = gen.cycles[i]
         # (+ the last cycle's online learning, hidden by this cycle's verify: a fraction of a ms here)
         assert 2.0 <= c.hidden_host_ms <= 2.5 and c.host_cpu_ms >= 3.0 * 0.95
-    assert gen.cycles[drafted[0]].hidden_host_ms == 0.0
+    assert gen.cycles[drafted[0]].hidden_host_ms < 2.0  # no verify to learn: only the next gate's inputs
     assert gen.cycles[-1].host_cpu_ms >= 5.0 * 0.95  # the last drafted verify's, learned at the end: unhidden
     # the trials of every drafted cycle's verify are in the calibrator once generate returns
     assert dec.acceptance.path_accepted.sum() == sum(gen.cycles[i].accepted for i in drafted)
@@ -499,9 +499,36 @@ def test_a_cycles_online_learning_runs_during_the_next_verify(ckpt, ar_outputs):
     assert calls == gen.cycles and dec._after_verify is None
     for c in gen.cycles[1:]:
         assert c.hidden_host_ms >= 6.1 - 1e-9 and c.host_cpu_ms >= 1.9 * 0.9
-    assert gen.cycles[0].hidden_host_ms == 0.0
+    assert gen.cycles[0].hidden_host_ms < 6.1  # no cycle before it: only the next gate's inputs
     assert gen.cycles[-1].host_cpu_ms >= 8.0 * 0.95  # its own learning, at the end: unhidden
     assert dec.online.drafted == sum(1 for c in gen.cycles if c.levels)
+
+
+def test_the_gates_inputs_are_computed_while_the_verify_runs(ckpt, ar_outputs):
+    """Each drafted cycle's cheapest-node expert ms (the sound gate's bound) is computed after its
+    selection, in the slot its verify hides (not inside the drafting), and the window the gate reads
+    holds the last GATE_WINDOW of them."""
+    dec = decoder(ckpt, "specfit", SelfDrafter(ckpt), tree=TreeSettings(total_tokens=8, depth=3, top_k=3))
+    inside, seen = [False], []
+    draft, cheapest = dec._draft_and_select, dec._cheapest_node_expert_ms
+
+    def drafting(*args):
+        inside[0] = True
+        try:
+            return draft(*args)
+        finally:
+            inside[0] = False
+
+    def cheapest_ms(tree, cache):
+        assert not inside[0] and tree.n > 1
+        seen.append(cheapest(tree, cache))
+        return seen[-1]
+
+    dec._draft_and_select, dec._cheapest_node_expert_ms = drafting, cheapest_ms
+    gen = dec.generate(PROMPTS[0], 16)
+    assert gen.output_ids == ar_outputs[0]
+    assert seen and len(seen) == sum(1 for c in gen.cycles if c.levels and c.nodes_drafted > c.nodes_pruned)
+    assert list(dec.online.min_expert_ms) == seen[-dec.online.GATE_WINDOW:]
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
