@@ -16,6 +16,7 @@ import numpy as np
 
 from specfit.core.cost import CostModel, HostProfile, check_ms
 from specfit.core.errors import SpecFitInputError, check_positive_int
+from specfit.core.tree import check_probabilities
 
 
 def should_stop(best_throughput_tok_s: float, frontier_max_path_prob: float, cost: CostModel | HostProfile,
@@ -166,7 +167,9 @@ def ratio_upper_bound(path_prob, root_ms: float, min_node_ms: float) -> float:
     Raises
     ------
     SpecFitInputError
-        If ``root_ms`` is not > 0 and finite, or ``min_node_ms`` is negative or not finite.
+        If ``path_prob`` is not a sequence of probabilities in [0, 1] (field ``path_prob`` or
+        ``path_prob[i]``), ``root_ms`` is not a finite number > 0, or ``min_node_ms`` is negative or not
+        finite.
 
     Notes
     -----
@@ -178,14 +181,24 @@ def ratio_upper_bound(path_prob, root_ms: float, min_node_ms: float) -> float:
     engine asks it before it predicts and solves in the middle of drafting: when even this bound
     cannot make the stop rule fire, the solve would not stop drafting (SPECFIT.md §3, "Stop rule").
     """
-    t = float(root_ms)
-    if not (t > 0 and math.isfinite(t)):
-        raise SpecFitInputError("root_ms", f"must be a finite number > 0 (ms), got {root_ms!r}")
-    c = check_ms("min_node_ms", min_node_ms)
-    p = np.sort(np.asarray(path_prob, dtype=np.float64).ravel())[::-1]
-    best = 1.0 / t
+    try:
+        n = len(path_prob)
+    except TypeError:
+        raise SpecFitInputError("path_prob", "must be a sequence of probabilities") from None
+    p = check_probabilities(path_prob, "path_prob", n)
+    t = check_ms("root_ms", root_ms)
+    if t <= 0:
+        raise SpecFitInputError("root_ms", f"must be > 0 (ms), got {t}")
+    return _ratio_upper_bound(p, t, check_ms("min_node_ms", min_node_ms))
+
+
+def _ratio_upper_bound(path_prob: np.ndarray, root_ms: float, min_node_ms: float) -> float:
+    """:func:`ratio_upper_bound` of checked arguments (float64 probabilities, ``root_ms`` > 0): the
+    engine's, whose path probabilities come from its own levels and whose T(root alone) is a cost model's."""
+    p = np.sort(path_prob)[::-1]
+    best = 1.0 / root_ms
     if p.size:
-        best = max(best, float(((1.0 + np.cumsum(p)) / (t + c * np.arange(1, p.size + 1))).max()))
+        best = max(best, float(((1.0 + np.cumsum(p)) / (root_ms + min_node_ms * np.arange(1, p.size + 1))).max()))
     return 1000.0 * best
 
 

@@ -345,18 +345,18 @@ class AcceptanceCalibrator:
         """
         widths = tuple(check_nonnegative_int(f"widths[{j}]", w) for j, w in enumerate(widths))
         # The AR gate asks every cycle, the tables change at most once per verify: kept for the same widths,
-        # cells (refresh makes new arrays) and path factors
+        # cells (refresh makes new arrays), path factors and bin edges
         memo = self.__dict__.get("_mass_memo")
         if (memo is not None and memo[0] == widths and memo[1] is self._alpha and memo[2] is self._beta
-                and np.array_equal(memo[3], self.path_factor)):
-            return list(memo[4])
+                and np.array_equal(memo[3], self.path_factor) and np.array_equal(memo[4], self.edges)):
+            return list(memo[5])
         top = self._max_conditionals().tolist()  # one vector pass
         mass, a, u = [], 1.0, 1.0
         for j, w in enumerate(widths, start=1):
             u *= top[min(j, self.max_depth) - 1]
             a = min(a, w * u * float(self.path_factor[min(j, self.max_depth)]))
             mass.append(a)
-        self._mass_memo = (widths, self._alpha, self._beta, self.path_factor.copy(), tuple(mass))
+        self._mass_memo = (widths, self._alpha, self._beta, self.path_factor.copy(), np.array(self.edges), tuple(mass))
         return mass
 
     def _max_conditionals(self) -> np.ndarray:

@@ -46,7 +46,7 @@ from specfit.engine.twin import ARTwinCache
 from specfit.engine.verify import verify_greedy, verify_sampling
 from specfit.solvers import get_solver
 from specfit.solvers.base import solver_class
-from specfit.solvers.stop import draft_can_beat_ar, ratio_upper_bound, selectable, stop_node_ms
+from specfit.solvers.stop import _ratio_upper_bound, draft_can_beat_ar, selectable, stop_node_ms
 
 
 @dataclass(frozen=True)
@@ -921,7 +921,7 @@ class SpecDecoder:
                 bound = 1000.0 * pp_sum / (root_ms + sunk)
                 if rate is not None and p_f <= stop_ms * rate / 1000.0:
                     break
-                if rate is None and p_f <= stop_ms * bound / 1000.0 and p_f <= stop_ms * ratio_upper_bound(
+                if rate is None and p_f <= stop_ms * bound / 1000.0 and p_f <= stop_ms * _ratio_upper_bound(
                         np.concatenate([tree.path_prob[1:]] + [pp for _, pp, _, _ in pending]),
                         root_ms + sunk, node_ms) / 1000.0:
                     self._grow(tree, pending, predicted, rec)

@@ -302,12 +302,12 @@ def test_mass_bound_holds_every_tree_the_calibrator_builds(data):
 @settings(max_examples=40, deadline=None)
 @given(st.data())
 def test_mass_bound_is_recomputed_whenever_the_tables_change(data):
-    """mass_bound keeps its last answer for the AR gate; after any update, observed path, refresh or
-    path-factor change it equals a fresh computation."""
+    """mass_bound keeps its last answer for the AR gate; after any update, observed path, refresh, path-factor
+    or bin-edge change it equals a fresh computation."""
     cal = AcceptanceCalibrator(max_depth=3, rank_classes=2)
     widths = data.draw(st.lists(st.integers(0, 2), min_size=1, max_size=4))  # small: the bounds stay below 1
     for _ in range(data.draw(st.integers(1, 8))):
-        step = data.draw(st.sampled_from(["update", "paths", "factor", "cells", "none"]))
+        step = data.draw(st.sampled_from(["update", "paths", "factor", "cells", "edges", "none"]))
         if step == "update":
             m = data.draw(st.integers(1, 20))
             cal.update(data.draw(st.lists(st.floats(0, 1), min_size=m, max_size=m)),
@@ -318,6 +318,8 @@ def test_mass_bound_is_recomputed_whenever_the_tables_change(data):
             cal.observe_paths([0.5, 0.25], [1, 2], data.draw(st.integers(0, 2)))
         elif step == "factor":  # in place
             cal.path_factor[1] = data.draw(st.floats(0.1, 0.9))
+        elif step == "edges":  # the bins' edges, in place
+            cal.edges *= data.draw(st.floats(0.3, 0.99))
         elif step == "cells":  # the tables changed directly, then refresh (its contract)
             cal.trials += 5.0  # five more rejections in every cell
             cal.refresh()

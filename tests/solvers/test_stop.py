@@ -229,10 +229,12 @@ def test_ratio_upper_bound_is_exact_on_a_cached_star():
     assert bound == pytest.approx(best.throughput, rel=1e-12)
     assert bound == pytest.approx(1000.0 * (1 + 0.9 + 0.5) / (12.0 + 2 * 2.0))  # 0.2 < 2 ms * 0.15 tokens/ms: no gain
     assert ratio_upper_bound([], 4.0, 1.0) == 250.0  # the root alone
-    with pytest.raises(SpecFitInputError, match="root_ms"):
-        ratio_upper_bound([0.5], 0.0, 1.0)
-    with pytest.raises(SpecFitInputError, match="min_node_ms"):
-        ratio_upper_bound([0.5], 1.0, -1.0)
+    for args, field in [(([0.5], 0.0, 1.0), "root_ms"), (([0.5], None, 1.0), "root_ms"), (([0.5], 1.0, -1.0), "min_node_ms"),
+                        (([0.9, math.nan], 10.0, 1.0), r"path_prob\[1\]"), (([0.9, 2.0], 10.0, 1.0), r"path_prob\[1\]"),
+                        (([-0.1], 10.0, 1.0), r"path_prob\[0\]"), ((None, 10.0, 1.0), "path_prob"),
+                        (([[0.5, 0.5]], 10.0, 1.0), "path_prob"), ((["a"], 10.0, 1.0), "path_prob")]:
+        with pytest.raises(SpecFitInputError, match=field):
+            ratio_upper_bound(*args)
 
 
 def test_selectable_threshold_and_errors():
