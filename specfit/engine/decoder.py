@@ -864,8 +864,9 @@ class SpecDecoder:
             level = next(levels, None)
             rec.draft_ms += (time.perf_counter() - t0) * 1e3
             self._untimed_s += time.thread_time() - u0  # the head forward: device work, in draft_ms
-            if level is None:
+            if level is None:  # the levels ended: a selection of this level's tree and sunk ms, if any, stands
                 break
+            selection = None  # a new level was paid: an earlier selection's sunk ms is stale
             if not rec.levels:  # the first level is on the device (a GPU computes it asynchronously)
                 self._flush_learning(rec)
             rec.levels += 1
@@ -910,7 +911,6 @@ class SpecDecoder:
                 self._reference_verified = True
                 self._untimed_s += time.thread_time() - u0
                 root_ms, root_known = cost.cycle_ms(1, tree.items(cache).root_new_per_layer), True
-            selection = None
             if m.level_by_level and rec.levels < depth:
                 # The stop rule stops iff P_f <= (per_node_ms + level_ms / width) * R*. R* <= 1000 (1 + sum P) /
                 # (T(root alone) + sunk), as every subtree holds the root, and R* <= ratio_upper_bound (each node

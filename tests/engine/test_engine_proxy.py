@@ -2,6 +2,7 @@
 20 prompts across GSM8K and CNN/DailyMail (the evaluation's own prompt templates)."""
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -88,6 +89,50 @@ def test_dropping_unselectable_nodes_changes_no_selection(proxy, monkeypatch):
         np.testing.assert_allclose([c.expected_tokens for c in a.cycles], [c.expected_tokens for c in b.cycles])
     np.testing.assert_array_equal(cal.trials, cal_full.trials)
     np.testing.assert_array_equal(cal.accepted, cal_full.accepted)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("slots,profile", [(32, "qwen3-30b-a3b-pcie4"), ("all", "qwen3-30b-a3b-h200")])
+def test_solves_the_ratio_bound_skips_change_no_stop_and_no_selection(proxy, monkeypatch, slots, profile):
+    """A mid-drafting solve is skipped only when :func:`ratio_upper_bound` shows it could not stop
+    drafting: every cycle drafts the same levels and verifies the same subtree as a run that solves
+    whenever the looser pre-check passes, with fewer solves. (It also catches a selection kept from an
+    earlier level after a further level was paid whose nodes were all dropped: its sunk ms is one level
+    short, which made the two runs differ, everything cached.)"""
+    import specfit.engine.decoder as decoder
+    from specfit.engine.online import OnlineModel
+
+    targets, drafter, prompts = proxy
+    spec = targets[slots].spec
+    cost = get_profile(profile).for_layers(len(spec.moe_layers))
+    monkeypatch.setattr(OnlineModel, "decide", lambda self, sound_can_draft=None: "draft")  # every cycle drafts
+    monkeypatch.setattr(OnlineModel, "observe_host", lambda self, levels, level_ms, rest_ms: None)  # equal costs
+    select, solves = SpecDecoder._select, []
+
+    def counted(self, *args):
+        solves.append(1)
+        return select(self, *args)
+
+    monkeypatch.setattr(SpecDecoder, "_select", counted)
+
+    def run():
+        predictor = get_predictor("recency", num_layers=len(spec.moe_layers), num_experts=spec.num_experts,
+                                  top_k=spec.top_k)
+        dec = SpecDecoder(targets[slots], drafter, "specfit", tree=TreeSettings(32, 6, 4), cost=cost, predictor=predictor)
+        targets[slots].reset_cache(slots)  # both runs start from the same expert cache
+        solves.clear()
+        gens = [dec.generate(p, 48) for p in prompts[:2] + prompts[10:12]]  # past the warm-up's depth cap
+        return gens, len(solves)
+
+    bounded, n_bounded = run()
+    monkeypatch.setattr(decoder, "_ratio_upper_bound", lambda p, root_ms, node_ms: math.inf)  # solve whenever
+    full, n_full = run()
+    assert n_bounded < n_full  # the bound bites on the proxy
+    for a, b in zip(bounded, full):
+        assert a.output_ids == b.output_ids
+        assert [(c.levels, c.nodes_verified, c.accepted) for c in a.cycles] == \
+               [(c.levels, c.nodes_verified, c.accepted) for c in b.cycles]
+        np.testing.assert_allclose([c.expected_tokens for c in a.cycles], [c.expected_tokens for c in b.cycles])
 
 
 def test_warmup_cycles_draft_one_level_past_the_last_selection(proxy):
