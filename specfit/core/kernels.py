@@ -232,8 +232,6 @@ def _need_bits(experts, cache):
     E = cache.shape[1]
     packed = np.zeros((m, (L * E + 7) // 8), np.uint8)
     rows = np.zeros((m, L), np.int64)
-    if L > cache.shape[0]:
-        return packed, rows, False
     for i in range(m):
         for l in range(L):
             for j in range(k):

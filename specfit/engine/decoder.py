@@ -465,7 +465,6 @@ class SpecDecoder:
         self._cache = self._root = None  # this cycle's cache mask, and its root tree with its cost model
         self._untimed_s = 0.0  # this cycle's CPU s of head and reference forwards (not host work)
         self._drafted = None  # this cycle's whole drafted tree (_Drafted)
-        self._gate_inputs = None  # this cycle's drafted tree and cache, for the next gate (_prepare_gate)
         self._level_host_ms = 0.0  # this cycle's host CPU ms in its draft levels
         self._selected_depth = 0  # this cycle's deepest verified node (0: the root alone)
         self._unobserved: list = []  # committed (tokens, routing) the predictor has not observed yet
@@ -572,11 +571,10 @@ class SpecDecoder:
         self._reference_verified = False  # oracle: did the reference already verify this cycle's tree?
         self._cache, self._root_new, self._root, self._untimed_s = None, None, None, 0.0
         self._predict_s = 0.0  # this cycle's wall seconds in the expert predictor (_predict)
-        self._drafted, self._selected_depth, self._gate_inputs = None, 0, None
+        self._drafted, self._selected_depth = None, 0
         c0 = time.thread_time()
-        online = self.online
-        if m.drafts and drafter_ready and online is not None and online.ahead == "ar":  # decided in the last
-            rec.decision, rec.speedup_estimate, online.ahead = "ar", online.speedup, None  # learning slot
+        if m.drafts and drafter_ready and self.online is not None and self.online.take_ar_ahead():
+            rec.decision, rec.speedup_estimate = "ar", self.online.speedup  # decided in the last learning slot
         elif m.drafts and drafter_ready:
             tree, selection, items = self._draft_and_select(root, None, rec)
         rec.host_cpu_ms += (time.thread_time() - c0 - self._untimed_s) * 1e3  # (+ the learning's unhidden part)
@@ -593,9 +591,9 @@ class SpecDecoder:
             rec.expected_tokens_raw = 1.0 + float(raw.sum())
             rec.predicted_new = items.new_per_layer(keep).tolist()
         learn_s = self._learn_last_cycle()  # while the device verifies (on a GPU the verify is launched first)
-        if self._gate_inputs is not None:  # in the same slot: what the next cycle's AR gate reads
-            c0 = time.thread_time()
-            self._prepare_gate()
+        if self.online is not None and selection is not None and tree.n > 1:  # in the same slot: the next gate's
+            c0 = time.thread_time()  # inputs, from the tree and the cache its accounting used
+            self._prepare_gate(tree, items.cache)
             learn_s += time.thread_time() - c0
         if rec.decision == "ar":  # in the same slot after an AR step: the gate's next decision, its learning done
             c0 = time.thread_time()
@@ -938,8 +936,6 @@ class SpecDecoder:
         rec.tree_ms = max(rec.tree_ms - (self._predict_s - predict_s0) * 1e3, 0.0)
         if selection is None:
             selection = self._select(tree, cache, rate, rec, cost, host_ms + rec.levels * level_ms)
-        if self.online is not None and tree.n > 1:  # the next gate's expert bound, computed while the verify runs
-            self._gate_inputs = (tree, cache)
         return tree, selection, tree.items(cache)
 
     def _flush_learning(self, rec: CycleRecord) -> None:
@@ -1051,15 +1047,14 @@ class SpecDecoder:
         mass = self.acceptance.mass_bound(self._gate_widths())
         return draft_can_beat_ar(ar_ms, mass, self._level_ms(), cost.min_node_ms, min(online.min_expert_ms))
 
-    def _prepare_gate(self) -> None:
+    def _prepare_gate(self, tree: DraftTree, cache: np.ndarray) -> None:
         """What the next cycle's AR gate (:meth:`_sound_gate`) reads, computed while this cycle's verify
-        runs (booked as learning: hidden up to the shortest verify): this drafted tree's cheapest node's
-        expert ms into the online model's window, and the calibrator's mass bound (kept by
+        runs (booked as learning: hidden up to the shortest verify): this drafted ``tree``'s cheapest node's
+        expert ms against ``cache`` (the one its accounting used) into the online model's window, and the
+        calibrator's mass bound (kept by
         :meth:`~specfit.core.acceptance.AcceptanceCalibrator.mass_bound` until its tables change; they
         changed at this cycle's first draft level and change next at the next drafted cycle's, after its
         gate)."""
-        tree, cache = self._gate_inputs
-        self._gate_inputs = None
         self.online.min_expert_ms.append(self._cheapest_node_expert_ms(tree, cache))
         self.acceptance.mass_bound(self._gate_widths())
 

@@ -367,6 +367,14 @@ class OnlineModel:
         self.skips += 1
         return "ar"
 
+    def take_ar_ahead(self) -> bool:
+        """True, consuming it, if the decision made ahead (:meth:`decide_ahead`) is an AR step: the engine
+        then takes the AR step without entering its drafting path (what :meth:`decide` would return)."""
+        if self.ahead == "ar":
+            self.ahead = None
+            return True
+        return False
+
     def decide_ahead(self) -> None:
         """Make the next cycle's decision now, if it needs nothing of that cycle: :meth:`decide` then
         returns it. The sound bound (``sound_can_draft``) is consulted only when Ŝ > 1 after the

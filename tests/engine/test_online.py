@@ -287,3 +287,16 @@ def test_nothing_is_decided_ahead_where_the_sound_bound_is_needed():
                    draft_nodes=2, committed=2, cycle_ms=10.0, ar_ms=10.0)
     on.decide_ahead()
     assert on.ahead is None and on.decide(lambda: False) == "ar"  # the bound, with this cycle's root, said no
+
+
+def test_an_ar_step_decided_ahead_is_taken_once():
+    """take_ar_ahead consumes an AR step decided ahead (what decide would return) and nothing else."""
+    on = OnlineModel(depth=4)
+    on.decide_ahead()  # "draft": not an AR step, left for decide
+    assert not on.take_ar_ahead() and on.ahead == "draft"
+    on.ahead = None
+    for _ in range(on.WARMUP + on.MIN_DRAFTED):  # drafting measured at 0.5 x AR: AR steps
+        on.observe(root_predicted_new=[0], root_true_new=[0], selected_predicted_new=[0], transferred=[0],
+                   draft_nodes=1, committed=1, cycle_ms=20.0, ar_ms=10.0)
+    on.decide_ahead()
+    assert on.ahead == "ar" and on.take_ar_ahead() and on.ahead is None and not on.take_ar_ahead()
