@@ -293,6 +293,7 @@ class DeviceExpertCache:
             shared_dn = torch.empty(n, H, I, dtype=dt, device=self.device)
             self.gate_up, self.down = [shared_gu] * L, [shared_dn] * L
         self._slot_of: list[dict[int, int]] = [{} for _ in range(L)]   # expert -> slot, per layer
+        self._resident = np.zeros((L, E), dtype=bool)  # the same residency as an array (resident_mask)
         self._last_use = [[0] * E for _ in range(L)]
         self._uses = [[0] * E for _ in range(L)]
         self._tick = 0
@@ -305,6 +306,7 @@ class DeviceExpertCache:
             for layer in range(L):
                 self._load(layer, range(E), range(E))
                 self._slot_of[layer] = {e: e for e in range(E)}
+            self._resident[:] = True
             self.reset_stats()
 
     # -- queries ---------------------------------------------------------------------------------
@@ -329,6 +331,12 @@ class DeviceExpertCache:
             ``L`` lists; all empty when ``slots=0``.
         """
         return [sorted(m) for m in self._slot_of]
+
+    def resident_mask(self) -> np.ndarray:
+        """The same residency as :meth:`cached_experts`, as a bool array of shape (L, E) (a copy; kept
+        up to date as experts are admitted and evicted, so reading it costs one copy, not a walk over the
+        slots: the engine reads it at the start of every decoding cycle)."""
+        return self._resident.copy()
 
     def recency(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The eviction state, what :class:`specfit.engine.twin.ARTwinCache` copies after a prefill.
@@ -403,7 +411,9 @@ class DeviceExpertCache:
                 v = self.policy.victim(cold or cands, self._last_use[layer], self._uses[layer])
                 s = slot_of.pop(v)
                 self._cold[layer].discard(v)
+                self._resident[layer, v] = False
             slot_of[e] = s
+            self._resident[layer, e] = True
             busy.add(e)
             out.append(s)
         return out

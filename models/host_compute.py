@@ -125,6 +125,7 @@ class HostComputeCache(DeviceExpertCache):
                     raise SpecFitInputError("hot_experts", f"expert ids must lie in [0, {E}) (layer {layer})")
                 self._load(layer, ids, range(len(ids)))
                 self._slot_of[layer] = {e: s for s, e in enumerate(ids)}
+                self._resident[layer, ids] = True
         self.reset_stats()
 
     def reset_stats(self) -> None:

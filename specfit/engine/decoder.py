@@ -14,7 +14,8 @@ The engine talks to three duck-typed parts:
 
 * target — :class:`specfit.models.qwen3_moe.OffloadedQwen3Moe` or anything with ``prefill(ids)``,
   ``verify(tokens, parents)`` (both returning ``logits`` (n, V), ``routing`` (n, L, k),
-  ``aux_hidden`` (n, 3H)), ``commit(path)``, ``reset()``, ``cache.cached_experts()``,
+  ``aux_hidden`` (n, 3H)), ``commit(path)``, ``reset()``, ``cache.cached_experts()`` (or
+  ``cache.resident_mask()``, the same as an (L, E) bool array, read instead where present),
   ``cache.stats()``, ``spec.num_experts`` and ``spec.top_k`` (a cache whose ``slots`` equal the expert
   count keeps every expert resident: its mask is built from ``cache.num_layers`` without listing them;
   a cache with ``slots``, ``policy`` (``"lru"``/``"lfu"`` or an object with that ``name``) and
@@ -351,6 +352,10 @@ def _cache_mask(target, num_experts: int) -> np.ndarray:
     """The target's expert-cache residency, bool of shape (L, num_experts)."""
     if getattr(target.cache, "slots", None) == num_experts:  # a slot per expert: all resident, always
         return np.ones((target.cache.num_layers, num_experts), dtype=bool)
+    if hasattr(target.cache, "resident_mask"):  # kept by the cache as it admits and evicts
+        mask = target.cache.resident_mask()
+        if mask.shape[1] == num_experts:
+            return mask
     cached = target.cache.cached_experts()
     mask = np.zeros((len(cached), num_experts), dtype=bool)
     for layer, ids in enumerate(cached):

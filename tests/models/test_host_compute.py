@@ -100,6 +100,7 @@ def test_reset_cache_keeps_the_mode_and_hot_set(ckpt):
     model.reset_cache(3)
     assert isinstance(model.cache, HostComputeCache)
     assert model.cache.cached_experts() == [sorted(h[:3]) for h in _hot(E)]
+    assert [sorted(r.nonzero()[0].tolist()) for r in model.cache.resident_mask()] == model.cache.cached_experts()
     assert model.cache.prefetch(0, [7, 6]) == [] and model.cache.cached_experts()[0] == sorted(_hot(E)[0][:3])
     empty = OffloadedQwen3Moe.from_pretrained(path, cache_slots=3, offload="host")  # no hot set: stays empty
     assert empty.cache.cached_experts() == [[]] * 4
@@ -204,6 +205,7 @@ def test_auto_mode_admits_what_it_copies_and_resets_to_the_hot_set(ckpt):
     absent = min(set(range(E)) - set(model.cache.cached_experts()[0]))
     assert model.cache.prefetch(0, [absent]) == [absent]       # a dynamic cache: prefetch moves experts
     assert absent in model.cache.cached_experts()[0]
+    assert [sorted(r.nonzero()[0].tolist()) for r in model.cache.resident_mask()] == model.cache.cached_experts()
     model.reset_cache(2)
     assert type(model.cache).__name__ == "AutoOffloadCache" and model.cache.cached_experts() == first
     with pytest.raises(SpecFitInputError, match="host_profile"):

@@ -23,6 +23,15 @@ def make_store() -> HostExpertStore:
     return store
 
 
+def assert_mask_matches(cache: DeviceExpertCache) -> None:
+    """resident_mask(), kept as experts come and go, says what cached_experts() lists (and is a copy)."""
+    mask = cache.resident_mask()
+    assert mask.shape == (cache.num_layers, cache.store.num_experts) and mask.dtype == bool
+    assert [sorted(map(int, row.nonzero()[0])) for row in mask] == cache.cached_experts()
+    mask[:] = ~mask
+    assert [sorted(map(int, row.nonzero()[0])) for row in cache.resident_mask()] == cache.cached_experts()
+
+
 def run_and_check(cache: DeviceExpertCache, layer: int, experts: list[int]) -> list[int]:
     seen = []
 
@@ -54,10 +63,12 @@ def test_every_call_gets_its_own_weights(slots, policy, calls):
     """Correct for any slot count, including calls that need more distinct experts than slots."""
     cache = DeviceExpertCache(make_store(), "cpu", slots=slots)
     cache.policy = policy()
+    assert_mask_matches(cache)
     hits = misses = 0
     for layer, needed in calls:
         before = set(cache.cached_experts()[layer])
         seen = run_and_check(cache, layer, sorted(needed))
+        assert_mask_matches(cache)
         assert sorted(seen) == sorted(needed), "each needed expert runs exactly once"
         hits += len(needed & before)
         misses += len(needed - before)
@@ -99,6 +110,7 @@ def test_prefetch_turns_misses_into_hits():
     cache = DeviceExpertCache(make_store(), "cpu", slots=3)
     assert cache.prefetch(0, [5, 1, 5, 2, 3]) == [5, 1, 2]     # deduplicated, at most 3 slots
     assert cache.cached_experts()[0] == [1, 2, 5]
+    assert_mask_matches(cache)
     assert cache.prefetch(0, [1]) == []
     run_and_check(cache, 0, [1, 2, 5])
     st0 = cache.stats()["layers"][0]
@@ -162,6 +174,7 @@ def test_experts_of_rejected_nodes_are_evicted_first(policy):
     assert plain.cached_experts()[0] == ([1, 2, 3] if policy == "lru" else [0, 1, 3])
     run_and_check(aware, 0, [4])
     assert aware.cached_experts()[0] == [1, 3, 4]                  # then 0: its rejected use was undone
+    assert_mask_matches(aware)
     assert (aware.stats()["admission"], plain.stats()["admission"]) == ("accepted", "all")
     for cache in (aware, plain):      # 2 was the one transfer paid only for rejected nodes
         assert cache.stats()["layers"][0]["rejected_misses"] == 1
