@@ -454,8 +454,9 @@ def test_acceptance_learning_runs_while_the_first_draft_level_is_computed(ckpt, 
     assert len(drafted) >= 3
     for i in drafted[1:]:  # each drafted cycle after the first learned its predecessor's verify
         c = gen.cycles[i]
-        # (+ the last cycle's online learning, hidden by this cycle's verify: a fraction of a ms here)
-        assert 2.0 <= c.hidden_host_ms <= 2.5 and c.host_cpu_ms >= 3.0 * 0.95
+        # (+ the last cycle's online learning, hidden by this cycle's verify: up to its shortest verify,
+        # a fraction of a ms on a fast host, over 1 ms on a slow one)
+        assert 2.0 <= c.hidden_host_ms <= 2.0 + dec._shortest_verify_ms() and c.host_cpu_ms >= 3.0 * 0.95
     assert gen.cycles[drafted[0]].hidden_host_ms < 2.0  # no verify to learn: only the next gate's inputs
     assert gen.cycles[-1].host_cpu_ms >= 5.0 * 0.95  # the last drafted verify's, learned at the end: unhidden
     # the trials of every drafted cycle's verify are in the calibrator once generate returns
