@@ -302,8 +302,21 @@ def selectable(path_prob, min_node_ms: float, rate_lo: float) -> np.ndarray:
     none with P_v < R_lo min_node_ms for R_lo <= R*. Rate mode: removing u changes A - λT by
     λ t_u - P_u > 0. The same per-node bound gives the stop rule its proof (:func:`should_stop`).
     """
+    return np.asarray(path_prob, dtype=np.float64) >= selectable_threshold(min_node_ms, rate_lo)
+
+
+def selectable_threshold(min_node_ms: float, rate_lo: float) -> float:
+    """The path probability below which :func:`selectable` rules a node out: ``(rate_lo / 1000) * min_node_ms``.
+
+    Parameters and errors as :func:`selectable`'s (``min_node_ms`` in ms, ``rate_lo`` in tokens/s).
+
+    Returns
+    -------
+    float
+        The threshold (a path probability); a node with ``P_v >= threshold`` is kept.
+    """
     m = check_ms("min_node_ms", min_node_ms)
     r = float(rate_lo)
     if not (r >= 0.0 and math.isfinite(r)):
         raise SpecFitInputError("rate_lo", f"must be a finite number >= 0 (tokens/s), got {rate_lo!r}")
-    return np.asarray(path_prob, dtype=np.float64) >= r / 1000.0 * m
+    return r / 1000.0 * m

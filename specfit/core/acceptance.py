@@ -86,9 +86,10 @@ class AcceptanceCalibrator:
         #: (max_depth + 1,) int64: depth d's first cell in the flat tables with one rank class (d >= 1)
         self._depth_offset = (np.arange(self.max_depth + 1) - 1) * (e.size + 1)
         self.refresh()
-        from specfit.core.kernels import level_probs_kernel
+        from specfit.core.kernels import draft_level_kernel, level_probs_kernel
 
-        level_probs_kernel()  # compiled (or loaded from numba's cache) here: no decoding cycle pays it
+        level_probs_kernel()  # compiled (or loaded from numba's cache) here: no decoding cycle pays them
+        draft_level_kernel()
 
     def _cell(self, q: np.ndarray, depth: np.ndarray, rank) -> np.ndarray:
         """Flat index of each node's (depth, rank class, q bin) cell in :attr:`trials` (q clipped; rank
@@ -222,10 +223,14 @@ class AcceptanceCalibrator:
 
         if not isinstance(depth, np.ndarray):
             depth = np.full(parents.shape[0], depth, dtype=np.int64)
-        p_hat, pp, rank, ranked = level_probs_kernel()(self.rank_classes, self._alpha, self._beta, self.edges,
-                                                       self.path_factor, self.max_depth, parent_cal, parent_pp,
-                                                       parents, q, depth)
+        p_hat, pp, rank, ranked = level_probs_kernel()(*self._kernel_tables(), parent_cal, parent_pp, parents, q, depth)
         return p_hat, pp, rank if ranked else None
+
+    def _kernel_tables(self) -> tuple:
+        """The calibrator's state as its kernels take it (:func:`specfit.core.kernels._level_probs`' first
+        six arguments): rank classes, the flat ``alpha`` and ``beta`` tables, the q bins' edges, the
+        per-depth path factors and the largest depth."""
+        return self.rank_classes, self._alpha, self._beta, self.edges, self.path_factor, self.max_depth
 
     def path_prob(self, parent_pp, parents, cal, depth) -> np.ndarray:
         """One level's path probabilities with the per-depth path correction: ``f_d * P̂_v``, each

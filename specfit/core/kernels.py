@@ -121,6 +121,65 @@ def _level_probs(k, alpha, beta, edges, path_factor, max_depth, parent_cal, pare
 
 
 @numba.njit(cache=True, error_model="numpy")
+def _draft_level(k, alpha, beta, edges, path_factor, max_depth, parents_buf, tokens_buf, depth_buf, raw_buf, q_buf,
+                 cal_buf, pp_buf, tree_ids_buf, rank_buf, n, par, tok, head_pp, threshold, first_tree_id, pp_sum):
+    """One drafted level of a calibrated method appended to the engine's drafted-tree buffers, in one call:
+    the numpy steps ``SpecDecoder._draft_and_select`` takes for a level, operation for operation.
+
+    ``raw = min(head_pp, raw[parent])`` (the head's path probabilities kept non-increasing), ``q = raw /
+    max(raw[parent], 1e-300)``, depth = parent's + 1, :func:`_level_probs` (``P̂`` and the objective's
+    ``pp``), kept = parent priced and ``pp >= threshold`` (``specfit.solvers.stop.selectable``'s test;
+    ``-inf`` keeps every node of a priced parent), then the level written at ``n:n + m`` of the buffers
+    (capacity checked by the caller) and the kept nodes given priced ids ``first_tree_id, ...`` in order.
+
+    ``par``, ``tok`` (m,) int64, parents ``< n``; ``head_pp`` (m,) float64. Returns ``(ok, kept, kept_parents,
+    kept_pp, pp_sum, p_f)``: ``ok`` False (nothing written) if a head path probability is NaN or negative;
+    ``kept`` the kept nodes' indices in the level, ``kept_parents`` their parents' priced ids, ``kept_pp``
+    their ``pp``; ``pp_sum`` the argument plus the kept ``pp`` added in order; ``p_f`` the largest kept
+    ``pp`` (0 if none)."""
+    m = par.shape[0]
+    raw = np.empty(m)
+    q = np.empty(m)
+    depth = np.empty(m, np.int64)
+    for i in range(m):
+        h = head_pp[i]
+        if not h >= 0.0:  # NaN or negative: the drafter's contract
+            return False, np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), pp_sum, 0.0
+        up = raw_buf[par[i]]
+        r = h if h < up else up
+        raw[i] = r
+        q[i] = r / (up if up > 1e-300 else 1e-300)
+        depth[i] = depth_buf[par[i]] + 1
+    c, pp, rank, ranked = _level_probs(k, alpha, beta, edges, path_factor, max_depth, cal_buf, pp_buf, par, q, depth)
+    kept = np.empty(m, np.int64)
+    nk = 0
+    for i in range(m):
+        if tree_ids_buf[par[i]] >= 0 and pp[i] >= threshold:
+            kept[nk] = i
+            nk += 1
+    kept = kept[:nk]
+    kept_parents = np.empty(nk, np.int64)
+    kept_pp = np.empty(nk)
+    p_f = 0.0
+    for j in range(nk):
+        i = kept[j]
+        kept_parents[j] = tree_ids_buf[par[i]]
+        kept_pp[j] = pp[i]
+        pp_sum += pp[i]
+        if pp[i] > p_f:
+            p_f = pp[i]
+    for i in range(m):
+        v = n + i
+        parents_buf[v], tokens_buf[v], depth_buf[v] = par[i], tok[i], depth[i]
+        rank_buf[v] = rank[i] if ranked else 0
+        raw_buf[v], q_buf[v], cal_buf[v], pp_buf[v] = raw[i], q[i], c[i], pp[i]
+        tree_ids_buf[v] = -1
+    for j in range(nk):
+        tree_ids_buf[n + kept[j]] = first_tree_id + j
+    return True, kept, kept_parents, kept_pp, pp_sum, p_f
+
+
+@numba.njit(cache=True, error_model="numpy")
 def _frequency_top_k(table, row_of, n, a, k, pseudo, blend, has_blend, tiebreak, unseen, tokens):
     """``FrequencyPredictor.predict``: for each token (m,) and layer, the k experts of the largest scores,
     best first, ties to the lower id (``np.argsort(-scores, kind="stable")[..., :k]``), from the scores
@@ -282,3 +341,15 @@ def level_probs_kernel():
     for k in (1, 2):  # the compilation is paid here, not in a decoding cycle
         _level_probs(k, np.zeros(4 * k), np.zeros(4 * k), np.array([0.5]), np.ones(3), 2, one, one, ids, one, ids + 1)
     return _level_probs
+
+
+@functools.cache
+def draft_level_kernel():
+    """The compiled :func:`_draft_level` (a numba dispatcher; arguments, shapes and return value as there),
+    compiled or loaded from numba's cache for the engine's argument types on the first call in a process."""
+    f, i = np.ones(3), np.zeros(3, np.int64)
+    for k in (1, 2):  # the compilation is paid here, not in a decoding cycle
+        _draft_level(k, np.zeros(4 * k), np.zeros(4 * k), np.array([0.5]), np.ones(3), 2, i, i.copy(), i.copy(),
+                     f, f.copy(), f.copy(), f.copy(), i.copy(), i.copy(), 1, np.zeros(1, np.int64),
+                     np.zeros(1, np.int64), np.ones(1), 0.0, 1, 0.0)
+    return _draft_level

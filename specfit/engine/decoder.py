@@ -47,7 +47,7 @@ from specfit.engine.twin import ARTwinCache
 from specfit.engine.verify import verify_greedy, verify_sampling
 from specfit.solvers import get_solver
 from specfit.solvers.base import solver_class
-from specfit.solvers.stop import _ratio_upper_bound, draft_can_beat_ar, selectable, stop_node_ms
+from specfit.solvers.stop import _ratio_upper_bound, draft_can_beat_ar, selectable_threshold, stop_node_ms
 
 
 @dataclass(frozen=True)
@@ -260,16 +260,67 @@ class _Drafted:
         return cls(parents, tokens, depth, np.ones(c), np.ones(c), np.ones(c), np.ones(c), tree_ids,
                    np.zeros(1, dtype=np.int64), rank)
 
+    def _reserve(self, size: int) -> None:
+        """Grow the buffers to hold at least ``size`` nodes (at least doubling them)."""
+        if size > self.parents.size:
+            for name in self._BUFFERS:
+                buf = getattr(self, name)
+                setattr(self, name, np.concatenate([buf, np.zeros(max(size, 2 * buf.size) - buf.size, dtype=buf.dtype)]))
+
+    def add_calibrated(self, cal, parents: np.ndarray, tokens: np.ndarray, head_pp: np.ndarray, threshold: float,
+                       first_tree_id: int, pp_sum: float):
+        """Append one drafted level of a calibrated method, its calibrated probabilities and the nodes it
+        keeps, in one compiled call (:func:`specfit.core.kernels.draft_level_kernel`; the numpy steps of
+        :meth:`add_raw` with :meth:`~specfit.core.acceptance.AcceptanceCalibrator.level_probs`' values,
+        bit for bit). Arguments and return value as :meth:`add_raw`'s; ``cal`` the
+        :class:`~specfit.core.acceptance.AcceptanceCalibrator`."""
+        from specfit.core.kernels import draft_level_kernel
+
+        n, m = self.n, len(parents)
+        self._reserve(n + m)
+        ok, kept, kept_parents, kept_pp, pp_sum, p_f = draft_level_kernel()(
+            *cal._kernel_tables(), self.parents, self.tokens, self.depth, self.raw, self.q, self.cal, self.pp,
+            self.tree_ids, self.rank, n, parents, tokens, head_pp, threshold, first_tree_id, pp_sum)
+        if not ok:
+            raise SpecFitInputError("path_prob", "the drafter's path probabilities must lie in [0, 1]")
+        self.full_ids = np.concatenate([self.full_ids, n + kept])
+        self.n = n + m
+        return kept, kept_parents, kept_pp, pp_sum, p_f
+
+    def add_raw(self, parents: np.ndarray, tokens: np.ndarray, head_pp: np.ndarray, threshold: float,
+                first_tree_id: int, pp_sum: float):
+        """Append one drafted level (m,) whose path probabilities are the head's own (an uncalibrated method).
+
+        ``parents``, ``tokens`` int64 (parents < n); ``head_pp`` the head's path probabilities, kept
+        non-increasing along paths (EAGLE's float32 products can differ from the parent's by an ulp);
+        a node is kept (priced) when its parent is and its path probability is >= ``threshold``
+        (:func:`specfit.solvers.stop.selectable_threshold`, ``-inf`` to keep all). Returns ``(kept,
+        kept_parents, kept_pp, pp_sum, p_f)``: the kept nodes' indices in the level, their parents' priced
+        ids and path probabilities, ``pp_sum`` plus those added in order, and the largest of them (0 if none).
+
+        Raises
+        ------
+        SpecFitInputError
+            A head path probability that is NaN or negative (field ``path_prob``).
+        """
+        up = self.raw[parents]  # each <= 1 (the root's is 1), so raw <= 1
+        raw = np.minimum(head_pp, up)
+        if raw.size and not raw.min() >= 0.0:  # NaN fails it (np.minimum keeps NaN); the drafter's contract
+            raise SpecFitInputError("path_prob", "the drafter's path probabilities must lie in [0, 1]")
+        q = raw / np.maximum(up, 1e-300)  # conditional draft probabilities (raw <= up: 0 where up is 0)
+        kept = ((self.tree_ids[parents] >= 0) & (raw >= threshold)).nonzero()[0]
+        kept_parents, kept_pp = self.tree_ids[parents[kept]], raw[kept]
+        kept_list = kept_pp.tolist()
+        self.add(parents, tokens, self.depth[parents] + 1, raw, q, raw, raw, 0, kept, first_tree_id)
+        return kept, kept_parents, kept_pp, sum(kept_list, pp_sum), max(kept_list, default=0.0)
+
     def add(self, parents: np.ndarray, tokens: np.ndarray, depth: np.ndarray, raw: np.ndarray, q: np.ndarray,
             cal: np.ndarray, pp: np.ndarray, rank, kept: np.ndarray, first_tree_id: int) -> None:
         """Append one drafted level (m,) (``depth``: its parents' depths + 1; ``rank``: (m,) or one int for
         every node); its nodes ``kept`` (increasing indices into the level) became priced nodes
         ``first_tree_id, first_tree_id + 1, ...`` in order."""
         n, m = self.n, len(parents)
-        if n + m > self.parents.size:
-            for name in self._BUFFERS:
-                buf = getattr(self, name)
-                setattr(self, name, np.concatenate([buf, np.zeros(max(n + m, 2 * buf.size) - buf.size, dtype=buf.dtype)]))
+        self._reserve(n + m)
         self.full_ids = np.concatenate([self.full_ids, n + kept])
         end = n + m
         self.depth[n:end] = depth
@@ -874,35 +925,24 @@ class SpecDecoder:
                 self._flush_learning(rec)
             rec.levels += 1
             t0 = time.perf_counter()
-            parents = level.parents.cpu().numpy().astype(np.int64, copy=False)
-            tokens = level.tokens.cpu().numpy().astype(np.int64, copy=False)
-            # EAGLE's float32 products can differ from the parent's by an ulp; keep P non-increasing
-            up = d.raw[parents]  # each <= 1 (the root's is 1), so raw <= 1
+            parents = np.ascontiguousarray(level.parents.cpu().numpy(), dtype=np.int64)
+            tokens = np.ascontiguousarray(level.tokens.cpu().numpy(), dtype=np.int64)
             head_pp = level.path_prob if level.path_prob.dtype in _NUMPY_FLOATS else level.path_prob.double()
-            raw = np.minimum(head_pp.cpu().numpy(), up)  # float64 (float32 widens exactly)
-            if raw.size and not raw.min() >= 0.0:  # NaN fails it (np.minimum keeps NaN); the drafter's contract
-                raise SpecFitInputError("path_prob", "the drafter's path probabilities must lie in [0, 1]")
-            q = raw / np.maximum(up, 1e-300)  # conditional draft probabilities (raw <= up: 0 where up is 0)
-            pp = p_hat = raw
-            rank = None
-            depth_new = d.depth[parents] + 1
-            if cal is not None and parents.size:  # calibrated conditionals along the path, corrected per depth
-                p_hat, pp, rank = cal.level_probs(d.cal, d.pp, parents, q, depth_new)
-            keep = d.tree_ids[parents] >= 0
+            head_pp = np.ascontiguousarray(head_pp.cpu().numpy(), dtype=np.float64)  # float32 widens exactly
             if prune:
                 if rate is not None:
                     rate_lo = rate
                 elif root_known:
                     rate_lo = max(rate_lo, 1000.0 / (root_ms + max_sunk))
-                keep &= selectable(pp, node_ms, rate_lo)
-            kept = keep.nonzero()[0]
+            threshold = selectable_threshold(node_ms, rate_lo) if prune else -np.inf
+            if cal is not None and parents.size:  # calibrated conditionals along the path, corrected per depth
+                kept, kept_parents, pp_kept, pp_sum, p_f = d.add_calibrated(cal, parents, tokens, head_pp, threshold,
+                                                                            n_tree, pp_sum)
+            else:
+                kept, kept_parents, pp_kept, pp_sum, p_f = d.add_raw(parents, tokens, head_pp, threshold, n_tree, pp_sum)
             if kept.size:  # an index tensor copies: the drafter may reuse its hidden buffer
                 hidden = level.hidden[torch.from_numpy(kept)] if predicted and level.hidden is not None else None
-                pp_kept = pp[kept]
-                pending.append((d.tree_ids[parents[kept]], pp_kept, tokens[kept], hidden))
-                kept_pp = pp_kept.tolist()
-                pp_sum = sum(kept_pp, pp_sum)  # in tree order: the sum of tree.path_prob once appended
-            d.add(parents, tokens, depth_new, raw, q, p_hat, pp, 0 if rank is None else rank, kept, n_tree)
+                pending.append((kept_parents, pp_kept, tokens[kept], hidden))
             n_tree += kept.size
             rec.tree_ms += (time.perf_counter() - t0) * 1e3
             if not kept.size:  # every deeper node descends from a dropped one: in no optimal selection either
@@ -919,7 +959,6 @@ class SpecDecoder:
                 # (T(root alone) + sunk), as every subtree holds the root, and R* <= ratio_upper_bound (each node
                 # adds >= node_ms too); predict and solve only when both bounds let the rule fire (rate mode needs
                 # no R*). Sunk: the cycle's host ms and the levels drafted.
-                p_f = max(kept_pp)
                 sunk = host_ms + rec.levels * level_ms
                 bound = 1000.0 * pp_sum / (root_ms + sunk)
                 if rate is not None and p_f <= stop_ms * rate / 1000.0:

@@ -10,6 +10,7 @@ import torch
 from specfit.models.qwen3_moe import OffloadedQwen3Moe
 from specfit.core.cost import CostModel
 from specfit.engine import METHODS, SpecDecoder, TreeSettings, get_method
+from specfit.engine.decoder import _Drafted
 import specfit.engine.decoder as decoder_module
 from specfit.core.errors import SpecFitInputError
 
@@ -424,7 +425,7 @@ def test_levels_with_and_without_hidden_states_each_reach_the_predictor(ckpt, ar
     assert 2.0 not in predictor.rows and 4.0 not in predictor.rows
 
 
-def test_acceptance_learning_runs_while_the_first_draft_level_is_computed(ckpt, ar_outputs):
+def test_acceptance_learning_runs_while_the_first_draft_level_is_computed(ckpt, ar_outputs, monkeypatch):
     """A verify's acceptance learning waits for the next drafted cycle's first draft level (on a GPU it
     runs while the head computes that level): every calibrated probability is computed after every
     earlier verify was learned, its CPU time up to ``draft_level_ms`` is ``hidden_host_ms`` and the
@@ -434,7 +435,7 @@ def test_acceptance_learning_runs_while_the_first_draft_level_is_computed(ckpt, 
     cost = CostModel(6.0, 0.1, 0.05, draft_level_ms=2.0)
     dec = SpecDecoder(load(ckpt), SelfDrafter(ckpt), "specfit", tree=TreeSettings(8, 3, 3), cost=cost,
                       predictor=FixedPredictor())
-    learn, level_probs, pending_at_use = dec._learn_acceptance, dec.acceptance.level_probs, []
+    learn, add_calibrated, pending_at_use = dec._learn_acceptance, _Drafted.add_calibrated, []
 
     def slow_learn(*args):  # 5 ms of CPU: 2 of them hidden by the head, 3 on the critical path
         end = _time.thread_time() + 0.005
@@ -442,11 +443,12 @@ def test_acceptance_learning_runs_while_the_first_draft_level_is_computed(ckpt, 
             pass
         learn(*args)
 
-    def checked_level_probs(*args):
+    def checked_add_calibrated(*args):  # where a level's calibrated probabilities are computed
         pending_at_use.append(len(dec.online.deferred))
-        return level_probs(*args)
+        return add_calibrated(*args)
 
-    dec._learn_acceptance, dec.acceptance.level_probs = slow_learn, checked_level_probs
+    dec._learn_acceptance = slow_learn
+    monkeypatch.setattr(_Drafted, "add_calibrated", checked_add_calibrated)
     gen = dec.generate(PROMPTS[0], 16)
     assert gen.output_ids == ar_outputs[0]
     assert pending_at_use and not any(pending_at_use) and not dec.online.deferred
@@ -540,7 +542,7 @@ def test_no_kernel_is_compiled_inside_a_decoding_cycle(ckpt, method):
     from specfit.core import kernels
     from specfit.solvers import exact_compiled
 
-    getters = [kernels.level_probs_kernel, kernels.need_bits_kernel, exact_compiled.exact_kernel,
+    getters = [kernels.level_probs_kernel, kernels.draft_level_kernel, kernels.need_bits_kernel, exact_compiled.exact_kernel,
                exact_compiled.linear_prefix_kernel]
     for g in getters:
         g.cache_clear()

@@ -56,7 +56,7 @@ def test_every_method_equals_ar_on_20_proxy_prompts(proxy):
 
 
 def test_dropping_unselectable_nodes_changes_no_selection(proxy, monkeypatch):
-    """The nodes :func:`selectable` drops are in no optimal selection: with them dropped (before any
+    """The nodes :func:`selectable` drops (the engine's threshold, :func:`selectable_threshold`) are in no optimal selection: with them dropped (before any
     expert prediction) every cycle verifies the same subtree as with every drafted node priced, and
     calibration learns from the same trials (dropped nodes are still drafted)."""
     import specfit.engine.decoder as decoder
@@ -78,7 +78,7 @@ def test_dropping_unselectable_nodes_changes_no_selection(proxy, monkeypatch):
         return gens, dec.acceptance
 
     pruned, cal = run()
-    monkeypatch.setattr(decoder, "selectable", lambda pp, node_ms, rate_lo: np.ones(len(pp), dtype=bool))
+    monkeypatch.setattr(decoder, "selectable_threshold", lambda node_ms, rate_lo: -np.inf)  # every node kept
     full, cal_full = run()
     assert sum(c.nodes_pruned for g in pruned for c in g.cycles) > 0  # the bound bites on the proxy
     assert all(c.nodes_pruned == 0 for g in full for c in g.cycles)
