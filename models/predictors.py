@@ -37,6 +37,9 @@ class ExpertPredictor(Protocol):
     """What the engine calls (all arrays numpy; L = MoE layers, k = the target's top-k)."""
 
     name: str
+    #: Whether :meth:`predict` reads ``draft_hidden`` (optional; the engine assumes True when absent). A
+    #: predictor that never does lets the engine skip gathering the head's hidden states per draft level.
+    uses_hidden: bool
 
     def reset(self) -> None:
         """A new prompt begins: drop the per-prompt context."""
@@ -215,6 +218,7 @@ class RecencyPredictor:
     """
 
     name = "recency"
+    uses_hidden = False
 
     def __init__(self, num_layers: int, num_experts: int, top_k: int, window: int = 32, prior=None):
         self.L, self.E, self.k = _check_dims(num_layers, num_experts, top_k)
@@ -286,6 +290,7 @@ class FrequencyPredictor:
     """
 
     name = "frequency"
+    uses_hidden = False
 
     def __init__(self, token_ids, table, token_counts, global_share, top_k: int, smoothing: float = 1.0,
                  recency_weight: float = 0.5, window: int = 32):
@@ -435,6 +440,7 @@ class ProbePredictor:
     """
 
     name = "probe"
+    uses_hidden = True
 
     def __init__(self, weight, bias, mean, std, top_k: int, window: int = 32, prior=None,
                  frequency: FrequencyPredictor | None = None, frequency_weight: float = 1.0):

@@ -24,7 +24,8 @@ The engine talks to three duck-typed parts:
 * drafter — :class:`specfit.models.eagle3.Eagle3Drafter` or anything with ``prefill(tokens, aux)``,
   ``commit(tokens, aux)`` and ``draft_levels(root_token, top_k, max_depth)`` yielding levels with
   ``parents``, ``tokens``, ``path_prob``, ``hidden``;
-* predictor — :mod:`specfit.models.predictors` (``reset``, ``observe``, ``predict``).
+* predictor — :mod:`specfit.models.predictors` (``reset``, ``observe``, ``predict``; ``uses_hidden = False``
+  spares it the head's hidden states).
 """
 
 from __future__ import annotations
@@ -879,6 +880,7 @@ class SpecDecoder:
         # every expert resident: no node brings an expert, so none is predicted (T(S) has no expert term)
         experts_known = m.needs_experts and not cache.all()  # predicted, or (oracle) the true routing
         predicted = m.needs_predictor and experts_known
+        with_hidden = predicted and getattr(self.predictor, "uses_hidden", True)  # gathered only for a reader
         predict_s0 = self._predict_s  # the predictor's calls below are predict_ms, not tree_ms
         t0 = time.perf_counter()
         if predicted:  # the AR gate may have built it already
@@ -941,7 +943,7 @@ class SpecDecoder:
             else:
                 kept, kept_parents, pp_kept, pp_sum, p_f = d.add_raw(parents, tokens, head_pp, threshold, n_tree, pp_sum)
             if kept.size:  # an index tensor copies: the drafter may reuse its hidden buffer
-                hidden = level.hidden[torch.from_numpy(kept)] if predicted and level.hidden is not None else None
+                hidden = level.hidden[torch.from_numpy(kept)] if with_hidden and level.hidden is not None else None
                 pending.append((kept_parents, pp_kept, tokens[kept], hidden))
             n_tree += kept.size
             rec.tree_ms += (time.perf_counter() - t0) * 1e3

@@ -423,6 +423,14 @@ def test_levels_with_and_without_hidden_states_each_reach_the_predictor(ckpt, ar
     assert gen.output_ids == ar_outputs[1]
     assert {1.0, 3.0} & set(predictor.rows) and None in predictor.rows  # odd levels' states arrived
     assert 2.0 not in predictor.rows and 4.0 not in predictor.rows
+    blind = Recording()  # a predictor that says it never reads them is given none
+    blind.uses_hidden = False
+    dec = SpecDecoder(load(ckpt), HalfHidden(ckpt), "specfit", tree=TreeSettings(16, 4, 3), cost=COST, predictor=blind)
+    gen = dec.generate(PROMPTS[1], 16)
+    assert gen.output_ids == ar_outputs[1]
+    assert blind.rows and set(blind.rows) == {None}
+    from specfit.models.predictors import FrequencyPredictor, ProbePredictor, RecencyPredictor
+    assert (FrequencyPredictor.uses_hidden, RecencyPredictor.uses_hidden, ProbePredictor.uses_hidden) == (False, False, True)
 
 
 def test_acceptance_learning_runs_while_the_first_draft_level_is_computed(ckpt, ar_outputs, monkeypatch):
