@@ -86,10 +86,11 @@ class AcceptanceCalibrator:
         #: (max_depth + 1,) int64: depth d's first cell in the flat tables with one rank class (d >= 1)
         self._depth_offset = (np.arange(self.max_depth + 1) - 1) * (e.size + 1)
         self.refresh()
-        from specfit.core.kernels import draft_level_kernel, level_probs_kernel
+        from specfit.core.kernels import draft_level_kernel, learn_verify_kernel, level_probs_kernel
 
         level_probs_kernel()  # compiled (or loaded from numba's cache) here: no decoding cycle pays them
         draft_level_kernel()
+        learn_verify_kernel()
 
     def _cell(self, q: np.ndarray, depth: np.ndarray, rank) -> np.ndarray:
         """Flat index of each node's (depth, rank class, q bin) cell in :attr:`trials` (q clipped; rank
@@ -308,6 +309,25 @@ class AcceptanceCalibrator:
         cal = check_probabilities(cal, "cal", np.size(cal))
         d = _depths(depth, cal.size)
         self._observe_paths(cal, d, check_nonnegative_int("accepted", accepted))
+
+    def _learn_verify(self, q: np.ndarray, depth: np.ndarray, ok: np.ndarray, rank: np.ndarray, cal: np.ndarray,
+                      cal_depth: np.ndarray, accepted: int) -> None:
+        """:meth:`update` ``(q, depth, ok, rank)`` then :meth:`_observe_paths` ``(cal, cal_depth, accepted)`` in one
+        compiled call (:func:`specfit.core.kernels.learn_verify_kernel`), the same floats as those methods
+        give: the engine's learning of one verify. Unchecked, for the engine's own arrays: ``q`` float64,
+        ``depth``, ``rank`` int64 and ``ok`` bool of one length m, ``cal`` float64 in [0, 1] and ``cal_depth``
+        int64 >= 1 of one length."""
+        from specfit.core.kernels import learn_verify_kernel
+
+        if not q.size and not cal.size:
+            return
+        trials, acc, alpha, beta, pred, path_acc, factor = learn_verify_kernel()(
+            self.trials, self.accepted, self.edges, self.rank_classes, self.max_depth, self.prior_strength,
+            q, depth, ok, rank, self.path_predicted, self.path_accepted, cal, cal_depth, int(accepted))
+        if q.size:  # as update: nothing changes without a trial
+            self.trials, self.accepted, self._alpha, self._beta = trials, acc, alpha, beta
+        if cal.size:  # as _observe_paths: nothing changes without a verified draft node
+            self.path_predicted, self.path_accepted, self.path_factor = pred, path_acc, factor
 
     def _observe_paths(self, cal: np.ndarray, depth: np.ndarray, accepted: int) -> None:
         """:meth:`observe_paths` of checked arrays (float64 ``cal`` in [0, 1], int64 depths >= 1 of its

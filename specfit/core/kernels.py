@@ -180,6 +180,78 @@ def _draft_level(k, alpha, beta, edges, path_factor, max_depth, parents_buf, tok
 
 
 @numba.njit(cache=True, error_model="numpy")
+def _learn_verify(trials, accepted, edges, k, max_depth, s, q, depth, ok, rank, path_predicted, path_accepted, cal,
+                  cal_depth, n_accepted):
+    """One verify taught to an :class:`~specfit.core.acceptance.AcceptanceCalibrator` in one call: its
+    Bernoulli trials (``update``: ``q``, ``depth``, ``ok``, ``rank`` (m,)) and its path outcome
+    (``_observe_paths``: ``cal``, ``cal_depth`` (p,), ``n_accepted`` draft nodes accepted), with
+    ``refresh``, operation for operation as those numpy methods do them (counts are whole numbers, so every
+    sum is exact).
+
+    ``trials``, ``accepted`` (max_depth, k, bins); ``edges`` (bins - 1,); ``path_predicted``,
+    ``path_accepted`` (max_depth + 1,). Nothing is changed in place: returns new ``(trials, accepted, alpha,
+    beta, path_predicted, path_accepted, path_factor)`` (alpha and beta flat), as the methods assign new
+    arrays (``mass_bound`` keys its kept answer on them)."""
+    D, K, B = trials.shape
+    n = trials.copy()
+    a = accepted.copy()
+    for i in range(q.shape[0]):
+        x = q[i]
+        if x == x:  # _unit: clipped to [0, 1], NaN kept (its bin is the last, as np.searchsorted's)
+            x = 0.0 if x < 0.0 else (1.0 if x > 1.0 else x)
+        d = depth[i]
+        d = 1 if d < 1 else (max_depth if d > max_depth else d)
+        r = 0
+        if K == 2:
+            r = rank[i]
+            r = 0 if r < 0 else (K - 1 if r > K - 1 else r)
+        b = 0
+        if x != x:
+            b = B - 1
+        else:
+            while b < B - 1 and edges[b] < x:
+                b += 1
+        n[d - 1, r, b] += 1.0
+        a[d - 1, r, b] += 1.0 if ok[i] else 0.0
+    sum_n = np.zeros((K, B))
+    sum_a = np.zeros((K, B))
+    for d in range(D):
+        for r in range(K):
+            for b in range(B):
+                sum_n[r, b] += n[d, r, b]
+                sum_a[r, b] += a[d, r, b]
+    alpha = np.empty(D * K * B)
+    beta = np.empty(D * K * B)
+    for d in range(D):
+        for r in range(K):
+            for b in range(B):
+                other_n = sum_n[r, b] - n[d, r, b]
+                other_a = sum_a[r, b] - a[d, r, b]
+                j = (d * K + r) * B + b
+                alpha[j] = s * s / ((s + other_n) * (s + n[d, r, b]))
+                beta[j] = (s * other_a / (s + other_n) + a[d, r, b]) / (s + n[d, r, b])
+    pred = path_predicted.copy()
+    acc = path_accepted.copy()
+    if cal.shape[0]:
+        add = np.zeros(max_depth + 1)
+        for i in range(cal.shape[0]):
+            d = cal_depth[i]
+            add[d if d < max_depth else max_depth] += cal[i]
+        for d in range(max_depth + 1):
+            pred[d] += add[d]
+        top = n_accepted if n_accepted < max_depth else max_depth
+        for d in range(1, top + 1):
+            acc[d] += 1.0
+        if n_accepted > max_depth:
+            acc[max_depth] += n_accepted - max_depth
+    factor = np.empty(max_depth + 1)
+    for d in range(max_depth + 1):
+        factor[d] = (acc[d] + s) / (pred[d] + s)
+    factor[0] = 1.0
+    return n, a, alpha, beta, pred, acc, factor
+
+
+@numba.njit(cache=True, error_model="numpy")
 def _frequency_top_k(table, row_of, n, a, k, pseudo, blend, has_blend, tiebreak, unseen, tokens):
     """``FrequencyPredictor.predict``: for each token (m,) and layer, the k experts of the largest scores,
     best first, ties to the lower id (``np.argsort(-scores, kind="stable")[..., :k]``), from the scores
@@ -353,3 +425,13 @@ def draft_level_kernel():
                      f, f.copy(), f.copy(), f.copy(), i.copy(), i.copy(), 1, np.zeros(1, np.int64),
                      np.zeros(1, np.int64), np.ones(1), 0.0, 1, 0.0)
     return _draft_level
+
+
+@functools.cache
+def learn_verify_kernel():
+    """The compiled :func:`_learn_verify` (a numba dispatcher; arguments, shapes and return value as there),
+    compiled or loaded from numba's cache for the engine's argument types on the first call in a process."""
+    t, f, i = np.zeros((2, 1, 2)), np.ones(1), np.ones(1, np.int64)
+    _learn_verify(t, t.copy(), np.array([0.5]), 1, 2, 4.0, f, i, np.ones(1, np.bool_), i, np.zeros(3), np.zeros(3),
+                  f, i, 1)
+    return _learn_verify

@@ -728,8 +728,8 @@ class SpecDecoder:
         else:
             nodes, ok = verify_trials(sub_parents, acc.path)
             old = full[nodes]
-        self.acceptance.update(drafted.q[old], drafted.depth[old], ok, drafted.rank[old])
-        self.acceptance._observe_paths(drafted.cal[full[1:]], drafted.depth[full[1:]], acc.accepted)  # checked
+        self.acceptance._learn_verify(drafted.q[old], drafted.depth[old], np.asarray(ok, dtype=bool), drafted.rank[old],
+                                      drafted.cal[full[1:]], drafted.depth[full[1:]], acc.accepted)  # as update, _observe_paths
 
     def _learn_last_cycle(self) -> float:
         """Run the last cycle's :meth:`_learn` if it is still queued; its thread CPU seconds (0 if none).

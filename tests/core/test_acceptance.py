@@ -360,3 +360,32 @@ def test_update_counts_each_trial_once_and_broadcasts_one_outcome():
     assert one.trials.sum() == 4 and one.trials.max() == 2  # the two equal trials share a cell
     each.update(q, depth, [False, True, False, False])
     assert each.trials.sum() == 8 and each.accepted.sum() == 5
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.data())
+def test_learn_verify_equals_update_then_observe_paths(data):
+    """The engine's one-call learning of a verify (_learn_verify, compiled) leaves every table, bit for bit,
+    as update then _observe_paths do, over several verifies: q outside [0, 1] or NaN, depths past
+    max_depth, either rank-class count, no trial or no verified node."""
+    import copy
+
+    k = data.draw(st.sampled_from([1, 2]))
+    fast = AcceptanceCalibrator(max_depth=data.draw(st.integers(1, 5)), rank_classes=k,
+                                prior_strength=data.draw(st.floats(0.5, 8)))
+    ref = copy.deepcopy(fast)
+    for _ in range(data.draw(st.integers(1, 4))):
+        m = data.draw(st.integers(0, 30))
+        q = np.asarray(data.draw(st.lists(st.one_of(st.floats(-0.5, 1.5), st.just(float("nan"))), min_size=m, max_size=m)))
+        depth = np.asarray(data.draw(st.lists(st.integers(1, 8), min_size=m, max_size=m)), dtype=np.int64)
+        ok = np.asarray(data.draw(st.lists(st.booleans(), min_size=m, max_size=m)), dtype=bool)
+        rank = np.asarray(data.draw(st.lists(st.integers(0, 1), min_size=m, max_size=m)), dtype=np.int64)
+        p = data.draw(st.integers(0, 8))
+        cal = np.asarray(data.draw(st.lists(st.floats(0, 1), min_size=p, max_size=p)))
+        cal_depth = np.asarray(data.draw(st.lists(st.integers(1, 8), min_size=p, max_size=p)), dtype=np.int64)
+        accepted = data.draw(st.integers(0, 9))
+        fast._learn_verify(q, depth, ok, rank, cal, cal_depth, accepted)
+        ref.update(q, depth, ok, rank)
+        ref._observe_paths(cal, cal_depth, accepted)
+        for name in ("trials", "accepted", "_alpha", "_beta", "path_predicted", "path_accepted", "path_factor"):
+            np.testing.assert_array_equal(getattr(fast, name), getattr(ref, name), err_msg=name)
