@@ -7,7 +7,7 @@ deployment a hardware profile describes (Qwen3-30B-A3B on one GPU, experts behin
 
     verify_ms = profile.for_layers(L).cycle_ms(nodes_verified, transferred)
               = fixed_ms + per_node_ms * nodes_verified + per_expert_ms * (48 / L) * sum_l transferred[l]
-    draft_ms  = levels * profile.draft_level_ms
+    draft_ms  = (levels + levels_ahead) * profile.draft_level_ms
     host_ms   = host_cpu_ms                    (measured here: CPU time of the engine's thread)
 
 * verify: SPECFIT.md §3's T(S) with the *measured* counts of the cycle — nodes the target
@@ -17,7 +17,8 @@ deployment a hardware profile describes (Qwen3-30B-A3B on one GPU, experts behin
   against ``fixed_ms`` and ratios between methods stay honest. The engine's selection uses the
   same scaled model.
 * draft: one EAGLE-3 head forward per draft level (the profile's ``draft_level_ms``, derived in
-  :data:`specfit.core.cost.PROFILES`).
+  :data:`specfit.core.cost.PROFILES`), the level a drafter launched ahead and the cycle did not use
+  (``CycleRecord.levels_ahead``) included.
 * host: the expert predictor, the solver and the engine's bookkeeping (tree, calibration, gate)
   run on the host CPU in deployment as well, so their measured time is added as is: the CPU time
   of the engine's thread (``CycleRecord.host_cpu_ms``, ``time.thread_time``), not wall-clock time,
@@ -25,7 +26,10 @@ deployment a hardware profile describes (Qwen3-30B-A3B on one GPU, experts behin
   On the proxy they see L-layer instances (48 in deployment), which understates them; their share
   is reported separately (``host_share``). Two parts are left out, as a GPU hides them: a verify's
   acceptance learning runs after the next drafted cycle's first draft level is launched and before
-  its outputs are read, so up to ``draft_level_ms`` of it overlaps the head forward; a cycle's online
+  its outputs are read, so up to ``draft_level_ms`` of it overlaps the head forward; with a drafter that
+  launches each level before the level above it is read (``Eagle3Drafter.launches_ahead``), each level's
+  host work overlaps the next level's forward, up to ``draft_level_ms`` (the last level's and the
+  selection's, the forward of a level launched and not used); a cycle's online
   learning runs while the next cycle's verify is on the device, up to the shortest verify (``fixed_ms +
   per_node_ms``) hidden (``CycleRecord.hidden_host_ms``, ``measured_ms["hidden_host"]`` of a result
   record: both; what exceeds them is in ``host_cpu_ms``; docs/SPECFIT.md §3).
@@ -66,7 +70,7 @@ def modeled_cycle_ms(cycle, cost: CostModel) -> dict[str, float]:
     Parameters
     ----------
     cycle : specfit.engine.CycleRecord
-        Uses ``nodes_verified``, ``transferred`` (length L), ``levels`` and ``host_cpu_ms``.
+        Uses ``nodes_verified``, ``transferred`` (length L), ``levels``, ``levels_ahead`` and ``host_cpu_ms``.
     cost : CostModel
         The profile scaled to the model's layers, ``get_profile(name).for_layers(L)``; its
         ``draft_level_ms`` prices a draft level.
@@ -88,7 +92,7 @@ def modeled_cycle_ms(cycle, cost: CostModel) -> dict[str, float]:
         return _host_cycle_ms(cycle, cost)
     verify = cost.cycle_ms(cycle.nodes_verified, cycle.transferred)
     compute = cost.fixed_ms + cost.per_node_ms * cycle.nodes_verified
-    draft = cycle.levels * cost.draft_level_ms
+    draft = (cycle.levels + cycle.levels_ahead) * cost.draft_level_ms
     host = cycle.host_cpu_ms
     return {"compute_ms": compute, "transfer_ms": verify - compute, "draft_ms": draft, "host_ms": host,
             "total_ms": verify + draft + host}
@@ -106,7 +110,7 @@ def _host_cycle_ms(cycle, cost: HostProfile) -> dict[str, float]:
     copied = cycle.transferred if len(cycle.transferred) == len(experts) else None
     verify = cost.cycle_ms(cycle.nodes_verified, experts, rows, copied)
     compute = cost.gpu_ms(cycle.nodes_verified)
-    draft = cycle.levels * cost.draft_level_ms
+    draft = (cycle.levels + cycle.levels_ahead) * cost.draft_level_ms
     solve = cycle.host_cpu_ms
     return {"compute_ms": compute, "transfer_ms": verify - compute, "draft_ms": draft, "host_ms": solve,
             "total_ms": verify + draft + solve}

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Mapping
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -759,6 +760,11 @@ class DraftLevel:
         (m,) float32 path probability P = P_parent · q (EAGLE-2, Li et al. 2024, §4).
     hidden : torch.Tensor
         (m, H) the draft hidden state that produced q (the parent's step output).
+    host : tuple of torch.Tensor, optional
+        ``(parents, tokens, path_prob)`` on the host, copied before the next level was launched
+        (:meth:`Eagle3Drafter.draft_levels`); read them with :meth:`host_arrays`.
+    ready : torch.cuda.Event, optional
+        Recorded after those copies on a CUDA device (None on the CPU).
     """
 
     depth: int
@@ -768,6 +774,39 @@ class DraftLevel:
     q: torch.Tensor
     path_prob: torch.Tensor
     hidden: torch.Tensor
+    host: tuple | None = None
+    ready: object = None
+
+    def host_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(parents, tokens, path_prob)`` as numpy arrays, (m,) int64, int64 and the head's float dtype.
+
+        Waits only for this level's host copies, not for the next level's forward the drafter launched
+        after them (reading the device tensors would wait for it: one CUDA stream). Without host copies
+        (a level built by hand) the device tensors are read."""
+        if self.host is None:
+            pp = self.path_prob if self.path_prob.dtype in (torch.float32, torch.float64) else self.path_prob.double()
+            return self.parents.cpu().numpy(), self.tokens.cpu().numpy(), pp.cpu().numpy()
+        if self.ready is not None:
+            self.ready.synchronize()
+        return tuple(t.numpy() for t in self.host)
+
+
+def _with_host_copies(level: DraftLevel) -> DraftLevel:
+    """``level`` with host copies of its parents, tokens and path probabilities (:attr:`DraftLevel.host`):
+    on a CUDA device copied asynchronously into pinned memory, with an event recorded after them, so the
+    caller can wait for this level alone; on the CPU the tensors themselves."""
+    parents, tokens, pp = level.parents, level.tokens, level.path_prob
+    if pp.dtype not in (torch.float32, torch.float64):  # numpy takes no bfloat16
+        pp = pp.double()
+    if parents.device.type != "cuda":
+        level.host = (parents, tokens, pp)
+        return level
+    host = tuple(torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in (parents, tokens, pp))
+    for dst, src in zip(host, (parents, tokens, pp)):
+        dst.copy_(src, non_blocking=True)
+    level.host, level.ready = host, torch.cuda.Event()
+    level.ready.record()
+    return level
 
 
 class Eagle3Drafter:
@@ -782,6 +821,10 @@ class Eagle3Drafter:
     def __init__(self, head: Eagle3Head):
         self.head = head
         self.reset()
+
+    #: :meth:`draft_levels` launches each level before the caller reads the one above it (one head
+    #: forward ahead): :class:`specfit.engine.SpecDecoder` counts the host work a level's forward hides.
+    launches_ahead = True
 
     @property
     def aux_layer_ids(self) -> tuple[int, ...] | None:
@@ -863,6 +906,13 @@ class Eagle3Drafter:
         Tree nodes attend to the committed tokens and to their own ancestors only (positions
         ``n_committed + depth``), in a temporary cache dropped when the generator ends.
 
+        Each level after the first is launched before the level above it is yielded (its expansion
+        reads the head's own path probabilities, nothing the caller computes), and the yielded level
+        carries host copies of its parents, tokens and path probabilities made before that launch
+        (:meth:`DraftLevel.host_arrays`): on a GPU the next head forward runs while the caller works
+        on this level on the host. A caller that stops before ``max_depth`` leaves one level computed
+        and unused (:attr:`launches_ahead`).
+
         Parameters
         ----------
         root_token : int
@@ -899,38 +949,48 @@ class Eagle3Drafter:
         probs = torch.ones(1, device=dev)
         ids = torch.zeros(1, dtype=torch.long, device=dev)
         visible = torch.zeros(1, 0, dtype=torch.bool, device=dev)  # (frontier, tree slots)
-        tree_k, tree_v = self.k[:, :0], self.v[:, :0]
-        next_id = 1
+        tree = (self.k[:, :0], self.v[:, :0], 1)  # the tree's keys, values and next node id
+        level, visible, tree = self._expand(1, tokens, hidden, probs, ids, visible, tree, past, top_k)
         for depth in range(1, max_depth + 1):
-            n, s = tokens.shape[0], tree_k.shape[1]
-            mask = torch.cat(
-                [torch.ones(n, past, dtype=torch.bool, device=dev), visible, torch.eye(n, dtype=torch.bool, device=dev)], dim=1
-            )
-            pos = torch.full((n,), self.n_committed + depth - 1, device=dev)
-            h, logits, k, v = head.step(tokens[None], hidden[None], pos, torch.cat([self.k, tree_k], 1),
-                                        torch.cat([self.v, tree_v], 1), mask)
-            h, logits = h[0], logits[0]
-            tree_k, tree_v = torch.cat([tree_k, k], 1), torch.cat([tree_v, v], 1)
-            visible = torch.cat([visible, torch.zeros(n, n, dtype=torch.bool, device=dev)], 1)
-            visible[:, s:] = torch.eye(n, dtype=torch.bool, device=dev)
-            q, draft_ids = torch.softmax(logits.float(), dim=-1).topk(top_k, dim=-1)  # (n, top_k)
-            m = n * top_k
-            level = DraftLevel(
-                depth=depth,
-                node_ids=torch.arange(next_id, next_id + m, device=dev),
-                parents=ids.repeat_interleave(top_k),
-                tokens=head.draft_to_target(draft_ids).reshape(-1),
-                q=q.reshape(-1),
-                path_prob=(probs[:, None] * q).reshape(-1),
-                hidden=h.repeat_interleave(top_k, dim=0),
-            )
-            next_id += m
-            yield level
-            if depth == max_depth:
-                return
-            keep = level.path_prob.topk(min(top_k, m)).indices.sort().values
-            tokens, hidden, probs, ids = level.tokens[keep], level.hidden[keep], level.path_prob[keep], level.node_ids[keep]
-            visible = visible.repeat_interleave(top_k, dim=0)[keep]
+            ready = _with_host_copies(level)
+            if depth < max_depth:
+                # the next level is launched before this one is read: on a GPU its forward runs while the
+                # caller works on this level's host copies (its expansion reads the head's P only)
+                keep = level.path_prob.topk(min(top_k, level.path_prob.numel())).indices.sort().values
+                visible = visible.repeat_interleave(top_k, dim=0)[keep]
+                level, visible, tree = self._expand(depth + 1, level.tokens[keep], level.hidden[keep],
+                                                    level.path_prob[keep], level.node_ids[keep], visible, tree, past,
+                                                    top_k)
+            yield ready
+
+    def _expand(self, depth, tokens, hidden, probs, ids, visible, tree, past, top_k):
+        """One head forward over the frontier (``tokens``, ``hidden``, path ``probs``, node ``ids``
+        (n,), ``visible`` (n, tree slots)): the level at ``depth``, the new nodes' visibility and the
+        grown ``tree`` ``(keys, values, next id)``."""
+        head, (tree_k, tree_v, next_id) = self.head, tree
+        dev = tokens.device
+        n, s = tokens.shape[0], tree_k.shape[1]
+        mask = torch.cat(
+            [torch.ones(n, past, dtype=torch.bool, device=dev), visible, torch.eye(n, dtype=torch.bool, device=dev)], dim=1
+        )
+        pos = torch.full((n,), self.n_committed + depth - 1, device=dev)
+        h, logits, k, v = head.step(tokens[None], hidden[None], pos, torch.cat([self.k, tree_k], 1),
+                                    torch.cat([self.v, tree_v], 1), mask)
+        h, logits = h[0], logits[0]
+        visible = torch.cat([visible, torch.zeros(n, n, dtype=torch.bool, device=dev)], 1)
+        visible[:, s:] = torch.eye(n, dtype=torch.bool, device=dev)
+        q, draft_ids = torch.softmax(logits.float(), dim=-1).topk(top_k, dim=-1)  # (n, top_k)
+        m = n * top_k
+        level = DraftLevel(
+            depth=depth,
+            node_ids=torch.arange(next_id, next_id + m, device=dev),
+            parents=ids.repeat_interleave(top_k),
+            tokens=head.draft_to_target(draft_ids).reshape(-1),
+            q=q.reshape(-1),
+            path_prob=(probs[:, None] * q).reshape(-1),
+            hidden=h.repeat_interleave(top_k, dim=0),
+        )
+        return level, visible, (torch.cat([tree_k, k], 1), torch.cat([tree_v, v], 1), next_id + m)
 
     def state(self) -> dict[str, torch.Tensor | int | None]:
         """The committed state (keys, values, pending feature, committed count), for checks."""

@@ -152,7 +152,9 @@ class TreeSettings:
 class CycleRecord:
     """What one cycle did and cost.
 
-    Counts: ``levels`` drafted, ``nodes_drafted`` by the head (root excluded), ``nodes_pruned`` of
+    Counts: ``levels`` drafted, ``levels_ahead`` launched and not used (1 when a drafter that launches
+    each level ahead, ``launches_ahead``, was stopped before the cycle's depth: that head forward is
+    paid), ``nodes_drafted`` by the head (root excluded), ``nodes_pruned`` of
     them in no optimal selection (:func:`specfit.solvers.stop.selectable`; never predicted nor
     priced), ``nodes_verified`` (root included), ``accepted`` draft tokens, ``committed`` tokens
     (accepted + bonus; τ of this cycle).
@@ -179,7 +181,9 @@ class CycleRecord:
     ``time.thread_time``: unlike wall-clock ms it does not grow with other processes' load.
     ``hidden_host_ms``: host CPU ms of earlier cycles' learning that the device hides: the earlier
     drafted cycles' acceptance learning while it computes this cycle's first draft level
-    (:meth:`OnlineModel.defer`, at most the profile's ``draft_level_ms``) and the last cycle's online
+    (:meth:`OnlineModel.defer`, at most the profile's ``draft_level_ms``), each level's host work while
+    it computes the next level (with a drafter that launches ahead, up to ``draft_level_ms`` per level:
+    :meth:`SpecDecoder._hide_behind_levels`) and the last cycle's online
     learning while it verifies this cycle (:meth:`SpecDecoder._learn_last_cycle`, at most the shortest
     verify); not in ``host_cpu_ms`` (what exceeds them is).
     ``host``: in the host and auto offload modes (``offload="host"``/``"auto"``), per MoE layer the
@@ -188,6 +192,7 @@ class CycleRecord:
     """
 
     levels: int = 0
+    levels_ahead: int = 0
     nodes_drafted: int = 0
     nodes_pruned: int = 0
     nodes_verified: int = 1
@@ -392,6 +397,20 @@ def tau(cycles: Sequence[CycleRecord]) -> float:
 
 #: Torch dtypes numpy takes as they are (bfloat16, for one, must be widened first).
 _NUMPY_FLOATS = (torch.float32, torch.float64)
+
+
+def _level_arrays(level) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A drafted level's parents and tokens (m,) int64 and the head's path probabilities (m,) float64 (a
+    float32 widens exactly), contiguous numpy arrays: from the level's host copies when it has them
+    (:meth:`specfit.models.eagle3.DraftLevel.host_arrays`, which waits for this level alone), else from its
+    tensors."""
+    if hasattr(level, "host_arrays"):
+        parents, tokens, pp = level.host_arrays()
+    else:
+        pp = level.path_prob if level.path_prob.dtype in _NUMPY_FLOATS else level.path_prob.double()
+        parents, tokens, pp = level.parents.cpu().numpy(), level.tokens.cpu().numpy(), pp.cpu().numpy()
+    return (np.ascontiguousarray(parents, dtype=np.int64), np.ascontiguousarray(tokens, dtype=np.int64),
+            np.ascontiguousarray(pp, dtype=np.float64))
 
 
 def _root_only(root: int, experts: np.ndarray | None, num_experts: int) -> DraftTree:
@@ -833,7 +852,8 @@ class SpecDecoder:
         alone made the gate chaotic at break-even (the same run drafted 49% to 77% of its cycles; see
         docs/SPECFIT.md §3)."""
         verify = self.cost.cycle_ms(rec.nodes_verified, *counts)
-        return verify + rec.levels * self._level_ms() + self.online.host_cycle_ms()
+        return (verify + rec.levels * self._level_ms() + rec.levels_ahead * (self.cost.draft_level_ms or 0.0)
+                + self.online.host_cycle_ms())
 
     @staticmethod
     def _uncached(rec: CycleRecord) -> tuple:
@@ -915,7 +935,13 @@ class SpecDecoder:
         pending, n_tree, pp_sum = [], tree.n, float(tree.path_prob.sum())
         levels = self.drafter.draft_levels(root, ts.top_k, depth)
         u_levels, untimed0 = time.thread_time(), self._untimed_s  # the levels' host work, for the online model
+        # a drafter that launches each level before the one above it is read (Eagle3Drafter.launches_ahead):
+        # each level's host work runs while the next level's forward is on the device (_hide_behind_levels)
+        level_host, body = [], None  # host CPU s of each level's work; (thread time, untimed s) at its start
         while True:
+            if body is not None:
+                level_host.append(time.thread_time() - body[0] - (self._untimed_s - body[1]))
+                body = None
             t0, u0 = time.perf_counter(), time.thread_time()
             level = next(levels, None)
             rec.draft_ms += (time.perf_counter() - t0) * 1e3
@@ -926,11 +952,9 @@ class SpecDecoder:
             if not rec.levels:  # the first level is on the device (a GPU computes it asynchronously)
                 self._flush_learning(rec)
             rec.levels += 1
+            body = (time.thread_time(), self._untimed_s)
             t0 = time.perf_counter()
-            parents = np.ascontiguousarray(level.parents.cpu().numpy(), dtype=np.int64)
-            tokens = np.ascontiguousarray(level.tokens.cpu().numpy(), dtype=np.int64)
-            head_pp = level.path_prob if level.path_prob.dtype in _NUMPY_FLOATS else level.path_prob.double()
-            head_pp = np.ascontiguousarray(head_pp.cpu().numpy(), dtype=np.float64)  # float32 widens exactly
+            parents, tokens, head_pp = _level_arrays(level)
             if prune:
                 if rate is not None:
                     rate_lo = rate
@@ -975,6 +999,9 @@ class SpecDecoder:
                                       / (selection.predicted_ms - sunk + max_sunk))
                     if p_f <= stop_ms * selection.throughput / 1000.0:  # rate mode broke out above
                         break
+        if body is not None:
+            level_host.append(time.thread_time() - body[0] - (self._untimed_s - body[1]))
+        u_end, untimed_end = time.thread_time(), self._untimed_s
         levels.close()
         self._grow(tree, pending, predicted, rec)
         self._level_host_ms = (time.thread_time() - u_levels - (self._untimed_s - untimed0)) * 1e3
@@ -982,7 +1009,32 @@ class SpecDecoder:
         rec.tree_ms = max(rec.tree_ms - (self._predict_s - predict_s0) * 1e3, 0.0)
         if selection is None:
             selection = self._select(tree, cache, rate, rec, cost, host_ms + rec.levels * level_ms)
-        return tree, selection, tree.items(cache)
+        items = tree.items(cache)
+        if getattr(self.drafter, "launches_ahead", False):
+            final_s = time.thread_time() - u_end - (self._untimed_s - untimed_end)
+            self._hide_behind_levels(rec, level_host, final_s, depth)
+        return tree, selection, items
+
+    def _hide_behind_levels(self, rec: CycleRecord, level_host: list, final_s: float, depth: int) -> None:
+        """Book the host work the draft levels' forwards hide, for a drafter that launches each level
+        before the one above it is read (``launches_ahead``): level j's host work (``level_host[j-1]``,
+        s) runs while level j+1's forward is on the device, so up to ``draft_level_ms`` of it is hidden;
+        a cycle that stopped before ``depth`` levels left one level launched and unused
+        (``rec.levels_ahead`` = 1, a draft level in the modeled cycle and in the gate's T_d), which hides
+        up to ``draft_level_ms`` of its last level's work and the cycle's final work (``final_s``: the
+        last prediction, the selection). The hidden ms move from ``rec.host_cpu_ms`` and the levels'
+        host ms (the online model's per-level cost, :meth:`_level_ms`) to ``rec.hidden_host_ms``
+        (SPECFIT.md §3, "Host work hidden by the device")."""
+        slot = (self.cost.draft_level_ms or 0.0) / 1e3
+        if not level_host or slot <= 0.0:
+            return
+        hidden = sum(min(h, slot) for h in level_host[:-1])
+        rec.levels_ahead = int(rec.levels < depth)
+        if rec.levels_ahead:
+            hidden += min(level_host[-1] + final_s, slot)
+        self._untimed_s += hidden  # out of host_cpu_ms (the cycle's thread time less its untimed parts)
+        rec.hidden_host_ms += hidden * 1e3
+        self._level_host_ms = max(self._level_host_ms - hidden * 1e3, 0.0)
 
     def _flush_learning(self, rec: CycleRecord) -> None:
         """Run the online model's deferred learning (:meth:`OnlineModel.flush`) after the cycle's first

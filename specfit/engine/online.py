@@ -55,7 +55,9 @@ Three things the cycle's objective needs and no datasheet gives (issue 9, SPECFI
   :meth:`OnlineModel.host_cycle_ms` is a cost every drafted cycle pays whatever it verifies (added to
   the selection's sunk ms, like the levels already drafted). A verify's acceptance learning is queued
   (:meth:`OnlineModel.defer`) and run while the device computes the next drafted cycle's first draft
-  level; the part of it that level hides is not host time on the critical path. The engine's learning
+  level; the part of it that level hides is not host time on the critical path, nor is the part of each
+  level's host work the next level's forward hides when the drafter launches levels ahead
+  (``SpecDecoder._hide_behind_levels``: the measured ms per level are what stays on the critical path). The engine's learning
   of a cycle's outcome (:meth:`OnlineModel.observe`, :meth:`OnlineModel.observe_host`) runs while the
   next cycle's verify is on the device, so the gate and the selection see it one cycle late; what the
   gate counts is recorded at once (:meth:`OnlineModel.observe_selection`).

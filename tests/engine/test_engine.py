@@ -473,6 +473,66 @@ def test_acceptance_learning_runs_while_the_first_draft_level_is_computed(ckpt, 
     assert dec.acceptance.path_accepted.sum() == sum(gen.cycles[i].accepted for i in drafted)
 
 
+def test_host_work_a_level_launched_ahead_hides():
+    """With a drafter that launches each level ahead, level j's host work is hidden up to draft_level_ms
+    behind level j+1's forward; a cycle stopped before its depth paid one level more (levels_ahead), which
+    hides its last level's and its final work up to draft_level_ms; the hidden ms leave host_cpu_ms (the
+    cycle's untimed part) and the levels' host ms for hidden_host_ms."""
+    def hide(level_host_ms, final_ms, levels, depth, slot_ms=0.25):
+        dec = SimpleNamespace(cost=CostModel(6.0, 0.1, 0.05, draft_level_ms=slot_ms), _untimed_s=0.0,
+                              _level_host_ms=sum(level_host_ms))
+        rec = decoder_module.CycleRecord(levels=levels, hidden_host_ms=0.1)
+        SpecDecoder._hide_behind_levels(dec, rec, [h / 1e3 for h in level_host_ms], final_ms / 1e3, depth)
+        assert dec._untimed_s * 1e3 == pytest.approx(rec.hidden_host_ms - 0.1)
+        assert dec._level_host_ms == pytest.approx(max(sum(level_host_ms) - (rec.hidden_host_ms - 0.1), 0.0))
+        return rec.hidden_host_ms - 0.1, rec.levels_ahead
+
+    # stopped at level 3 of 6: 0.1 + 0.25 (level 2's 0.4 capped) + (0.05 + 0.1 behind the unused 4th level)
+    assert hide([0.1, 0.4, 0.05], 0.1, 3, 6) == (pytest.approx(0.5), 1)
+    assert hide([0.1, 0.4, 0.05], 0.5, 3, 6) == (pytest.approx(0.6), 1)  # the unused level hides 0.25 at most
+    assert hide([0.1, 0.4, 0.05], 0.1, 3, 3) == (pytest.approx(0.35), 0)  # the depth reached: nothing unused
+    assert hide([0.3], 0.0, 1, 1) == (0.0, 0)  # one level, the last: no forward after it
+    assert hide([0.3], 0.0, 1, 6, slot_ms=0.0) == (0.0, 0)  # a profile without a draft-level time hides nothing
+
+
+def test_a_drafter_that_launches_ahead_has_each_level_hide_its_host_work(ckpt, ar_outputs, monkeypatch):
+    """Through the engine, with a drafter that declares launches_ahead: output equal to AR's; a cycle
+    counts a level launched ahead only when it stopped before its depth; each level's host work (made
+    at least 1 ms here) is hidden up to draft_level_ms behind the next level's forward, and the unused
+    level's too; a drafter that does not launch ahead hides none of it."""
+    import time as _time
+
+    class AheadDrafter(SelfDrafter):
+        launches_ahead = True
+
+    add_calibrated = _Drafted.add_calibrated
+
+    def slow_add_calibrated(*args):  # a level's host work: at least 1 ms of CPU
+        end = _time.thread_time() + 0.001
+        while _time.thread_time() < end:
+            pass
+        return add_calibrated(*args)
+
+    monkeypatch.setattr(_Drafted, "add_calibrated", slow_add_calibrated)
+    cost = CostModel(6.0, 0.1, 0.05, draft_level_ms=0.5)
+    hidden = {}
+    for drafter in (AheadDrafter, SelfDrafter):
+        dec = SpecDecoder(load(ckpt), drafter(ckpt), "specfit", tree=TreeSettings(8, 3, 3), cost=cost,
+                          predictor=FixedPredictor())
+        dec._shortest_verify_ms = lambda: 0.0  # no learning hidden behind a verify: only the levels' share
+        dec._flush_learning = lambda rec: dec.online.flush()  # nor behind the first level
+        gen = dec.generate(PROMPTS[0], 16)
+        assert gen.output_ids == ar_outputs[0]
+        drafted = [c for c in gen.cycles if c.levels]
+        assert drafted
+        for c in gen.cycles:
+            assert c.levels_ahead in (0, 1) and (not c.levels_ahead or 0 < c.levels < 3)
+        hidden[drafter] = [(c.hidden_host_ms, 0.5 * (c.levels - 1 + c.levels_ahead)) for c in drafted]
+    assert all(h == pytest.approx(want) for h, want in hidden[AheadDrafter])
+    assert any(want > 0 for _, want in hidden[AheadDrafter])
+    assert all(h == 0.0 for h, _ in hidden[SelfDrafter])
+
+
 @pytest.mark.parametrize("slots", [0, 4, "all"])
 def test_cache_mask_is_the_resident_experts(ckpt, slots):
     """The engine's cache mask (the all-resident shortcut included) marks exactly cached_experts."""

@@ -87,6 +87,8 @@ def test_modeled_cycle_ms_by_hand():
     assert got["transfer_ms"] == pytest.approx(3 * 4.8)
     assert got["draft_ms"] == pytest.approx(1.5) and got["host_ms"] == pytest.approx(0.5)
     assert got["total_ms"] == pytest.approx(6.5 + 14.4 + 1.5 + 0.5)
+    ahead = modeled_cycle_ms(CycleRecord(nodes_verified=5, transferred=[1, 0, 2, 0], levels=3, levels_ahead=1), cost)
+    assert ahead["draft_ms"] == pytest.approx(2.0)  # the level launched ahead and not used is a head forward paid
     with pytest.raises(SpecFitInputError, match="draft_level_ms"):
         modeled_cycle_ms(cycle, CostModel(6.0, 0.1, 0.4))
 

@@ -216,6 +216,29 @@ def test_levels_are_consistent(top_k, depth):
     assert max(level_of.values()) == depth
 
 
+@pytest.mark.parametrize("depth", [1, 2, 4])
+def test_each_level_is_launched_before_the_level_above_it_is_yielded(depth):
+    """The drafter runs one head forward ahead (Eagle3Drafter.launches_ahead): when level j is yielded,
+    level j+1's forward has run (none past max_depth), and the level's host copies (host_arrays) are its
+    parents, tokens and path probabilities."""
+    head = random_head(4)
+    tokens, aux = prompt()
+    d = Eagle3Drafter(head)
+    d.prefill(tokens, aux)
+    steps, step = [], head.step
+    head.step = lambda *a: steps.append(1) or step(*a)  # counts the head forwards
+    assert Eagle3Drafter.launches_ahead
+    for j, lv in enumerate(d.draft_levels(7, 3, depth), start=1):
+        assert len(steps) == min(j + 1, depth)
+        parents, toks, pp = lv.host_arrays()
+        assert parents.tolist() == lv.parents.tolist() and toks.tolist() == lv.tokens.tolist()
+        assert pp.tolist() == lv.path_prob.tolist()
+    gen = d.draft_levels(7, 3, depth)
+    next(gen)
+    gen.close()  # stopped after the first level: at most one forward more than it read
+    assert len(steps) == depth + min(2, depth)
+
+
 def test_tree_logits_equal_sequential_root_paths():
     """Every node's q equals the draft distribution of running its root path sequentially."""
     head = random_head(3)
