@@ -369,14 +369,14 @@ class FrequencyPredictor:
 
     def predict(self, tokens, draft_hidden=None) -> np.ndarray:
         """(m, L, k) int64, the top-k of :meth:`scores` per node and layer (:func:`top_k_ids`' order), in
-        one compiled call (:func:`specfit.core.kernels.frequency_top_k_kernel`) that computes the scores
-        operation for operation as :meth:`scores` does."""
+        one compiled call (:func:`specfit.core.kernels.frequency_top_k_kernel`) that computes the scores,
+        the recency blend included, operation for operation as :meth:`scores` does."""
         from specfit.core.kernels import frequency_top_k_kernel
 
         t = check_tokens(tokens)
-        blend, unseen = self._recency_terms()
-        return frequency_top_k_kernel()(self.table, self._row, self.n, self.a, self.k, self._pseudo,
-                                        unseen if blend is None else blend, blend is not None, self._tiebreak, unseen, t)
+        w = self.window
+        return frequency_top_k_kernel()(self.table, self._row, self.n, self.a, self.k, self._pseudo, self.g,
+                                        self._tiebreak, w.counts, w.size * w.k, self.beta, t)
 
 
 def build_frequency(trace: RoutingTrace, smoothing: float = 1.0, recency_weight: float = 0.5,

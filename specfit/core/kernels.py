@@ -254,16 +254,78 @@ def _learn_verify(trials, accepted, edges, k, max_depth, s, q, depth, ok, rank, 
     return n, a, alpha, beta, pred, acc, factor
 
 
+@numba.njit(cache=True)
+def _top_k_row(s, k, vals, ids):
+    """The k largest of the scores ``s`` (E,), 1 <= k <= E, best first with ties to the lower id, into
+    ``ids[:k]`` (``vals[:k]`` their scores): ``np.argsort(-s, kind="stable")[:k]`` for scores without NaN
+    (±inf allowed). The first k are insertion-sorted; a later score enters only if it beats the k-th
+    kept one (an equal score has a higher id and loses), which few of E = 128 do."""
+    E = s.shape[0]
+    for e in range(k):
+        v, j = s[e], e
+        while j > 0 and v > vals[j - 1]:  # an equal score stays after the lower id
+            vals[j], ids[j] = vals[j - 1], ids[j - 1]
+            j -= 1
+        vals[j], ids[j] = v, e
+    for e in range(k, E):
+        v = s[e]
+        if v > vals[k - 1]:
+            j = k - 1
+            while j > 0 and v > vals[j - 1]:
+                vals[j], ids[j] = vals[j - 1], ids[j - 1]
+                j -= 1
+            vals[j], ids[j] = v, e
+
+
+@numba.njit(cache=True)
+def _top_k_row_nan(s, k, vals, ids):
+    """:func:`_top_k_row` for scores that hold NaN, which rank after every number (as in the stable sort)."""
+    E = s.shape[0]
+    filled = 0  # ids[:filled] best first; a later id goes after every score it does not beat
+    for e in range(E):
+        v = s[e]
+        if filled == k and not (v == v and (vals[k - 1] != vals[k - 1] or v > vals[k - 1])):
+            continue  # beats no kept score: it does not beat the worst, so none better either
+        at = filled
+        for j in range(filled):
+            if v == v and (vals[j] != vals[j] or v > vals[j]):  # NaN after every number
+                at = j
+                break
+        if at >= k:
+            continue
+        for j in range(min(filled, k - 1), at, -1):
+            vals[j] = vals[j - 1]
+            ids[j] = ids[j - 1]
+        vals[at] = v
+        ids[at] = e
+        if filled < k:
+            filled += 1
+
+
 @numba.njit(cache=True, error_model="numpy")
-def _frequency_top_k(table, row_of, n, a, k, pseudo, blend, has_blend, tiebreak, unseen, tokens):
+def _frequency_top_k(table, row_of, n, a, k, pseudo, g, tiebreak, counts, slots, beta, tokens):
     """``FrequencyPredictor.predict``: for each token (m,) and layer, the k experts of the largest scores,
     best first, ties to the lower id (``np.argsort(-scores, kind="stable")[..., :k]``), from the scores
-    ``scores`` computes, operation for operation: ``(table[row] / k + pseudo) / (n[row] + a) + blend +
-    tiebreak`` (float32 division, then float64) for a token with a table row, ``unseen`` otherwise.
-    ``table`` (rows, L, E) float32, ``row_of`` (V,) int64 (-1: no row), ``n`` (rows,), ``pseudo``,
-    ``blend``, ``tiebreak``, ``unseen`` (L, E) float64 (``blend`` read only when ``has_blend``)."""
+    ``scores`` computes, operation for operation: the recency blend ``beta * (counts / slots)`` (0 when
+    ``slots`` is 0: an empty window), then ``(table[row] / k + pseudo) / (n[row] + a) + blend + tiebreak``
+    (float32 division, then float64) for a token with a table row and ``(g + blend) + tiebreak`` for one
+    without (the blend left out when ``beta`` is 0). ``table`` (rows, L, E) float32, ``row_of`` (V,) int64
+    (-1: no row), ``n`` (rows,), ``pseudo``, ``g``, ``tiebreak`` (L, E) float64, ``counts`` (L, E) int64
+    (the recency window's uses per expert), ``slots`` the window's token slots (tokens x k). A row of scores
+    without NaN is ranked by :func:`_top_k_row`, one with NaN by :func:`_top_k_row_nan`."""
     m = tokens.shape[0]
     L, E = pseudo.shape
+    has_blend = beta != 0.0
+    blend = np.zeros((L, E))
+    unseen = np.empty((L, E))
+    for l in range(L):
+        for e in range(E):
+            if has_blend:
+                blend[l, e] = beta * (counts[l, e] / slots if slots else 0.0)
+                unseen[l, e] = g[l, e] + blend[l, e]
+            else:
+                unseen[l, e] = g[l, e]
+            unseen[l, e] += tiebreak[l, e]
     out = np.empty((m, L, k), np.int64)
     s = np.empty(E)
     vals = np.empty(k)
@@ -285,25 +347,13 @@ def _frequency_top_k(table, row_of, n, a, k, pseudo, blend, has_blend, tiebreak,
             else:
                 for e in range(E):
                     s[e] = unseen[l, e]
-            filled = 0  # ids[:filled] best first; a later id goes after every score it does not beat
+            nan = False
             for e in range(E):
-                v = s[e]
-                if filled == k and not (v == v and (vals[k - 1] != vals[k - 1] or v > vals[k - 1])):
-                    continue  # beats no kept score: it does not beat the worst, so none better either
-                at = filled
-                for j in range(filled):
-                    if v == v and (vals[j] != vals[j] or v > vals[j]):  # NaN after every number
-                        at = j
-                        break
-                if at >= k:
-                    continue
-                for j in range(min(filled, k - 1), at, -1):
-                    vals[j] = vals[j - 1]
-                    ids[j] = ids[j - 1]
-                vals[at] = v
-                ids[at] = e
-                if filled < k:
-                    filled += 1
+                nan |= s[e] != s[e]
+            if nan:
+                _top_k_row_nan(s, k, vals, ids)
+            else:
+                _top_k_row(s, k, vals, ids)
             for j in range(k):
                 out[i, l, j] = ids[j]
     return out
@@ -404,7 +454,8 @@ def frequency_top_k_kernel():
     there), compiled or loaded from numba's cache for the predictor's argument types on the first call in
     a process."""
     table, le = np.zeros((1, 1, 2), np.float32), np.zeros((1, 2))
-    _frequency_top_k(table, np.zeros(1, np.int64), np.ones(1), 1.0, 1, le, le, False, le, le, np.zeros(1, np.int64))
+    _frequency_top_k(table, np.zeros(1, np.int64), np.ones(1), 1.0, 1, le, le, le, np.zeros((1, 2), np.int64), 0, 0.5,
+                     np.zeros(1, np.int64))
     return _frequency_top_k
 
 

@@ -456,3 +456,26 @@ def test_frequency_predict_with_zero_counts_and_no_smoothing_ranks_as_the_scores
     with np.errstate(divide="ignore", invalid="ignore"):
         want = np.argsort(-p.scores([0, 1, 7]), axis=-1, kind="stable")[..., :K]
     np.testing.assert_array_equal(p.predict([0, 1, 7]), want)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_compiled_frequency_top_k_ranks_any_scores_as_the_stable_sort(data):
+    """The compiled predict's top-k on arbitrary score rows (fed as an unseen token's scores, g): ties,
+    ±inf and NaN (ranked last) give exactly ``np.argsort(-s, kind="stable")[:k]``, k from 1 to E."""
+    from specfit.core.kernels import frequency_top_k_kernel
+
+    L, E = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 40))
+    k = data.draw(st.integers(1, E))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    kind = data.draw(st.sampled_from(["ties", "distinct", "inf", "nan"]))
+    s = rng.integers(0, 4, (L, E)).astype(np.float64) if kind in ("ties", "nan") else rng.random((L, E))
+    if kind == "inf":
+        s[:, ::3], s[:, 1::5] = np.inf, -np.inf
+    if kind == "nan":
+        s[rng.random((L, E)) < 0.3] = np.nan
+    z = np.zeros((L, E))  # no table rows, no blend, no tie-break: every token's scores are g = s
+    got = frequency_top_k_kernel()(np.zeros((0, L, E), np.float32), np.zeros(0, np.int64), np.zeros(0), 1.0, k,
+                                   z, s, z, np.zeros((L, E), np.int64), 0, 0.0, np.array([0, 5], np.int64))
+    want = np.argsort(-s, axis=-1, kind="stable")[..., :k]
+    np.testing.assert_array_equal(got, np.stack([want, want]))
