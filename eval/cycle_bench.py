@@ -11,6 +11,11 @@ Usage (medians over instances, per tree size; JSON on stdout)::
 
     python -m specfit.eval.cycle_bench --sizes 32,64,128 --count 100 --method specfit
 
+``--evict-mb M`` reads an M MiB buffer before each level (as the head forward between two levels does
+on a CPU, or a CPU forward of the target between two cycles) and before each timed call, and reports
+the host ms without those reads (the cycle's wall time less its ``draft_ms``): the host work as it runs
+in a decoding loop, on caches another job has just filled, rather than warm from the previous call.
+
 The script only uses names that exist since commit 8ecf879, so the same file can time an older
 checkout: ``PYTHONPATH=<a tree laid out as the installed package> python eval/cycle_bench.py``.
 """
@@ -34,9 +39,11 @@ from specfit.eval.instances import generate_instances, get_preset
 
 
 class _ReplayDrafter:
-    """Yields the levels of a fixed tree (nodes numbered level by level); tokens are node ids."""
+    """Yields the levels of a fixed tree (nodes numbered level by level); tokens are node ids. With an
+    ``evict`` buffer it reads the whole buffer before yielding each level."""
 
-    def __init__(self, parents: np.ndarray, path_prob: np.ndarray, depth: np.ndarray):
+    def __init__(self, parents: np.ndarray, path_prob: np.ndarray, depth: np.ndarray, evict=None):
+        self.evict = evict
         self.levels = []
         for d in range(1, int(depth.max()) + 1):
             ids = np.flatnonzero(depth == d)
@@ -44,7 +51,10 @@ class _ReplayDrafter:
                                                path_prob=torch.from_numpy(path_prob[ids]), hidden=None))
 
     def draft_levels(self, root, top_k, max_depth):
-        yield from self.levels[:max_depth]
+        for level in self.levels[:max_depth]:
+            if self.evict is not None:
+                self.evict.sum()
+            yield level
 
 
 class _ReplayPredictor:
@@ -78,9 +88,12 @@ def _machine() -> dict:
     return machine()
 
 
-def bench(sizes, count: int, method: str, repeat: int, seed: int = 0) -> dict:
+def bench(sizes, count: int, method: str, repeat: int, seed: int = 0, evict_mb: float = 0.0) -> dict:
     """Median wall-clock ms of ``_draft_and_select`` per cycle, per tree size (see the module docstring),
-    and a digest of the selected node sets (equal digests: the same selections)."""
+    and a digest of the selected node sets (equal digests: the same selections). With ``evict_mb`` > 0,
+    an ``evict_mb`` MiB buffer is read before each timed call and each level, and the ms exclude the
+    levels' reads (the record's ``draft_ms``)."""
+    evict = np.ones(int(evict_mb * 2**20) // 8) if evict_mb > 0 else None
     spec = get_preset("qwen3-30b-a3b")
     from specfit.core.cost import get_profile
 
@@ -91,16 +104,19 @@ def bench(sizes, count: int, method: str, repeat: int, seed: int = 0) -> dict:
         times, digest = [], hashlib.sha256()
         for _, _, inst in generate_instances(spec, [n], count, seed):
             parents, pp, depth, experts = _level_order(inst)
-            drafter = _ReplayDrafter(parents, pp, depth)
+            drafter = _ReplayDrafter(parents, pp, depth, evict)
             dec = SpecDecoder(target, drafter, method, tree=TreeSettings(32, int(depth.max()), 4), cost=cost,
                               predictor=_ReplayPredictor(experts))
             _, selection, _ = dec._draft_and_select(0, inst.cache, CycleRecord())  # warm
             digest.update(repr(list(selection.nodes)).encode())
             best = []
             for _ in range(repeat):
+                if evict is not None:
+                    evict.sum()
+                rec = CycleRecord()
                 t0 = time.perf_counter()
-                dec._draft_and_select(0, inst.cache, CycleRecord())
-                best.append((time.perf_counter() - t0) * 1e3)
+                dec._draft_and_select(0, inst.cache, rec)
+                best.append((time.perf_counter() - t0) * 1e3 - (rec.draft_ms if evict is not None else 0.0))
             times.append(min(best))
         out[n] = {"median_ms": statistics.median(times), "p90_ms": float(np.percentile(times, 90)),
                   "instances": len(times), "selections_sha256": digest.hexdigest()[:16]}
@@ -114,11 +130,14 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=3, help="timed calls per instance (the fastest is kept)")
     ap.add_argument("--method", default="specfit")
     ap.add_argument("--label", default="")
+    ap.add_argument("--evict-mb", type=float, default=0.0,
+                    help="MiB read before each level and each timed call (0: none; caches stay warm)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     sizes = [int(s) for s in args.sizes.split(",")]
     result = {"label": args.label, "method": args.method, "count": args.count, "repeat": args.repeat,
-              "sizes": bench(sizes, args.count, args.method, args.repeat), "machine": _machine()}
+              "evict_mb": args.evict_mb, "sizes": bench(sizes, args.count, args.method, args.repeat,
+                                                        evict_mb=args.evict_mb), "machine": _machine()}
     json.dump(result, sys.stdout)
     print()
     return 0
