@@ -781,11 +781,10 @@ class DraftLevel:
         """``(parents, tokens, path_prob)`` as numpy arrays, (m,) int64, int64 and the head's float dtype.
 
         Waits only for this level's host copies, not for the next level's forward the drafter launched
-        after them (reading the device tensors would wait for it: one CUDA stream). Without host copies
-        (a level built by hand) the device tensors are read."""
+        after them (reading the device tensors would wait for it: one CUDA stream). A level built by hand,
+        without host copies, gets them now (:func:`_with_host_copies`)."""
         if self.host is None:
-            pp = self.path_prob if self.path_prob.dtype in (torch.float32, torch.float64) else self.path_prob.double()
-            return self.parents.cpu().numpy(), self.tokens.cpu().numpy(), pp.cpu().numpy()
+            _with_host_copies(self)
         if self.ready is not None:
             self.ready.synchronize()
         return tuple(t.numpy() for t in self.host)

@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -323,3 +324,15 @@ def test_training_time_test_matches_drafting():
             # committed tokens 0..s, root = token s+1, chain of teacher-forced tokens s+2..s+1+j
             ref = chain_step_logits(head, tokens[: s + 1], aux[: s + 1], tokens[s + 1: s + 2 + j].tolist())
             torch.testing.assert_close(logits[0, s], ref, rtol=1e-4, atol=1e-5)
+
+
+def test_host_arrays_of_a_level_built_by_hand():
+    """A DraftLevel without host copies gets them when read; a bfloat16 P is widened (numpy has none)."""
+    from specfit.models.eagle3 import DraftLevel
+
+    pp = torch.tensor([0.5, 0.25], dtype=torch.bfloat16)
+    lv = DraftLevel(depth=1, node_ids=torch.tensor([1, 2]), parents=torch.tensor([0, 0]), tokens=torch.tensor([5, 9]),
+                    q=pp, path_prob=pp, hidden=torch.zeros(2, 4))
+    parents, toks, p = lv.host_arrays()
+    assert parents.tolist() == [0, 0] and toks.tolist() == [5, 9]
+    assert p.dtype == np.float64 and p.tolist() == [0.5, 0.25]
