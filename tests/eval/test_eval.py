@@ -198,3 +198,28 @@ def test_cli_defaults_match_the_library_defaults():
     for name in ("limit", "max_new_tokens", "cache_slots", "eviction", "admission", "profile", "temperature", "top_p", "seed", "total_tokens",
                  "depth", "top_k", "device", "threads", "out"):
         assert getattr(args, name) == getattr(cfg, name), name
+
+
+def test_each_dataset_learns_afresh(tiny, tmp_path, monkeypatch):
+    """specfit's online model (acceptance, corrections, the AR gate's Ŝ) carries from one prompt to the
+    next of a dataset, but each dataset, and its first prompt after the untimed warm-up, starts with
+    nothing learned: a dataset's rows do not depend on the dataset run before it."""
+    from specfit.pipeline import SpecFit
+
+    seen = []  # (method, drafted cycles the decoder's online model already learned from)
+    decoder = SpecFit.decoder
+
+    def spy(self, method="specfit", **kw):
+        dec = decoder(self, method, **kw)
+        seen.append((dec.method.name, dec.online.drafted if dec.online is not None else None))
+        return dec
+
+    monkeypatch.setattr(SpecFit, "decoder", spy)
+    args = eval_args(tiny, tmp_path / "out")
+    args[args.index("--methods") + 1] = "ar,specfit"
+    args[args.index("--limit") + 1] = "2"
+    assert main(args) == 0
+    drafted = [d for m, d in seen if m == "specfit"]
+    assert len(drafted) == 5  # the warm-up, then gsm8k's two prompts and cnndm's two
+    assert drafted[0] == 0 and drafted[1] == 0 and drafted[3] == 0  # warm-up's learning and gsm8k's are gone
+    assert drafted[2] > 0 and drafted[4] > 0  # the second prompt of a dataset starts from the first's
