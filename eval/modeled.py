@@ -24,13 +24,13 @@ deployment a hardware profile describes (Qwen3-30B-A3B on one GPU, experts behin
   of the engine's thread (``CycleRecord.host_cpu_ms``, ``time.thread_time``), not wall-clock time,
   which on a shared machine swings by 10× with other processes' load (BENCHMARKS.md, issue 9).
   On the proxy they see L-layer instances (48 in deployment), which understates them; their share
-  is reported separately (``host_share``). Two parts are left out, as a GPU hides them: a verify's
-  acceptance learning runs after the next drafted cycle's first draft level is launched and before
-  its outputs are read, so up to ``draft_level_ms`` of it overlaps the head forward; with a drafter that
+  is reported separately (``host_share``). Parts are left out, as a GPU hides them: a drafted cycle's
+  host work before its first draft level is read (the root's prediction and cost, the AR gate's sound
+  bound) runs after that level is launched, so up to ``draft_level_ms`` of it overlaps the head forward; with a drafter that
   launches each level before the level above it is read (``Eagle3Drafter.launches_ahead``), each level's
   host work overlaps the next level's forward, up to ``draft_level_ms`` (the last level's and the
-  selection's, the forward of a level launched and not used); a cycle's online
-  learning runs while the next cycle's verify is on the device, up to the shortest verify (``fixed_ms +
+  selection's, the forward of a level launched and not used); a cycle's online learning and a
+  verify's acceptance learning run while the next cycle's verify is on the device, up to the shortest verify (``fixed_ms +
   per_node_ms``) hidden (``CycleRecord.hidden_host_ms``, ``measured_ms["hidden_host"]`` of a result
   record: both; what exceeds them is in ``host_cpu_ms``; docs/SPECFIT.md §3).
 

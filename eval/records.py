@@ -93,7 +93,7 @@ class ResultRecord(_JsonRecord):
     measured_ms : dict
         Measured totals in ms: ``draft``, ``predict`` (the expert predictor's calls), ``tree`` (tree
         building, calibration and pruning per level; absent in old files), ``solve``, ``verify``,
-        ``transfer``, ``accept``, ``hidden_host`` (host CPU ms overlapped with the first draft level
+        ``transfer``, ``accept``, ``hidden_host`` (host CPU ms overlapped with a draft level
         or the verify and left out of the modeled time, :mod:`specfit.eval.modeled`; absent in old files).
     score : dict
         Task metric of ``text`` (accuracy or ROUGE F1), ``{}`` without a reference.

@@ -154,7 +154,8 @@ class CycleRecord:
 
     Counts: ``levels`` drafted, ``levels_ahead`` launched and not used (1 when a drafter that launches
     each level ahead, ``launches_ahead``, was stopped before the cycle's depth: that head forward is
-    paid), ``nodes_drafted`` by the head (root excluded), ``nodes_pruned`` of
+    paid; 1, or 2 with ``launches_ahead``, when the AR gate's sound bound, asked behind the first level,
+    took the AR step: ``levels`` is then 0), ``nodes_drafted`` by the head (root excluded), ``nodes_pruned`` of
     them in no optimal selection (:func:`specfit.solvers.stop.selectable`; never predicted nor
     priced), ``nodes_verified`` (root included), ``accepted`` draft tokens, ``committed`` tokens
     (accepted + bonus; τ of this cycle).
@@ -179,13 +180,14 @@ class CycleRecord:
     (``verify_ms - transfer_ms``), ``accept_ms``. ``host_cpu_ms``: CPU ms of the engine's thread spent on the host side of the cycle (expert
     predictor, tree building, calibration, gate, solver; the head and target forwards excluded), by
     ``time.thread_time``: unlike wall-clock ms it does not grow with other processes' load.
-    ``hidden_host_ms``: host CPU ms of earlier cycles' learning that the device hides: the earlier
-    drafted cycles' acceptance learning while it computes this cycle's first draft level
-    (:meth:`OnlineModel.defer`, at most the profile's ``draft_level_ms``), each level's host work while
+    ``hidden_host_ms``: host CPU ms that the device hides: this cycle's host work before its first draft
+    level is read (the root's prediction and cost, the AR gate's sound bound) while it computes that level
+    (:meth:`SpecDecoder._hide_behind_first_level`, at most the profile's ``draft_level_ms``), each level's host work while
     it computes the next level (with a drafter that launches ahead, up to ``draft_level_ms`` per level:
     :meth:`SpecDecoder._hide_behind_levels`) and the last cycle's online
-    learning while it verifies this cycle (:meth:`SpecDecoder._learn_last_cycle`, at most the shortest
-    verify); not in ``host_cpu_ms`` (what exceeds them is).
+    learning and the earlier drafted cycles' acceptance learning (:meth:`OnlineModel.defer`) while it
+    verifies this cycle (:meth:`SpecDecoder._learn_last_cycle`, at most the shortest verify); not in
+    ``host_cpu_ms`` (what exceeds them is).
     ``host``: in the host and auto offload modes (``offload="host"``/``"auto"``), per MoE layer the
     experts computed on the host (``"computed"``) and their (token, expert) rows (``"rows"``); empty
     in the transfer mode (in the auto mode ``transferred`` counts the experts it chose to copy).
@@ -667,6 +669,10 @@ class SpecDecoder:
             rec.expected_tokens_raw = 1.0 + float(raw.sum())
             rec.predicted_new = items.new_per_layer(keep).tolist()
         learn_s = self._learn_last_cycle()  # while the device verifies (on a GPU the verify is launched first)
+        if self.online is not None and self.online.deferred:  # in the same slot: earlier verifies' acceptance
+            c0 = time.thread_time()
+            self.online.flush()
+            learn_s += time.thread_time() - c0
         if self.online is not None and selection is not None and tree.n > 1:  # in the same slot: the next gate's
             c0 = time.thread_time()  # inputs, from the tree and the cache its accounting used
             self._prepare_gate(tree, items.cache)
@@ -697,7 +703,7 @@ class SpecDecoder:
             # in the whole drafted tree's ids (pruned nodes too: they were drafted, only not priced)
             full = drafted.full_ids[np.asarray(keep)]
             self._selected_depth = int(drafted.depth[full].max())
-            # learned while the device computes the next drafted cycle's first level (OnlineModel.defer)
+            # learned while the device computes the next cycle's verify (OnlineModel.defer)
             self.online.defer(self._learn_acceptance, drafted, full, acc, sub_parents)
             rec.host_cpu_ms += (time.thread_time() - c0) * 1e3
         if self.reference is not None:
@@ -886,12 +892,34 @@ class SpecDecoder:
         :class:`~specfit.solvers.Selection` and the tree's coverage accounting against ``cache``;
         ``(None, None, None)`` when the AR gate skipped drafting.
         """
-        m, ts = self.method, self.tree
+        m, ts, online = self.method, self.tree, self.online
         self._root = None  # built at most once in this call (_root_tree)
-        if self.online is not None:  # the AR gate, on measured utility first: an AR step needs nothing else
-            rec.speedup_estimate = self.online.speedup
-            rec.decision = self.online.decide(lambda: self._sound_gate(root, self._cache_now(cache)))
+        depth = online.draft_depth(ts.depth) if online is not None else ts.depth  # warm-up cap
+        # The first level is launched before the cycle's host work (the root's prediction, its cost, the
+        # AR gate's sound bound), which then runs while the device computes it (_hide_behind_first_level).
+        # The gate decides first where it may take the AR step: on measured utility alone (cheap, no root
+        # needed), or where the sound bound last said no draft can beat the AR step.
+        speculate = (online is not None and online.ahead is None and online._asks_sound_bound()
+                     and online.sound_said_draft)
+        if online is not None and not speculate:
+            rec.speedup_estimate = online.speedup
+            rec.decision = online.decide(lambda: self._sound_gate(root, self._cache_now(cache)))
             if rec.decision == "ar":
+                return None, None, None
+        t0, u0 = time.perf_counter(), time.thread_time()
+        levels = self.drafter.draft_levels(root, ts.top_k, depth)
+        first = next(levels, None)  # launched: on a GPU its head forward (and the one after it) runs now
+        rec.draft_ms += (time.perf_counter() - t0) * 1e3
+        behind = time.thread_time()  # the host work behind the first level starts here
+        self._untimed_s += behind - u0  # the head forward: device work, in draft_ms
+        behind = (behind, self._untimed_s)
+        if speculate:  # the gate, its sound bound likely to draft: the root is predicted behind the level
+            rec.speedup_estimate = online.speedup
+            rec.decision = online.decide(lambda: self._sound_gate(root, self._cache_now(cache)))
+            if rec.decision == "ar":  # the levels launched are paid, unused
+                self._hide_behind_first_level(rec, behind)
+                levels.close()
+                rec.levels_ahead = min(depth, 2) if getattr(self.drafter, "launches_ahead", False) else 1
                 return None, None, None
         cache = self._cache_now(cache)
         rate = None
@@ -927,13 +955,12 @@ class SpecDecoder:
         # against R_lo <= R*: the root alone with every level paid, or a selection found so far. The oracle's
         # T(root alone) is known once the reference has routed the first level.
         prune = m.level_by_level and self.solver.exact
-        depth = self.online.draft_depth(ts.depth) if self.online is not None else ts.depth  # warm-up cap
         max_sunk, rate_lo, root_known = host_ms + depth * level_ms, 0.0, not (m.oracle and experts_known)
         selection = None
         # kept levels wait in `pending` until a selection needs their experts: one predictor call per solve,
         # not per level (the stop rule and the pruning read only P and the cost)
         pending, n_tree, pp_sum = [], tree.n, float(tree.path_prob.sum())
-        levels = self.drafter.draft_levels(root, ts.top_k, depth)
+        self._hide_behind_first_level(rec, behind)
         u_levels, untimed0 = time.thread_time(), self._untimed_s  # the levels' host work, for the online model
         # a drafter that launches each level before the one above it is read (Eagle3Drafter.launches_ahead):
         # each level's host work runs while the next level's forward is on the device (_hide_behind_levels)
@@ -942,15 +969,16 @@ class SpecDecoder:
             if body is not None:
                 level_host.append(time.thread_time() - body[0] - (self._untimed_s - body[1]))
                 body = None
-            t0, u0 = time.perf_counter(), time.thread_time()
-            level = next(levels, None)
-            rec.draft_ms += (time.perf_counter() - t0) * 1e3
-            self._untimed_s += time.thread_time() - u0  # the head forward: device work, in draft_ms
+            if rec.levels:
+                t0, u0 = time.perf_counter(), time.thread_time()
+                level = next(levels, None)
+                rec.draft_ms += (time.perf_counter() - t0) * 1e3
+                self._untimed_s += time.thread_time() - u0  # the head forward: device work, in draft_ms
+            else:
+                level = first
             if level is None:  # the levels ended: a selection of this level's tree and sunk ms, if any, stands
                 break
             selection = None  # a new level was paid: an earlier selection's sunk ms is stale
-            if not rec.levels:  # the first level is on the device (a GPU computes it asynchronously)
-                self._flush_learning(rec)
             rec.levels += 1
             body = (time.thread_time(), self._untimed_s)
             t0 = time.perf_counter()
@@ -1036,20 +1064,18 @@ class SpecDecoder:
         rec.hidden_host_ms += hidden * 1e3
         self._level_host_ms = max(self._level_host_ms - hidden * 1e3, 0.0)
 
-    def _flush_learning(self, rec: CycleRecord) -> None:
-        """Run the online model's deferred learning (:meth:`OnlineModel.flush`) after the cycle's first
-        draft level was launched and before its outputs are read (on a GPU the head forward runs
-        meanwhile). Its host CPU time, up to the profile's ``draft_level_ms``, is ``rec.hidden_host_ms``,
-        off the critical path; the rest is host time of the cycle outside its levels (``host_cpu_ms``)."""
-        if self.online is None or not self.online.deferred:
-            return
-        u0 = time.thread_time()
-        self.online.flush()
-        spent = time.thread_time() - u0
+    def _hide_behind_first_level(self, rec: CycleRecord, start: tuple) -> None:
+        """Book the host work done after the cycle's first draft level was launched and before its
+        outputs are read (the root's prediction and cost model, the AR gate's sound bound, the stop
+        rule's constants; on a GPU the head forward runs meanwhile): its CPU time since ``start``
+        (``(thread time, untimed s)`` at the launch), up to the profile's ``draft_level_ms``, is
+        ``rec.hidden_host_ms``, off the critical path; the rest is host time of the cycle outside its
+        levels (``host_cpu_ms``; SPECFIT.md §3, "Host work hidden by the device")."""
+        spent = time.thread_time() - start[0] - (self._untimed_s - start[1])
         hidden = min(spent, (self.cost.draft_level_ms or 0.0) / 1e3)
         self._untimed_s += spent  # out of the levels' host time (a cost per cycle, not per level) ...
         rec.host_cpu_ms += (spent - hidden) * 1e3  # ... what the head forward did not hide is the cycle's
-        rec.hidden_host_ms = hidden * 1e3
+        rec.hidden_host_ms += hidden * 1e3
 
     def _grow(self, tree: DraftTree, pending: list, predicted: bool, rec: CycleRecord) -> None:
         """Append the ``pending`` levels (each ``(parents, path_prob, tokens, hidden)``, parents as ids of

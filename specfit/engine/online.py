@@ -54,8 +54,10 @@ Three things the cycle's objective needs and no datasheet gives (issue 9, SPECFI
   prior from benchmarks) in the level cost of the selection, the stop rule and the gate, and
   :meth:`OnlineModel.host_cycle_ms` is a cost every drafted cycle pays whatever it verifies (added to
   the selection's sunk ms, like the levels already drafted). A verify's acceptance learning is queued
-  (:meth:`OnlineModel.defer`) and run while the device computes the next drafted cycle's first draft
-  level; the part of it that level hides is not host time on the critical path, nor is the part of each
+  (:meth:`OnlineModel.defer`) and run while the device computes the next cycle's verify; the part of it
+  the verify hides is not host time on the critical path, nor is the part of a drafted cycle's own host
+  work its first draft level's forward hides (the root's prediction and cost,
+  ``SpecDecoder._hide_behind_first_level``), nor the part of each
   level's host work the next level's forward hides when the drafter launches levels ahead
   (``SpecDecoder._hide_behind_levels``: the measured ms per level are what stays on the critical path). The engine's learning
   of a cycle's outcome (:meth:`OnlineModel.observe`, :meth:`OnlineModel.observe_host`) runs while the
@@ -136,21 +138,22 @@ class OnlineModel:
         self.selected_depth = None  # the deepest node the last drafted cycle's selection verified (root 0)
         self.burst_left = 0  # exploring cycles left in the current burst
         self.ahead: str | None = None  # the next cycle's decision, made ahead (:meth:`decide_ahead`)
+        #: The sound bound's last answer in :meth:`decide` (True before any): while it is True the engine
+        #: launches a cycle's first draft level before asking it (SPECFIT.md §3).
+        self.sound_said_draft = True
         self.min_expert_ms: deque = deque(maxlen=self.GATE_WINDOW)
         self.host_ms = [0.0, 0.0, 0.0, 0.0]  # decayed sums: level host ms, levels, rest-of-cycle host ms, cycles
-        #: Learning deferred to the next drafted cycle's first draft level (:meth:`defer`), oldest first.
+        #: Learning deferred to the next cycle's verify (:meth:`defer`), oldest first.
         self.deferred: list = []
 
     def defer(self, learn: Callable, *args) -> None:
         """Queue ``learn(*args)`` (a verify's acceptance learning) until :meth:`flush`.
 
-        A drafted cycle first needs calibrated acceptance when its first draft level comes back from
-        the device, so the engine runs the queue while the device computes that level
-        (``SpecDecoder._flush_learning``) and at the end of a generation: on a GPU the learning is
-        then off the critical path, up to the head's ``draft_level_ms``. Every selection sees the
-        calibration of every earlier verify, as without the queue; only the AR gate's sound bound
-        (:meth:`AcceptanceCalibrator.mass_bound`, consulted before drafting) may see it one drafted
-        cycle late (SPECFIT.md §3, "Whole-cycle objective").
+        The engine runs the queue while the device computes the next cycle's verify (``SpecDecoder._cycle``,
+        with the last cycle's :meth:`observe`) and at the end of a generation: on a GPU the learning is
+        then off the critical path, up to the shortest verify. A selection and the AR gate's sound bound
+        (:meth:`AcceptanceCalibrator.mass_bound`) see the calibration of every verify but the last one
+        (SPECFIT.md §3, "Whole-cycle objective").
         """
         self.deferred.append((learn, args))
 
@@ -346,9 +349,11 @@ class OnlineModel:
         s = self.speedup
         if s is None or self.drafted < self.WARMUP + self.MIN_DRAFTED:
             return "draft"
-        if self._asks_sound_bound() and sound_can_draft():
-            self.skips, self.explore_after, self.burst_left = 0, self.EXPLORE_FIRST, 0
-            return "draft"
+        if self._asks_sound_bound():
+            self.sound_said_draft = bool(sound_can_draft())
+            if self.sound_said_draft:
+                self.skips, self.explore_after, self.burst_left = 0, self.EXPLORE_FIRST, 0
+                return "draft"
         if self.burst_left > 0 and self.verified_draft:  # an exploration goes on while it verifies drafts
             self.burst_left -= 1
             self.explorations += 1

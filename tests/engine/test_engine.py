@@ -244,6 +244,40 @@ def test_ar_gate_takes_the_ar_step_when_drafting_does_not_pay_and_explores(ckpt,
             assert c.ar_step_ms >= COST.fixed_ms + COST.per_node_ms  # the counterfactual AR step is known
 
 
+def test_the_sound_gate_runs_behind_the_first_level_while_it_last_said_draft(ckpt, ar_outputs):
+    """Where Ŝ > 1 asks the sound bound, a cycle whose bound last said a draft can beat the AR step
+    launches its first draft level before predicting the root and asking the bound (both run behind the
+    head forward); when the bound now says no, the cycle takes the AR step and pays the level it launched
+    (``levels_ahead``, no level used). The next cycle, the bound having said no, asks it before launching
+    anything. Output equal to AR's throughout."""
+    dec = decoder(ckpt, "specfit", SelfDrafter(ckpt), tree=TreeSettings(8, 3, 3))
+    online, answers, launched = dec.online, iter([True, False, False]), []
+    online.drafted, online.gain_ms, online.spent_ms = online.WARMUP + online.MIN_DRAFTED, 2.0, 1.0  # Ŝ = 2
+    draft_levels = dec.drafter.draft_levels
+
+    def counted_levels(*args):
+        launched.append(len(asked))
+        return draft_levels(*args)
+
+    asked = []
+
+    def gate(root, cache):
+        asked.append(len(launched))
+        return next(answers, True)
+
+    dec.drafter.draft_levels, dec._sound_gate = counted_levels, gate
+    online.observe = lambda **kw: None  # Ŝ stays 2: the bound decides
+    gen = dec.generate(PROMPTS[0], 3)
+    assert gen.output_ids == ar_outputs[0][:len(gen.output_ids)]
+    c0, c1, c2 = gen.cycles[:3]
+    assert asked[:3] == [1, 2, 2]  # asked after the launch, after the launch, then before any launch
+    assert (c0.decision, c1.decision, c2.decision) == ("draft", "ar", "ar")
+    assert c0.levels >= 1 and c0.hidden_host_ms > 0.0
+    assert (c1.levels, c1.levels_ahead, c1.nodes_verified) == (0, 1, 1) and c1.draft_ms > 0.0
+    assert (c2.levels, c2.levels_ahead, c2.draft_ms) == (0, 0, 0.0)
+    assert not online.sound_said_draft
+
+
 def test_online_state_carries_across_generations(ckpt, ar_outputs):
     """A decoder built with another's OnlineModel starts from what that one learned."""
     first = decoder(ckpt, "specfit", SelfDrafter(ckpt), tree=TreeSettings(8, 3, 3))
@@ -433,19 +467,22 @@ def test_levels_with_and_without_hidden_states_each_reach_the_predictor(ckpt, ar
     assert (FrequencyPredictor.uses_hidden, RecencyPredictor.uses_hidden, ProbePredictor.uses_hidden) == (False, False, True)
 
 
-def test_acceptance_learning_runs_while_the_first_draft_level_is_computed(ckpt, ar_outputs, monkeypatch):
-    """A verify's acceptance learning waits for the next drafted cycle's first draft level (on a GPU it
-    runs while the head computes that level): every calibrated probability is computed after every
-    earlier verify was learned, its CPU time up to ``draft_level_ms`` is ``hidden_host_ms`` and the
-    rest stays in ``host_cpu_ms``, and nothing is left unlearned when ``generate`` returns."""
+def test_acceptance_learning_runs_while_the_next_verify_is_computed(ckpt, ar_outputs, monkeypatch):
+    """A verify's acceptance learning waits for the next cycle's verify (on a GPU it runs while the target
+    computes it): every calibrated probability is computed with every verify but the last one learned, its
+    CPU time up to the shortest verify is that cycle's ``hidden_host_ms`` (the rest stays in ``host_cpu_ms``),
+    nothing is left unlearned when ``generate`` returns, and the first draft level's forward hides the
+    cycle's own host work before it (the root's prediction and cost), up to ``draft_level_ms``."""
     import time as _time
 
     cost = CostModel(6.0, 0.1, 0.05, draft_level_ms=2.0)
     dec = SpecDecoder(load(ckpt), SelfDrafter(ckpt), "specfit", tree=TreeSettings(8, 3, 3), cost=cost,
                       predictor=FixedPredictor())
     learn, add_calibrated, pending_at_use = dec._learn_acceptance, _Drafted.add_calibrated, []
+    learned_in = []  # the cycle whose verify slot ran each learning
 
-    def slow_learn(*args):  # 5 ms of CPU: 2 of them hidden by the head, 3 on the critical path
+    def slow_learn(*args):  # 5 ms of CPU, all of it hidden by a verify (the shortest: 6.15 ms)
+        learned_in.append(len(cycles_so_far))
         end = _time.thread_time() + 0.005
         while _time.thread_time() < end:
             pass
@@ -455,20 +492,28 @@ def test_acceptance_learning_runs_while_the_first_draft_level_is_computed(ckpt, 
         pending_at_use.append(len(dec.online.deferred))
         return add_calibrated(*args)
 
-    dec._learn_acceptance = slow_learn
+    cycles_so_far, cycle = [], dec._cycle
+
+    def counted_cycle(*args):
+        out = cycle(*args)
+        cycles_so_far.append(out[0])
+        return out
+
+    dec._learn_acceptance, dec._cycle = slow_learn, counted_cycle
     monkeypatch.setattr(_Drafted, "add_calibrated", checked_add_calibrated)
     gen = dec.generate(PROMPTS[0], 16)
     assert gen.output_ids == ar_outputs[0]
-    assert pending_at_use and not any(pending_at_use) and not dec.online.deferred
     drafted = [i for i, c in enumerate(gen.cycles) if c.levels]
     assert len(drafted) >= 3
-    for i in drafted[1:]:  # each drafted cycle after the first learned its predecessor's verify
-        c = gen.cycles[i]
-        # (+ the last cycle's online learning, hidden by this cycle's verify: up to its shortest verify,
-        # a fraction of a ms on a fast host, over 1 ms on a slow one)
-        assert 2.0 <= c.hidden_host_ms <= 2.0 + dec._shortest_verify_ms() and c.host_cpu_ms >= 3.0 * 0.95
-    assert gen.cycles[drafted[0]].hidden_host_ms < 2.0  # no verify to learn: only the next gate's inputs
-    assert gen.cycles[-1].host_cpu_ms >= 5.0 * 0.95  # the last drafted verify's, learned at the end: unhidden
+    assert pending_at_use and max(pending_at_use) == 1 and not dec.online.deferred  # the last verify's, at most
+    # each drafted verify is learned in the next cycle's verify slot, the last one's when generate returns
+    assert learned_in == [i + 1 for i in drafted]
+    for i in drafted[:-1]:
+        c = gen.cycles[i + 1]
+        assert 5.0 <= c.hidden_host_ms <= dec._shortest_verify_ms() + 2.0
+    assert all(0.0 < gen.cycles[i].hidden_host_ms for i in drafted)  # behind the first level: the root's work
+    if drafted[-1] == len(gen.cycles) - 1:
+        assert gen.cycles[-1].host_cpu_ms >= 5.0 * 0.95  # the last drafted verify's, learned at the end: unhidden
     # the trials of every drafted cycle's verify are in the calibrator once generate returns
     assert dec.acceptance.path_accepted.sum() == sum(gen.cycles[i].accepted for i in drafted)
 
@@ -520,7 +565,7 @@ def test_a_drafter_that_launches_ahead_has_each_level_hide_its_host_work(ckpt, a
         dec = SpecDecoder(load(ckpt), drafter(ckpt), "specfit", tree=TreeSettings(8, 3, 3), cost=cost,
                           predictor=FixedPredictor())
         dec._shortest_verify_ms = lambda: 0.0  # no learning hidden behind a verify: only the levels' share
-        dec._flush_learning = lambda rec: dec.online.flush()  # nor behind the first level
+        dec._hide_behind_first_level = lambda rec, start: None  # nor behind the first level
         gen = dec.generate(PROMPTS[0], 16)
         assert gen.output_ids == ar_outputs[0]
         drafted = [c for c in gen.cycles if c.levels]

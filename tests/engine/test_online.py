@@ -73,7 +73,10 @@ def test_gate_respects_the_sound_bound_and_calls_it_only_when_drafting_pays():
     for _ in range(on.WARMUP + on.MIN_DRAFTED):
         on.observe(root_predicted_new=[0, 0], root_true_new=[0, 0], selected_predicted_new=[0, 0],
                    transferred=[0, 0], draft_nodes=3, committed=3, cycle_ms=15.0, ar_ms=10.0)
+    assert on.sound_said_draft  # before any answer: the engine may launch the first level before asking
     assert on.decide(lambda: False) == "ar"  # Ŝ > 1, but no draft can beat AR this cycle within the model
+    assert not on.sound_said_draft
+    assert on.decide(lambda: True) == "draft" and on.sound_said_draft
 
     def boom():
         raise AssertionError("the sound bound was computed although Ŝ <= 1")
