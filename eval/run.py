@@ -16,8 +16,8 @@ Fairness and reproducibility:
   prompt to the next of a dataset (:attr:`specfit.pipeline.SpecFit.online`), so their *speed* on a
   prompt depends on the prompts before it in its dataset; each dataset starts that learning afresh
   (a dataset's rows are what a run of that dataset alone measures, not the domain change from the
-  dataset before: GSM8K's measured utility carried into CNN/DM took its H200 96-slot cell from
-  0.985 to 0.969 × ar), and so does a resumed run;
+  dataset before: with GSM8K's measured utility carried in, CNN/DM's H200 96-slot cell measured
+  0.976–0.980 × ar over 10 + 10 prompts, 0.984–0.988 without), and so does a resumed run;
 * the selection of the cost-aware methods uses ``get_profile(profile).for_layers(L)`` (with
   ``offload="host"`` or ``"auto"``: ``get_host_profile(host_profile).for_layers(L)``), the cost model the modeled
   times use (:mod:`eval.modeled`);

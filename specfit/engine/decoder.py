@@ -1070,7 +1070,7 @@ class SpecDecoder:
         rule's constants; on a GPU the head forward runs meanwhile): its CPU time since ``start``
         (``(thread time, untimed s)`` at the launch), up to the profile's ``draft_level_ms``, is
         ``rec.hidden_host_ms``, off the critical path; the rest is host time of the cycle outside its
-        levels (``host_cpu_ms``; SPECFIT.md §3, "Host work hidden by the device")."""
+        levels (``host_cpu_ms``; SPECFIT.md §3, "Whole-cycle objective")."""
         spent = time.thread_time() - start[0] - (self._untimed_s - start[1])
         hidden = min(spent, (self.cost.draft_level_ms or 0.0) / 1e3)
         self._untimed_s += spent  # out of the levels' host time (a cost per cycle, not per level) ...
