@@ -148,6 +148,18 @@ class TreeSettings:
         return self.top_k ** min(depth, 2)
 
 
+def _verify_inputs(tree: DraftTree, keep: list) -> tuple[list, list]:
+    """Tokens and parents (renumbered, root ``-1``) of the verified subtree on ``keep``, a selection's
+    nodes (sorted, root first, ancestor-closed: :class:`specfit.solvers.Selection`): what
+    :meth:`DraftTree.subtree` gives, without building a tree."""
+    k = np.asarray(keep, dtype=np.int64)
+    new_of = np.empty(tree.n, dtype=np.int64)
+    new_of[k] = np.arange(k.size)
+    parents = new_of[tree.parents[k]]
+    parents[0] = -1
+    return tree.tokens[k].tolist(), parents.tolist()
+
+
 @dataclass
 class CycleRecord:
     """What one cycle did and cost.
@@ -655,15 +667,16 @@ class SpecDecoder:
             rec.decision, rec.speedup_estimate = "ar", self.online.speedup  # decided in the last learning slot
         elif m.drafts and drafter_ready:
             tree, selection, items = self._draft_and_select(root, None, rec)
-        rec.host_cpu_ms += (time.thread_time() - c0 - self._untimed_s) * 1e3  # (+ the learning's unhidden part)
-        rec.predict_ms = self._predict_s * 1e3
-        drafted = self._drafted if selection is not None else None
-        # verify the selected subtree in one target forward (an AR step: the root alone)
+        # verify the selected subtree in one target forward (an AR step: the root alone); its tokens and
+        # parents are host work the verify's launch waits for
         keep, sub_tokens, sub_parents = [0], [root], [-1]
         if selection is not None:
             keep = list(selection.nodes)
-            sub, _ = tree.subtree(keep)
-            sub_tokens, sub_parents = sub.tokens.tolist(), sub.parents.tolist()
+            sub_tokens, sub_parents = _verify_inputs(tree, keep)
+        rec.host_cpu_ms += (time.thread_time() - c0 - self._untimed_s) * 1e3  # (+ the learning's unhidden part)
+        rec.predict_ms = self._predict_s * 1e3
+        drafted = self._drafted if selection is not None else None
+        if selection is not None:
             rec.expected_tokens, rec.predicted_ms = selection.expected_tokens, selection.predicted_ms
             raw = drafted.raw[drafted.full_ids[keep[1:]]]  # the draft's own path probabilities
             rec.expected_tokens_raw = 1.0 + float(raw.sum())

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
 from specfit.models.qwen3_moe import OffloadedQwen3Moe
 from specfit.core.cost import CostModel
@@ -13,6 +14,7 @@ from specfit.engine import METHODS, SpecDecoder, TreeSettings, get_method
 from specfit.engine.decoder import _Drafted
 import specfit.engine.decoder as decoder_module
 from specfit.core.errors import SpecFitInputError
+from specfit.core.tree import DraftTree
 
 VOCAB, LAYERS, EXPERTS, TOP_K = 96, 3, 16, 4
 
@@ -663,3 +665,21 @@ def test_no_kernel_is_compiled_inside_a_decoding_cycle(ckpt, method):
     built = [g.cache_info().misses for g in getters]
     dec.generate(PROMPTS[0], 8)
     assert [g.cache_info().misses for g in getters] == built
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_verify_inputs_are_the_selected_subtrees(data):
+    """The verify's tokens and parents are those of DraftTree.subtree on the selection's nodes (sorted,
+    root first, ancestor-closed), for any tree and any such node set."""
+    n = data.draw(st.integers(1, 40))
+    parents = [-1] + [data.draw(st.integers(0, i - 1)) for i in range(1, n)]
+    tokens = data.draw(st.lists(st.integers(0, 4095), min_size=n, max_size=n))
+    tree = DraftTree(parents, q=[1.0] + [0.5] * (n - 1), tokens=tokens)
+    keep = {0}
+    for v in range(1, n):  # parents precede children: keep v only if its parent is kept
+        if parents[v] in keep and data.draw(st.booleans()):
+            keep.add(v)
+    keep = sorted(keep)
+    sub, _ = tree.subtree(keep)
+    assert decoder_module._verify_inputs(tree, keep) == (sub.tokens.tolist(), sub.parents.tolist())
