@@ -914,26 +914,22 @@ class SpecDecoder:
         # needed), or where the sound bound last said no draft can beat the AR step.
         speculate = (online is not None and online.ahead is None and online._asks_sound_bound()
                      and online.sound_said_draft)
-        if online is not None and not speculate:
+
+        def gate() -> str:  # the AR gate's decision, recorded
             rec.speedup_estimate = online.speedup
             rec.decision = online.decide(lambda: self._sound_gate(root, self._cache_now(cache)))
-            if rec.decision == "ar":
-                return None, None, None
-        t0, u0 = time.perf_counter(), time.thread_time()
+            return rec.decision
+
+        if online is not None and not speculate and gate() == "ar":
+            return None, None, None
         levels = self.drafter.draft_levels(root, ts.top_k, depth)
-        first = next(levels, None)  # launched: on a GPU its head forward (and the one after it) runs now
-        rec.draft_ms += (time.perf_counter() - t0) * 1e3
-        behind = time.thread_time()  # the host work behind the first level starts here
-        self._untimed_s += behind - u0  # the head forward: device work, in draft_ms
-        behind = (behind, self._untimed_s)
-        if speculate:  # the gate, its sound bound likely to draft: the root is predicted behind the level
-            rec.speedup_estimate = online.speedup
-            rec.decision = online.decide(lambda: self._sound_gate(root, self._cache_now(cache)))
-            if rec.decision == "ar":  # the levels launched are paid, unused
-                self._hide_behind_first_level(rec, behind)
-                levels.close()
-                rec.levels_ahead = min(depth, 2) if getattr(self.drafter, "launches_ahead", False) else 1
-                return None, None, None
+        first = self._next_level(levels, rec)  # launched: on a GPU its forward (and the one after it) runs now
+        behind = (time.thread_time(), self._untimed_s)  # the host work behind the first level starts here
+        if speculate and gate() == "ar":  # asked behind the level (the root predicted there): the launch is paid
+            self._hide_behind_first_level(rec, behind)
+            levels.close()
+            rec.levels_ahead = min(depth, 2) if getattr(self.drafter, "launches_ahead", False) else 1
+            return None, None, None
         cache = self._cache_now(cache)
         rate = None
         if self.rate_mode and self._lam_ms > 0:
@@ -982,13 +978,7 @@ class SpecDecoder:
             if body is not None:
                 level_host.append(time.thread_time() - body[0] - (self._untimed_s - body[1]))
                 body = None
-            if rec.levels:
-                t0, u0 = time.perf_counter(), time.thread_time()
-                level = next(levels, None)
-                rec.draft_ms += (time.perf_counter() - t0) * 1e3
-                self._untimed_s += time.thread_time() - u0  # the head forward: device work, in draft_ms
-            else:
-                level = first
+            level = self._next_level(levels, rec) if rec.levels else first
             if level is None:  # the levels ended: a selection of this level's tree and sunk ms, if any, stands
                 break
             selection = None  # a new level was paid: an earlier selection's sunk ms is stale
@@ -1076,6 +1066,15 @@ class SpecDecoder:
         self._untimed_s += hidden  # out of host_cpu_ms (the cycle's thread time less its untimed parts)
         rec.hidden_host_ms += hidden * 1e3
         self._level_host_ms = max(self._level_host_ms - hidden * 1e3, 0.0)
+
+    def _next_level(self, levels, rec: CycleRecord):
+        """The drafter's next level (None when its levels ended); the head forward's time is the cycle's
+        ``draft_ms`` and is left out of its host CPU time (device work)."""
+        t0, u0 = time.perf_counter(), time.thread_time()
+        level = next(levels, None)
+        rec.draft_ms += (time.perf_counter() - t0) * 1e3
+        self._untimed_s += time.thread_time() - u0
+        return level
 
     def _hide_behind_first_level(self, rec: CycleRecord, start: tuple) -> None:
         """Book the host work done after the cycle's first draft level was launched and before its
