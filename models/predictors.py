@@ -40,6 +40,11 @@ class ExpertPredictor(Protocol):
     #: Whether :meth:`predict` reads ``draft_hidden`` (optional; the engine assumes True when absent). A
     #: predictor that never does lets the engine skip gathering the head's hidden states per draft level.
     uses_hidden: bool
+    #: Whether :meth:`predict` always returns a numpy int64 array of shape (m, L, k), ids in [0, E)
+    #: (optional; the engine assumes False when absent). The engine checks every other predictor's
+    #: output (:func:`specfit.core.tree.check_experts`) on each call; the built-in predictors set it, and
+    #: tests/models/test_predictors.py holds them to it.
+    valid_output: bool
 
     def reset(self) -> None:
         """A new prompt begins: drop the per-prompt context."""
@@ -49,6 +54,9 @@ class ExpertPredictor(Protocol):
 
     def predict(self, tokens: np.ndarray, draft_hidden: np.ndarray | None) -> np.ndarray:
         """Experts (m, L, k) int64 of m new draft nodes: k distinct ids per layer."""
+
+    # Optional: ``observe_and_predict(observed, routing, tokens, draft_hidden)``, :meth:`observe` then
+    # :meth:`predict` in one call (the engine uses it when present; :class:`FrequencyPredictor` has it).
 
 
 # -- metric ------------------------------------------------------------------------------------------
@@ -150,6 +158,27 @@ def global_counts(trace: RoutingTrace) -> np.ndarray:
     return out
 
 
+def _is_kernel_array(a, ndim: int) -> bool:
+    """True iff ``a`` is a C-contiguous int64 numpy array of ``ndim`` dimensions (what the kernels take)."""
+    return type(a) is np.ndarray and a.dtype == np.int64 and a.ndim == ndim and a.flags.c_contiguous
+
+
+def _token_ids(tokens) -> np.ndarray:
+    """Token ids as a C-contiguous int64 (T,) array for a kernel that checks their signs itself: ``tokens``
+    when it is one, else :func:`check_tokens`' array."""
+    return tokens if _is_kernel_array(tokens, 1) else np.ascontiguousarray(check_tokens(tokens))
+
+
+#: The window push's error codes (:func:`specfit.core.kernels._frequency_observe_top_k`) as (field, rule),
+#: given the number of experts.
+_OBSERVE_ERRORS = {
+    1: lambda E: ("routing", f"expert ids must lie in [0, {E})"),
+    2: lambda E: ("routing", "each (token, layer) row must list k distinct experts"),
+    3: lambda E: ("tokens", "token ids must be non-negative"),
+    4: lambda E: ("tokens", "token ids must be non-negative"),
+}
+
+
 class _Window:
     """The routing of the last W observed tokens: per-layer counts and last-use step.
 
@@ -187,10 +216,8 @@ class _Window:
         r = np.ascontiguousarray(routing, dtype=np.int64)
         self.size, self.head, self.step, error = window_push_kernel()(self.counts, self.last, self.ring, self.size,
                                                                       self.head, self.step, r, self.E)
-        if error == 1:
-            raise SpecFitInputError("routing", f"expert ids must lie in [0, {self.E})")
-        if error == 2:
-            raise SpecFitInputError("routing", "each (token, layer) row must list k distinct experts")
+        if error:
+            raise SpecFitInputError(*_OBSERVE_ERRORS[error](self.E))
 
     def share(self) -> np.ndarray:
         """(L, E) fraction of the window's token slots that used each expert (0 when empty)."""
@@ -219,6 +246,7 @@ class RecencyPredictor:
 
     name = "recency"
     uses_hidden = False
+    valid_output = True
 
     def __init__(self, num_layers: int, num_experts: int, top_k: int, window: int = 32, prior=None):
         self.L, self.E, self.k = _check_dims(num_layers, num_experts, top_k)
@@ -291,6 +319,7 @@ class FrequencyPredictor:
 
     name = "frequency"
     uses_hidden = False
+    valid_output = True
 
     def __init__(self, token_ids, table, token_counts, global_share, top_k: int, smoothing: float = 1.0,
                  recency_weight: float = 0.5, window: int = 32):
@@ -316,9 +345,10 @@ class FrequencyPredictor:
         self._pseudo = self.a * g  # (L, E), the smoothing's pseudo-shares
         self.window = _Window(self.L, self.E, self.k, window)
         self._context = None  # (β w, the unseen token's scores), both (L, E), until the next observe
-        from specfit.core.kernels import frequency_top_k_kernel
+        from specfit.core.kernels import frequency_observe_top_k_kernel, frequency_top_k_kernel
 
         frequency_top_k_kernel()  # compiled (or loaded from numba's cache) here: no decoding cycle pays it
+        frequency_observe_top_k_kernel()
 
     def reset(self) -> None:
         """Forget the recency context (the tables stay)."""
@@ -365,6 +395,41 @@ class FrequencyPredictor:
             return s
         out = np.empty((len(t), self.L, self.E))
         out[seen], out[~seen] = s, unseen
+        return out
+
+    def observe_and_predict(self, observed, routing, tokens, draft_hidden=None) -> np.ndarray:
+        """:meth:`observe` of the committed tokens ``observed`` (T,) with their routing (T, L, k), then
+        :meth:`predict` of ``tokens`` (m,), in one compiled call
+        (:func:`specfit.core.kernels.frequency_observe_top_k_kernel`; the engine's call at the start of a
+        drafted cycle, where the two separate calls cost ~2.5 × as much on caches a forward has just evicted:
+        BENCHMARKS.md, issue 9, twentieth round).
+
+        Returns
+        -------
+        numpy.ndarray
+            (m, L, k) int64, equal to what ``observe`` then ``predict`` return.
+
+        Raises
+        ------
+        SpecFitInputError
+            As :meth:`observe` and :meth:`predict` do (fields ``routing`` and ``tokens``); nothing is
+            observed if any check fails.
+        """
+        from specfit.core.kernels import frequency_observe_top_k_kernel
+
+        o, t = _token_ids(observed), _token_ids(tokens)  # their signs: checked in the call
+        r = routing if _is_kernel_array(routing, 3) else np.ascontiguousarray(routing_array(routing, copy=False))
+        w = self.window
+        if r.shape[1:] != (w.L, w.k):
+            raise SpecFitInputError("routing", f"must have shape (T, {w.L}, {w.k}), got {r.shape}")
+        if o.shape[0] != r.shape[0]:
+            raise SpecFitInputError("tokens", f"must have one entry per row ({r.shape[0]}), got {o.shape[0]}")
+        w.size, w.head, w.step, error, out = frequency_observe_top_k_kernel()(
+            w.counts, w.last, w.ring, w.size, w.head, w.step, r, w.E, o, self.table, self._row, self.n, self.a,
+            self.k, self._pseudo, self.g, self._tiebreak, self.beta, t)
+        if error:
+            raise SpecFitInputError(*_OBSERVE_ERRORS[error](w.E))
+        self._context = None
         return out
 
     def predict(self, tokens, draft_hidden=None) -> np.ndarray:
@@ -441,6 +506,7 @@ class ProbePredictor:
 
     name = "probe"
     uses_hidden = True
+    valid_output = True
 
     def __init__(self, weight, bias, mean, std, top_k: int, window: int = 32, prior=None,
                  frequency: FrequencyPredictor | None = None, frequency_weight: float = 1.0):

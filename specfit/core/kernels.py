@@ -312,7 +312,8 @@ def _frequency_top_k(table, row_of, n, a, k, pseudo, g, tiebreak, counts, slots,
     without (the blend left out when ``beta`` is 0). ``table`` (rows, L, E) float32, ``row_of`` (V,) int64
     (-1: no row), ``n`` (rows,), ``pseudo``, ``g``, ``tiebreak`` (L, E) float64, ``counts`` (L, E) int64
     (the recency window's uses per expert), ``slots`` the window's token slots (tokens x k). A row of scores
-    without NaN is ranked by :func:`_top_k_row`, one with NaN by :func:`_top_k_row_nan`."""
+    without NaN is ranked by :func:`_top_k_row`, one with NaN by :func:`_top_k_row_nan`; a token that
+    appeared earlier in ``tokens`` gets that one's experts, copied."""
     m = tokens.shape[0]
     L, E = pseudo.shape
     has_blend = beta != 0.0
@@ -333,6 +334,16 @@ def _frequency_top_k(table, row_of, n, a, k, pseudo, g, tiebreak, counts, slots,
     kf = np.float32(k)
     for i in range(m):
         t = tokens[i]
+        seen = -1  # a draft tree repeats tokens across its branches (a third of the nodes on the proxy)
+        for j in range(i):
+            if tokens[j] == t:
+                seen = j
+                break
+        if seen >= 0:  # the same scores: the same experts
+            for l in range(L):
+                for j in range(k):
+                    out[i, l, j] = out[seen, l, j]
+            continue
         r = row_of[t] if 0 <= t < row_of.shape[0] else -1
         for l in range(L):
             if r >= 0:
@@ -396,6 +407,28 @@ def _window_push(counts, last, ring, size, head, step, routing, num_experts):
     return size, head, step, 0
 
 
+@numba.njit(cache=True, error_model="numpy")
+def _frequency_observe_top_k(counts, last, ring, size, head, step, routing, num_experts, observed, table, row_of, n, a,
+                             k, pseudo, g, tiebreak, beta, tokens):
+    """``FrequencyPredictor.observe_and_predict``: :func:`_window_push` of the committed tokens' routing
+    (``observed`` (T,) their ids, ``routing`` (T, L, k)), then :func:`_frequency_top_k` of ``tokens`` (m,)
+    with the window's new counts, in one call. Checks first and changes nothing unless every token id
+    (both arrays) is >= 0 and the routing passes the push's checks. Returns ``(size, head, step, error,
+    experts)``: error 0, 1 or 2 (the push's: an id out of range, a repeated id), 3 (a negative observed
+    token) or 4 (a negative token to predict); ``experts`` (m, L, k) int64, empty on an error."""
+    for i in range(observed.shape[0]):
+        if observed[i] < 0:
+            return size, head, step, 3, np.empty((0, 0, 0), np.int64)
+    for i in range(tokens.shape[0]):
+        if tokens[i] < 0:
+            return size, head, step, 4, np.empty((0, 0, 0), np.int64)
+    size, head, step, error = _window_push(counts, last, ring, size, head, step, routing, num_experts)
+    if error:
+        return size, head, step, error, np.empty((0, 0, 0), np.int64)
+    out = _frequency_top_k(table, row_of, n, a, k, pseudo, g, tiebreak, counts, size * routing.shape[2], beta, tokens)
+    return size, head, step, 0, out
+
+
 def kernel_array(a, dtype) -> np.ndarray:
     """``a`` as a writable C-contiguous array of ``dtype``: itself when it is one, else a copy. Every kernel
     is compiled for such arrays; another layout or a read-only array would compile it again, on that call."""
@@ -457,6 +490,18 @@ def frequency_top_k_kernel():
     _frequency_top_k(table, np.zeros(1, np.int64), np.ones(1), 1.0, 1, le, le, le, np.zeros((1, 2), np.int64), 0, 0.5,
                      np.zeros(1, np.int64))
     return _frequency_top_k
+
+
+@functools.cache
+def frequency_observe_top_k_kernel():
+    """The compiled :func:`_frequency_observe_top_k` (a numba dispatcher; arguments, shapes and return value
+    as there), compiled or loaded from numba's cache for the predictor's argument types on the first call in
+    a process."""
+    table, le, ids = np.zeros((1, 1, 2), np.float32), np.zeros((1, 2)), np.zeros(1, np.int64)
+    c = np.zeros((1, 2), np.int64)
+    _frequency_observe_top_k(c, c.copy(), np.zeros((1, 1, 1), np.int64), 0, 0, 0, np.zeros((1, 1, 1), np.int64), 2,
+                             ids, table, ids, np.ones(1), 1.0, 1, le, le, le, 0.5, ids)
+    return _frequency_observe_top_k
 
 
 @functools.cache

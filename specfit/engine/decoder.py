@@ -1128,13 +1128,25 @@ class SpecDecoder:
 
     def _predict(self, tokens: np.ndarray, hidden) -> np.ndarray:
         """The predictor's experts (m, L, k) for ``tokens`` (m,), after it observed every committed token
-        (its wall time is the cycle's ``predict_ms``)."""
+        (its wall time is the cycle's ``predict_ms``); checked (:func:`check_experts`) unless the predictor
+        declares ``valid_output`` (the built-in ones). The committed tokens not yet observed are observed
+        first, in the same call where the predictor has ``observe_and_predict``."""
         t0 = time.perf_counter()
+        fused = None
         if self._unobserved:
             toks, rows = zip(*self._unobserved)
-            self.predictor.observe(np.concatenate(toks), np.concatenate(rows), None)
+            if len(toks) > 1:  # several cycles' tokens (AR steps before this cycle); else the one cycle's as they are
+                toks, rows = (np.concatenate(toks),), (np.concatenate(rows),)
             self._unobserved.clear()
-        experts = check_experts(self.predictor.predict(tokens, hidden), len(tokens), self.num_experts, copy=False)
+            fused = getattr(self.predictor, "observe_and_predict", None)  # one call instead of two (optional)
+            if fused is None:
+                self.predictor.observe(toks[0], rows[0], None)
+        if fused is not None:
+            experts = fused(toks[0], rows[0], tokens, hidden)
+        else:
+            experts = self.predictor.predict(tokens, hidden)
+        if getattr(self.predictor, "valid_output", False) is not True:
+            experts = check_experts(experts, len(tokens), self.num_experts, copy=False)
         self._predict_s += time.perf_counter() - t0
         return experts
 

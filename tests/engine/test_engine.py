@@ -338,6 +338,8 @@ def test_the_engine_bounds_each_solve_in_time(ckpt):
 class _Corrupt:
     """Wraps a drafter or predictor and corrupts its output (the engine's checks of extension points)."""
 
+    valid_output = False  # a corrupting wrapper promises nothing of the predictions it changes
+
     def __init__(self, inner, **change):
         self.inner, self.change = inner, change
 
@@ -369,6 +371,57 @@ def test_bad_drafter_or_predictor_output_is_refused_by_field(ckpt, drafted, pred
                                                         else real.predict(tokens, hidden))
     with pytest.raises(SpecFitInputError, match=field):
         dec.generate(PROMPTS[0], 16)
+
+
+def test_the_engine_observes_and_predicts_in_one_call_where_the_predictor_can(ckpt, monkeypatch):
+    """A predictor with ``observe_and_predict`` observes every committed token in that call, at the first
+    prediction after them (``observe`` only takes the prompt), and sees the same tokens, in the same order,
+    as one without it; the generation is the same (host CPU time frozen: it enters the selection)."""
+    monkeypatch.setattr(decoder_module.time, "thread_time", lambda: 0.0)
+
+    class Recording(FixedPredictor):
+        def __init__(self):
+            super().__init__()
+            self.seen, self.observes = [], 0
+
+        def observe(self, tokens, routing, hidden):
+            super().observe(tokens, routing, hidden)
+            self.seen += list(tokens)
+            self.observes += 1
+
+    class Fused(Recording):
+        def observe_and_predict(self, observed, routing, tokens, hidden):
+            super().observe(observed, routing, None)
+            self.observes -= 1  # counted apart: fused calls
+            self.fused = getattr(self, "fused", 0) + 1
+            return self.predict(tokens, hidden)
+
+    runs = []
+    for predictor in (Recording(), Fused()):
+        dec = SpecDecoder(load(ckpt, slots=4), SelfDrafter(ckpt), "specfit", cost=COST, predictor=predictor,
+                          tree=TreeSettings(8, 3, 3))
+        gen = dec.generate(PROMPTS[1], 16)
+        runs.append((gen.output_ids, [c.nodes_verified for c in gen.cycles], predictor))
+    (out, nodes, plain), (out_f, nodes_f, fused) = runs
+    assert (out, nodes) == (out_f, nodes_f) and max(nodes) > 1
+    assert fused.seen == plain.seen and fused.fused > 1
+    assert fused.observes == 1  # the prompt's, at prefill; every committed token through the fused call
+
+
+@pytest.mark.parametrize("declared", [False, True])
+def test_only_a_predictor_that_declares_valid_output_goes_unchecked(ckpt, monkeypatch, declared):
+    """The engine checks each prediction (check_experts) unless the predictor declares ``valid_output``
+    (the built-in ones, held to it in tests/models/test_predictors.py); the output is the same."""
+    checked = []
+    real = decoder_module.check_experts
+    monkeypatch.setattr(decoder_module, "check_experts", lambda *a, **k: checked.append(1) or real(*a, **k))
+    predictor = FixedPredictor()
+    predictor.valid_output = declared
+    dec = SpecDecoder(load(ckpt), SelfDrafter(ckpt), "specfit", cost=COST, predictor=predictor,
+                      tree=TreeSettings(8, 3, 3))
+    gen = dec.generate(PROMPTS[0], 16)
+    assert any(c.levels for c in gen.cycles)  # drafted cycles predicted
+    assert bool(checked) is not declared
 
 
 def test_a_drafter_in_bfloat16_drafts_as_in_float32(ckpt, monkeypatch):

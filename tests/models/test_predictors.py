@@ -108,6 +108,7 @@ def test_predictions_are_k_distinct_ids_in_range(trace, m, observed, with_hidden
         assert out.shape == (m, L, K) and out.dtype == np.int64, p.name
         assert ((out >= 0) & (out < E)).all(), p.name
         assert (np.sort(out, -1)[..., 1:] != np.sort(out, -1)[..., :-1]).all(), p.name
+        assert type(out) is np.ndarray and p.valid_output is True, p.name  # the engine skips its check of these
 
 
 # -- recency ------------------------------------------------------------------------------------------
@@ -444,6 +445,58 @@ def test_window_push_of_a_batch_equals_pushing_its_rows_one_by_one(data):
             counts[l, r[l]] += step >= len(all_rows) - W
     np.testing.assert_array_equal(many.counts, counts)
     np.testing.assert_array_equal(many.last, last)
+
+
+def _window_state(p):
+    w = p.window
+    return (w.size, w.head, w.step, w.counts.tolist(), w.last.tolist(), w.ring.tolist())
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_observe_and_predict_equals_observe_then_predict(trace, data):
+    """The engine's one call at the start of a drafted cycle (FrequencyPredictor.observe_and_predict): the
+    same experts and the same window as observe then predict, window wrap-around, empty observations,
+    unseen and out-of-table token ids, int32 or list inputs included."""
+    beta = data.draw(st.sampled_from([0.0, 0.5]))
+    window = data.draw(st.integers(1, 6))
+    one, fused = (build_frequency(trace, recency_weight=beta, window=window) for _ in range(2))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    for _ in range(data.draw(st.integers(1, 4))):
+        T, m = data.draw(st.integers(0, 5)), data.draw(st.integers(0, 4))
+        observed = rng.integers(0, V, T)
+        routing = token_table(1)[observed] if T else np.zeros((0, L, K), np.int64)
+        tokens = rng.integers(0, 2 * V, m)
+        if data.draw(st.booleans()):
+            observed, routing, tokens = observed.astype(np.int32), routing.astype(np.int32), tokens.tolist()
+        one.observe(observed, routing)
+        want = one.predict(tokens)
+        got = fused.observe_and_predict(observed, routing, tokens)
+        assert got.dtype == np.int64 and got.shape == (m, L, K)
+        np.testing.assert_array_equal(got, want)
+        assert _window_state(fused) == _window_state(one)
+        np.testing.assert_array_equal(fused.scores(tokens), one.scores(tokens))  # its cached context renewed
+
+
+@pytest.mark.parametrize("change,field,rule", [
+    (lambda o, r, t: (o, r + E, t), "routing", r"expert ids must lie in \[0, 16\)"),
+    (lambda o, r, t: (o, np.repeat(r[:, :, :1], K, axis=2), t), "routing", "distinct"),
+    (lambda o, r, t: (o, r[:, :1], t), "routing", "must have shape"),
+    (lambda o, r, t: (o, r.astype(float), t), "routing", "integer"),
+    (lambda o, r, t: (-o - 1, r, t), "tokens", "non-negative"),
+    (lambda o, r, t: (o, r, -t - 1), "tokens", "non-negative"),
+    (lambda o, r, t: (o[:1], r, t), "tokens", "one entry per row"),
+    (lambda o, r, t: (o, r, t[:, None]), "tokens", "shape"),
+])
+def test_observe_and_predict_refuses_bad_input_and_observes_nothing(trace, change, field, rule):
+    p = build_frequency(trace)
+    p.observe(np.arange(3), token_table()[:3])
+    before = _window_state(p)
+    observed = np.array([4, 5])
+    o, r, t = change(observed, token_table()[observed], np.array([1, 2]))
+    with pytest.raises(SpecFitInputError, match=rf"^{field}: .*{rule}"):
+        p.observe_and_predict(o, r, t)
+    assert _window_state(p) == before
 
 
 def test_frequency_predict_with_zero_counts_and_no_smoothing_ranks_as_the_scores_do():
