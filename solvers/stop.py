@@ -189,17 +189,16 @@ def ratio_upper_bound(path_prob, root_ms: float, min_node_ms: float) -> float:
     t = check_ms("root_ms", root_ms)
     if t <= 0:
         raise SpecFitInputError("root_ms", f"must be > 0 (ms), got {t}")
-    return _ratio_upper_bound(p, t, check_ms("min_node_ms", min_node_ms))
+    return _ratio_upper_bound(np.ascontiguousarray(p, dtype=np.float64), t, check_ms("min_node_ms", min_node_ms))
 
 
 def _ratio_upper_bound(path_prob: np.ndarray, root_ms: float, min_node_ms: float) -> float:
-    """:func:`ratio_upper_bound` of checked arguments (float64 probabilities, ``root_ms`` > 0): the
-    engine's, whose path probabilities come from its own levels and whose T(root alone) is a cost model's."""
-    p = np.sort(path_prob)[::-1]
-    best = 1.0 / root_ms
-    if p.size:
-        best = max(best, float(((1.0 + np.cumsum(p)) / (root_ms + min_node_ms * np.arange(1, p.size + 1))).max()))
-    return 1000.0 * best
+    """:func:`ratio_upper_bound` of checked arguments (a C-contiguous float64 array of probabilities,
+    ``root_ms`` > 0): the engine's, whose path probabilities come from its own levels and whose T(root alone)
+    is a cost model's; one compiled call (:func:`specfit.core.kernels.ratio_bound_kernel`)."""
+    from specfit.core.kernels import ratio_bound_kernel
+
+    return ratio_bound_kernel()(path_prob, float(root_ms), float(min_node_ms))
 
 
 def draft_can_beat_ar(ar_ms: float, level_mass, level_ms: float, per_node_ms: float,

@@ -429,6 +429,32 @@ def _frequency_observe_top_k(counts, last, ring, size, head, step, routing, num_
     return size, head, step, 0, out
 
 
+@numba.njit(cache=True, error_model="numpy")
+def _ratio_bound(path_prob, root_ms, min_node_ms):
+    """:func:`specfit.solvers.stop.ratio_upper_bound` of checked arguments (``path_prob`` (m,) float64 in
+    [0, 1], ``root_ms`` > 0) as one compiled call, the numpy formula's float bit for bit: the
+    probabilities sorted largest first (an insertion sort: m is a draft tree's size), their sums taken in
+    that order (as ``np.cumsum``), ``max(1 / root_ms, max_k (1 + P_(1) + ... + P_(k)) / (root_ms + k
+    min_node_ms))`` times 1000."""
+    m = path_prob.shape[0]
+    p = path_prob.copy()
+    for i in range(1, m):
+        v = p[i]
+        j = i
+        while j > 0 and p[j - 1] < v:
+            p[j] = p[j - 1]
+            j -= 1
+        p[j] = v
+    best = 1.0 / root_ms
+    c = 0.0
+    for i in range(m):
+        c += p[i]
+        r = (1.0 + c) / (root_ms + min_node_ms * (i + 1))
+        if r > best:
+            best = r
+    return 1000.0 * best
+
+
 def kernel_array(a, dtype) -> np.ndarray:
     """``a`` as a writable C-contiguous array of ``dtype``: itself when it is one, else a copy. Every kernel
     is compiled for such arrays; another layout or a read-only array would compile it again, on that call."""
@@ -502,6 +528,14 @@ def frequency_observe_top_k_kernel():
     _frequency_observe_top_k(c, c.copy(), np.zeros((1, 1, 1), np.int64), 0, 0, 0, np.zeros((1, 1, 1), np.int64), 2,
                              ids, table, ids, np.ones(1), 1.0, 1, le, le, le, 0.5, ids)
     return _frequency_observe_top_k
+
+
+@functools.cache
+def ratio_bound_kernel():
+    """The compiled :func:`_ratio_bound` (a numba dispatcher), compiled or loaded from numba's cache on the
+    first call in a process."""
+    _ratio_bound(np.array([0.5, 0.25]), 1.0, 0.1)
+    return _ratio_bound
 
 
 @functools.cache

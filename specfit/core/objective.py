@@ -106,7 +106,11 @@ def evaluate_uncovered(instance: Instance, nodes: Sequence[int]) -> Evaluation:
     ----------
     SPECFIT.md §3: A(S) = 1 + Σ P_v, and T(S) = fixed_ms + per_node_ms |S| when S brings no uncached expert.
     """
-    return _evaluation(instance, tuple(map(int, nodes)), np.zeros(instance.num_layers, dtype=np.int64))
+    idx = np.asarray(nodes, dtype=np.int64)
+    a = 1.0 + float(instance.tree.path_prob[idx[1:]].sum()) if len(idx) > 1 else 1.0  # as _evaluation
+    cost = instance.cost  # cycle_ms with no uncached expert: fixed_ms + per_node_ms |S| (+ 0.0, the same float)
+    return _finish(tuple(idx.tolist()), a, cost.fixed_ms + cost.per_node_ms * len(idx),
+                   np.zeros(instance.num_layers, dtype=np.int64))
 
 
 def evaluate_selected(instance: Instance, nodes: np.ndarray, new: np.ndarray) -> Evaluation:

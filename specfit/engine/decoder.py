@@ -533,10 +533,11 @@ class SpecDecoder:
                 options["time_limit_s"] = self.SOLVE_TIME_LIMIT_S
             self.solver = get_solver(m.selector, **options)
         self.num_experts = int(target.spec.num_experts)
-        if m.drafts:  # a drafted tree's coverage accounting runs compiled (ItemSets.extend): compiled, or loaded
-            from specfit.core.kernels import need_bits_kernel  # from numba's cache, here, so that no cycle pays it
+        if m.drafts:  # a drafted tree's coverage accounting and the stop rule's bound run compiled: compiled, or
+            from specfit.core.kernels import need_bits_kernel, ratio_bound_kernel  # loaded from numba's cache, here,
 
-            need_bits_kernel()
+            need_bits_kernel()  # so that no cycle pays it
+            ratio_bound_kernel()
         self._lam_tokens = 0.0
         self._lam_ms = 0.0
         if calibrate_every is not None:

@@ -711,7 +711,7 @@ def test_no_kernel_is_compiled_inside_a_decoding_cycle(ckpt, method):
     from specfit.solvers import exact_compiled
 
     getters = [kernels.level_probs_kernel, kernels.draft_level_kernel, kernels.need_bits_kernel, exact_compiled.exact_kernel,
-               exact_compiled.linear_prefix_kernel]
+               exact_compiled.linear_prefix_kernel, kernels.ratio_bound_kernel]
     for g in getters:
         g.cache_clear()
     dec = decoder(ckpt, method, SelfDrafter(ckpt), tree=TreeSettings(total_tokens=8, depth=3, top_k=3))

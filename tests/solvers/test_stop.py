@@ -220,6 +220,19 @@ def test_ratio_upper_bound_is_never_below_the_optimum(budget, mode, host, data):
     assert bound <= 1000.0 * float(inst.tree.path_prob.sum()) / root_ms * (1 + 1e-12)
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.floats(0.0, 1.0), st.sampled_from([0.0, 0.25, 0.5, 1.0])), max_size=60),
+       st.floats(1e-3, 50.0), st.one_of(st.just(0.0), st.floats(0.0, 5.0)))
+def test_ratio_upper_bound_is_the_numpy_formula_bit_for_bit(path_prob, root_ms, min_node_ms):
+    """The compiled bound (specfit.core.kernels.ratio_bound_kernel) gives the numpy formula's float: the
+    stop rule's decisions do not move by a rounding."""
+    p = np.sort(np.asarray(path_prob, dtype=np.float64))[::-1]
+    want = 1.0 / root_ms
+    if p.size:
+        want = max(want, float(((1.0 + np.cumsum(p)) / (root_ms + min_node_ms * np.arange(1, p.size + 1))).max()))
+    assert ratio_upper_bound(path_prob, root_ms, min_node_ms) == 1000.0 * want
+
+
 def test_ratio_upper_bound_is_exact_on_a_cached_star():
     """A star with no expert term: every k-node prefix by P is a subtree, so the bound is R*."""
     tree = DraftTree([-1, 0, 0, 0, 0], q=[1.0, 0.9, 0.5, 0.2, 0.01])
