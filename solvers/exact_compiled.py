@@ -24,8 +24,8 @@ tests/solvers/test_exact_compiled.py checks it against the Python path (the same
 a tie to round-off) and brute force on generated instances; tests/solvers/test_solvers.py checks the
 default, compiled, solver against CP-SAT and brute force. The kernels avoid numpy array expressions and
 numba's argsort, which multiply the compile time (first use in a fresh checkout: 5.5 s for both kernels
-on this project's 2-vCPU VM, 7–9 s on a slower one; all eight of the project's kernels then load from numba's disk
-cache in about 0.5 s).
+on this project's 2-vCPU VM, 7–13 s on a slower one; all ten of the project's kernels then load from numba's disk
+cache in 0.5–2 s).
 
 References
 ----------
