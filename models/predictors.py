@@ -401,7 +401,7 @@ class FrequencyPredictor:
         """:meth:`observe` of the committed tokens ``observed`` (T,) with their routing (T, L, k), then
         :meth:`predict` of ``tokens`` (m,), in one compiled call
         (:func:`specfit.core.kernels.frequency_observe_top_k_kernel`; the engine's call at the start of a
-        drafted cycle, where the two separate calls cost ~2.5 × as much on caches a forward has just evicted:
+        drafted cycle, where the two separate calls took ~1.5 × as long on caches a forward has just evicted:
         BENCHMARKS.md, issue 9, twentieth round).
 
         Returns
