@@ -159,14 +159,18 @@ def global_counts(trace: RoutingTrace) -> np.ndarray:
 
 
 def _is_kernel_array(a, ndim: int) -> bool:
-    """True iff ``a`` is a C-contiguous int64 numpy array of ``ndim`` dimensions (what the kernels take)."""
-    return type(a) is np.ndarray and a.dtype == np.int64 and a.ndim == ndim and a.flags.c_contiguous
+    """True iff ``a`` is a writable C-contiguous int64 numpy array of ``ndim`` dimensions (what the kernels
+    are compiled for: :func:`specfit.core.kernels.kernel_array`)."""
+    return (type(a) is np.ndarray and a.dtype == np.int64 and a.ndim == ndim and a.flags.c_contiguous
+            and a.flags.writeable)
 
 
 def _token_ids(tokens) -> np.ndarray:
-    """Token ids as a C-contiguous int64 (T,) array for a kernel that checks their signs itself: ``tokens``
-    when it is one, else :func:`check_tokens`' array."""
-    return tokens if _is_kernel_array(tokens, 1) else np.ascontiguousarray(check_tokens(tokens))
+    """Token ids as a kernel's int64 (T,) array, for a kernel that checks their signs itself: ``tokens`` when
+    it is one, else :func:`check_tokens`' array, copied if need be."""
+    from specfit.core.kernels import kernel_array
+
+    return tokens if _is_kernel_array(tokens, 1) else kernel_array(check_tokens(tokens), np.int64)
 
 
 #: The window push's error codes (:func:`specfit.core.kernels._frequency_observe_top_k`) as (field, rule),
@@ -415,10 +419,10 @@ class FrequencyPredictor:
             As :meth:`observe` and :meth:`predict` do (fields ``routing`` and ``tokens``); nothing is
             observed if any check fails.
         """
-        from specfit.core.kernels import frequency_observe_top_k_kernel
+        from specfit.core.kernels import frequency_observe_top_k_kernel, kernel_array
 
         o, t = _token_ids(observed), _token_ids(tokens)  # their signs: checked in the call
-        r = routing if _is_kernel_array(routing, 3) else np.ascontiguousarray(routing_array(routing, copy=False))
+        r = routing if _is_kernel_array(routing, 3) else kernel_array(routing_array(routing, copy=False), np.int64)
         w = self.window
         if r.shape[1:] != (w.L, w.k):
             raise SpecFitInputError("routing", f"must have shape (T, {w.L}, {w.k}), got {r.shape}")

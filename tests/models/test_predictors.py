@@ -457,7 +457,9 @@ def _window_state(p):
 def test_observe_and_predict_equals_observe_then_predict(trace, data):
     """The engine's one call at the start of a drafted cycle (FrequencyPredictor.observe_and_predict): the
     same experts and the same window as observe then predict, window wrap-around, empty observations,
-    unseen and out-of-table token ids, int32 or list inputs included."""
+    unseen and out-of-table token ids, int32, list or read-only inputs included (one compiled signature)."""
+    from specfit.core.kernels import frequency_observe_top_k_kernel
+
     beta = data.draw(st.sampled_from([0.0, 0.5]))
     window = data.draw(st.integers(1, 6))
     one, fused = (build_frequency(trace, recency_weight=beta, window=window) for _ in range(2))
@@ -467,8 +469,12 @@ def test_observe_and_predict_equals_observe_then_predict(trace, data):
         observed = rng.integers(0, V, T)
         routing = token_table(1)[observed] if T else np.zeros((0, L, K), np.int64)
         tokens = rng.integers(0, 2 * V, m)
-        if data.draw(st.booleans()):
+        form = data.draw(st.sampled_from(["int64", "other", "read-only"]))
+        if form == "other":
             observed, routing, tokens = observed.astype(np.int32), routing.astype(np.int32), tokens.tolist()
+        if form == "read-only":  # copied, not compiled for: a read-only array is another numba type
+            for a in (observed, routing, tokens):
+                a.setflags(write=False)
         one.observe(observed, routing)
         want = one.predict(tokens)
         got = fused.observe_and_predict(observed, routing, tokens)
@@ -476,6 +482,7 @@ def test_observe_and_predict_equals_observe_then_predict(trace, data):
         np.testing.assert_array_equal(got, want)
         assert _window_state(fused) == _window_state(one)
         np.testing.assert_array_equal(fused.scores(tokens), one.scores(tokens))  # its cached context renewed
+    assert len(frequency_observe_top_k_kernel().signatures) == 1
 
 
 @pytest.mark.parametrize("change,field,rule", [
