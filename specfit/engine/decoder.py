@@ -784,6 +784,9 @@ class SpecDecoder:
         twin_ms = self._replay_twin()
         if args is not None:
             self._learn(*args, twin_ms)
+            online = self.online
+            if online.root_weight and isinstance(self.cost, CostModel):  # the next corrected cost's terms, here
+                online.weighted_corrections(self.cost.per_expert_array(online.root_error.size))
         return time.thread_time() - c0
 
     def _sync_twin(self) -> None:

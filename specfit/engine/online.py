@@ -128,6 +128,7 @@ class OnlineModel:
         self.root_weight = 0.0
         self.node_extra = None  # (L,) decayed sum of unpredicted experts of draft nodes
         self.node_weight = 0.0
+        self._weighted = None  # (w, Σ w e, Σ w m): corrected_cost's terms until the corrections change
         self.gain_ms = 0.0  # decayed sum of T_AR(d), AR decoding's ms for the cycle's tokens, over drafted cycles
         self.spent_ms = 0.0  # decayed sum of T over drafted cycles
         self.drafted = 0
@@ -176,6 +177,19 @@ class OnlineModel:
         """``m_l``, mean unpredicted uncached experts per verified draft node and layer (None before one)."""
         return None if self.node_weight == 0 else self.node_extra / self.node_weight
 
+    def weighted_corrections(self, w: np.ndarray) -> tuple[float | None, float | None]:
+        """``(Σ_l w_l e_l, Σ_l w_l m_l)``, ms, the corrections' terms of :meth:`corrected_cost` for the
+        per-expert ms ``w`` (L,) (None where a correction is not learned yet): kept until the corrections
+        change (:meth:`observe`) or another ``w`` array is given. The engine asks for them in the learning
+        slot, behind the next verify, so that a cycle's corrected cost takes one dot product, not three."""
+        memo = self._weighted
+        if memo is not None and memo[0] is w:
+            return memo[1], memo[2]
+        e, m = self.root_correction(), self.node_correction()
+        out = (w, float(w @ e) if e is not None else None, float(w @ m) if m is not None else None)
+        self._weighted = out
+        return out[1], out[2]
+
     def observe_host(self, levels: int, level_ms: float, rest_ms: float) -> None:
         """Record one drafted cycle's measured host CPU ms: ``level_ms`` over its ``levels`` draft
         levels (prediction, tree, calibration, the stop rule's solves) and ``rest_ms`` for the rest
@@ -215,20 +229,20 @@ class OnlineModel:
             ``per_node_ms + max(0, Σ_l w_l m_l)``, the rest of ``cost`` unchanged; a host-regime
             profile with ``node_extra_ms`` as above.
         """
-        e, m = self.root_correction(), self.node_correction()
         if isinstance(cost, HostProfile):
+            m = self.node_correction()
             if m is None:
                 return cost
             c = cost.reference_layers / m.size if m.size else 0.0
             extra = c * (cost.host_per_expert_ms + cost.host_per_row_ms) * float(m.sum())
             return replace(cost, node_extra_ms=max(0.0, extra))
-        if e is None and m is None:
+        if not self.root_weight and not self.node_weight:
             return cost
-        n = (e if e is not None else m).size
-        w = cost.per_expert_array(n)
+        w = cost.per_expert_array((self.root_error if self.root_weight else self.node_extra).size)
+        we, wm = self.weighted_corrections(w)
         root_ms = float(w @ np.asarray(root_new_per_layer, dtype=np.float64))
-        fixed = cost.fixed_ms + (max(float(w @ e), -root_ms) if e is not None else 0.0)
-        per_node = cost.per_node_ms + (max(0.0, float(w @ m)) if m is not None else 0.0)
+        fixed = cost.fixed_ms + (max(we, -root_ms) if we is not None else 0.0)
+        per_node = cost.per_node_ms + (max(0.0, wm) if wm is not None else 0.0)
         fixed = max(fixed, 0.0)
         if fixed + per_node <= 0:  # a cost model's cycle takes time: keep the uncorrected fixed_ms
             fixed = cost.fixed_ms
@@ -283,6 +297,7 @@ class OnlineModel:
         err = np.asarray(root_true_new, dtype=np.float64) - np.asarray(root_predicted_new, dtype=np.float64)
         self.root_error = err if self.root_error is None else d * self.root_error + err
         self.root_weight = d * self.root_weight + 1.0
+        self._weighted = None
         if cycle_ms is None:
             return
         if not counted:

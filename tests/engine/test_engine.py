@@ -408,6 +408,27 @@ def test_the_engine_observes_and_predicts_in_one_call_where_the_predictor_can(ck
     assert fused.observes == 1  # the prompt's, at prefill; every committed token through the fused call
 
 
+def test_the_corrected_costs_terms_are_computed_in_the_learning_slot(ckpt, monkeypatch):
+    """Every corrected cost a cycle builds after the first learning finds its correction terms already
+    computed (OnlineModel.weighted_corrections, filled behind the verify by _learn_last_cycle), so the
+    root's work behind the first draft level takes one dot product for them, not three."""
+    from specfit.engine.online import OnlineModel
+
+    found = []
+    corrected = OnlineModel.corrected_cost
+
+    def recording(self, cost, root_new):
+        if self.root_weight:
+            memo = self._weighted
+            found.append(memo is not None and memo[0] is cost.per_expert_array(self.root_error.size))
+        return corrected(self, cost, root_new)
+
+    monkeypatch.setattr(OnlineModel, "corrected_cost", recording)
+    dec = decoder(ckpt, "specfit", SelfDrafter(ckpt), tree=TreeSettings(8, 3, 3))
+    gen = dec.generate(PROMPTS[1], 16)
+    assert sum(1 for c in gen.cycles if c.levels) > 2 and len(found) > 2 and all(found)
+
+
 @pytest.mark.parametrize("declared", [False, True])
 def test_only_a_predictor_that_declares_valid_output_goes_unchecked(ckpt, monkeypatch, declared):
     """The engine checks each prediction (check_experts) unless the predictor declares ``valid_output``

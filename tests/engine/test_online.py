@@ -27,6 +27,42 @@ def test_corrected_cost_prices_the_predictors_misses():
     assert c.per_expert_ms == COST.per_expert_ms and c.name == COST.name
 
 
+def _fresh_corrected(on: OnlineModel, cost: CostModel, root_new) -> tuple[float, float]:
+    """corrected_cost's fixed_ms and per_node_ms computed from the corrections as they are now."""
+    e, m = on.root_correction(), on.node_correction()
+    w = np.asarray(cost.per_expert_ms, dtype=np.float64)
+    root_ms = float(w @ np.asarray(root_new, dtype=np.float64))
+    fixed = cost.fixed_ms + (max(float(w @ e), -root_ms) if e is not None else 0.0)
+    per_node = cost.per_node_ms + (max(0.0, float(w @ m)) if m is not None else 0.0)
+    fixed = max(fixed, 0.0)
+    return (fixed if fixed + per_node > 0 else cost.fixed_ms), per_node
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_corrected_cost_keeps_its_terms_only_until_the_corrections_change(data):
+    """weighted_corrections' memo (filled in the learning slot, or by corrected_cost itself) gives the
+    floats a fresh computation gives, after every observe, AR step or drafted cycle, and after a memo
+    asked for with another cost's per-expert array."""
+    on = OnlineModel(depth=4)
+    other = CostModel(3.0, 0.05, (0.5, 4.0))
+    counts = st.lists(st.integers(0, 6), min_size=2, max_size=2)
+    for _ in range(data.draw(st.integers(1, 6))):
+        pred, true = data.draw(counts), data.draw(counts)
+        if data.draw(st.booleans()):  # a drafted cycle: the node correction too
+            on.observe(root_predicted_new=pred, root_true_new=true, selected_predicted_new=data.draw(counts),
+                       transferred=data.draw(counts), draft_nodes=data.draw(st.integers(0, 3)), committed=1,
+                       cycle_ms=10.0, ar_ms=7.0)
+        else:  # an AR step: the root's error alone
+            on.observe(root_predicted_new=pred, root_true_new=true)
+        for cost in data.draw(st.lists(st.sampled_from([COST, other]), max_size=3)):  # the learning slot's
+            on.weighted_corrections(cost.per_expert_array(2))
+        root_new = data.draw(counts)
+        for cost in (COST, other, COST):
+            c = on.corrected_cost(cost, root_new)
+            assert (c.fixed_ms, c.per_node_ms) == _fresh_corrected(on, cost, root_new)
+
+
 def test_corrections_never_make_a_cycle_cheaper_than_its_verified_nodes():
     on = OnlineModel(depth=4)
     # the predictor over-predicts: 3 predicted uncached root experts per layer, none really uncached
