@@ -165,12 +165,12 @@ def _is_kernel_array(a, ndim: int) -> bool:
             and a.flags.writeable)
 
 
-def _token_ids(tokens) -> np.ndarray:
+def _token_ids(tokens, field: str) -> np.ndarray:
     """Token ids as a kernel's int64 (T,) array, for a kernel that checks their signs itself: ``tokens`` when
-    it is one, else :func:`check_tokens`' array, copied if need be."""
+    it is one, else :func:`check_tokens`' array (errors name ``field``), copied if need be."""
     from specfit.core.kernels import kernel_array
 
-    return tokens if _is_kernel_array(tokens, 1) else kernel_array(check_tokens(tokens), np.int64)
+    return tokens if _is_kernel_array(tokens, 1) else kernel_array(check_tokens(tokens, field=field), np.int64)
 
 
 #: The window push's error codes (:func:`specfit.core.kernels._frequency_observe_top_k`) as (field, rule),
@@ -178,7 +178,7 @@ def _token_ids(tokens) -> np.ndarray:
 _OBSERVE_ERRORS = {
     1: lambda E: ("routing", f"expert ids must lie in [0, {E})"),
     2: lambda E: ("routing", "each (token, layer) row must list k distinct experts"),
-    3: lambda E: ("tokens", "token ids must be non-negative"),
+    3: lambda E: ("observed", "token ids must be non-negative"),
     4: lambda E: ("tokens", "token ids must be non-negative"),
 }
 
@@ -416,18 +416,18 @@ class FrequencyPredictor:
         Raises
         ------
         SpecFitInputError
-            As :meth:`observe` and :meth:`predict` do (fields ``routing`` and ``tokens``); nothing is
-            observed if any check fails.
+            As :meth:`observe` and :meth:`predict` do, naming ``observed``, ``routing`` or ``tokens``;
+            nothing is observed if any check fails.
         """
         from specfit.core.kernels import frequency_observe_top_k_kernel, kernel_array
 
-        o, t = _token_ids(observed), _token_ids(tokens)  # their signs: checked in the call
+        o, t = _token_ids(observed, "observed"), _token_ids(tokens, "tokens")  # their signs: checked in the call
         r = routing if _is_kernel_array(routing, 3) else kernel_array(routing_array(routing, copy=False), np.int64)
         w = self.window
         if r.shape[1:] != (w.L, w.k):
             raise SpecFitInputError("routing", f"must have shape (T, {w.L}, {w.k}), got {r.shape}")
         if o.shape[0] != r.shape[0]:
-            raise SpecFitInputError("tokens", f"must have one entry per row ({r.shape[0]}), got {o.shape[0]}")
+            raise SpecFitInputError("observed", f"must have one entry per routing row ({r.shape[0]}), got {o.shape[0]}")
         w.size, w.head, w.step, error, out = frequency_observe_top_k_kernel()(
             w.counts, w.last, w.ring, w.size, w.head, w.step, r, w.E, o, self.table, self._row, self.n, self.a,
             self.k, self._pseudo, self.g, self._tiebreak, self.beta, t)

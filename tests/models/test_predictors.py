@@ -490,9 +490,10 @@ def test_observe_and_predict_equals_observe_then_predict(trace, data):
     (lambda o, r, t: (o, np.repeat(r[:, :, :1], K, axis=2), t), "routing", "distinct"),
     (lambda o, r, t: (o, r[:, :1], t), "routing", "must have shape"),
     (lambda o, r, t: (o, r.astype(float), t), "routing", "integer"),
-    (lambda o, r, t: (-o - 1, r, t), "tokens", "non-negative"),
+    (lambda o, r, t: (-o - 1, r, t), "observed", "non-negative"),
     (lambda o, r, t: (o, r, -t - 1), "tokens", "non-negative"),
-    (lambda o, r, t: (o[:1], r, t), "tokens", "one entry per row"),
+    (lambda o, r, t: (o[:1], r, t), "observed", "one entry per routing row"),
+    (lambda o, r, t: (o[:, None], r, t), "observed", "shape"),
     (lambda o, r, t: (o, r, t[:, None]), "tokens", "shape"),
 ])
 def test_observe_and_predict_refuses_bad_input_and_observes_nothing(trace, change, field, rule):
