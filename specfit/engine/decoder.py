@@ -1136,18 +1136,17 @@ class SpecDecoder:
         declares ``valid_output`` (the built-in ones). The committed tokens not yet observed are observed
         first, in the same call where the predictor has ``observe_and_predict``."""
         t0 = time.perf_counter()
-        fused = None
+        fused = getattr(self.predictor, "observe_and_predict", None)  # one call instead of two (optional)
+        observed = None
         if self._unobserved:
             toks, rows = zip(*self._unobserved)
-            if len(toks) > 1:  # several cycles' tokens (AR steps before this cycle); else the one cycle's as they are
-                toks, rows = (np.concatenate(toks),), (np.concatenate(rows),)
-            self._unobserved.clear()
-            fused = getattr(self.predictor, "observe_and_predict", None)  # one call instead of two (optional)
-            if fused is None:
-                self.predictor.observe(toks[0], rows[0], None)
-        if fused is not None:
-            experts = fused(toks[0], rows[0], tokens, hidden)
+            self._unobserved.clear()  # several cycles' tokens (AR steps before this one) joined; one cycle's as is
+            observed = (np.concatenate(toks), np.concatenate(rows)) if len(toks) > 1 else (toks[0], rows[0])
+        if observed is not None and fused is not None:
+            experts = fused(*observed, tokens, hidden)
         else:
+            if observed is not None:
+                self.predictor.observe(*observed, None)
             experts = self.predictor.predict(tokens, hidden)
         if getattr(self.predictor, "valid_output", False) is not True:
             experts = check_experts(experts, len(tokens), self.num_experts, copy=False)
