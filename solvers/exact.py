@@ -51,7 +51,7 @@ import numpy as np
 
 from specfit.core.coverage import Coverage, at_least_twice, coverage
 from specfit.core.instance import Instance
-from specfit.core.objective import evaluate_selected, evaluate_uncovered
+from specfit.core.objective import evaluate_uncovered, evaluation
 from specfit.solvers.base import Solver
 from specfit.solvers.exact_host import select_host
 from specfit.solvers.greedy import _scan_prefix, linear_prefix
@@ -318,18 +318,18 @@ class ExactSolver(Solver):
         self.time_limit_s = time_limit_s
         self.compiled = compiled
         if compiled:  # compiled (or loaded from numba's cache) here: no solve pays it
-            from specfit.core.kernels import need_bits_kernel
+            from specfit.core.kernels import item_words_kernel
             from specfit.solvers.exact_compiled import exact_kernel, linear_prefix_kernel
 
             exact_kernel()
             linear_prefix_kernel()
-            need_bits_kernel()  # an instance's coverage accounting (ItemSets.extend)
+            item_words_kernel()  # an instance's coverage accounting (ItemSets.extend)
 
     def select(self, instance: Instance, rate: float | None):
         deadline = None if self.time_limit_s is None else time.perf_counter() + self.time_limit_s
         host = instance.cost.regime == "host"
         linear = not host or instance.cost.node_extra_ms <= instance.cost.gpu.fixed_ms + instance.cost.extra_ms
-        if linear and not any(instance.items.need):  # no uncached expert: T linear in |S|, a prefix is optimal
+        if linear and not instance.items.any_uncached():  # no uncached expert: T linear in |S|, a prefix is optimal
             lam = None if rate is None else rate / 1000.0
             cost = instance.cost.gpu_only() if host else instance.cost  # host: nothing on the host, the GPU part
             if self.compiled:  # the same prefix, one compiled call
@@ -347,8 +347,8 @@ class ExactSolver(Solver):
         if self.compiled and not budgeted:
             from specfit.solvers.exact_compiled import select_unbudgeted
 
-            nodes, new = select_unbudgeted(instance, None if rate is None else rate / 1000.0, self.tol)
-            ev = evaluate_selected(instance, nodes, new)
+            nodes, new, a, t = select_unbudgeted(instance, None if rate is None else rate / 1000.0, self.tol)
+            ev = evaluation(nodes, a, t, new)  # the kernel's A and T: evaluate's floats
             return ev.nodes, "optimal", ev
         cov = coverage(instance)
         status = "optimal"

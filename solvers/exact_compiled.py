@@ -354,10 +354,69 @@ def _linear_prefix(parents, pp, fixed_ms, per_node_ms, k_max, lam):
 
 
 @numba.njit(cache=True, error_model="numpy")
+def _pairwise_block(a, lo, n):
+    """numpy's pairwise sum of ``a[lo:lo + n]`` for n <= 128: a plain loop under 8 elements, else eight
+    accumulators then the rest (:func:`_pairwise_sum`)."""
+    if n < 8:
+        res = 0.0
+        for i in range(n):
+            res += a[lo + i]
+        return res
+    r = np.empty(8)
+    for j in range(8):
+        r[j] = a[lo + j]
+    i = 8
+    while i < n - (n % 8):
+        for j in range(8):
+            r[j] += a[lo + i + j]
+        i += 8
+    res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+    while i < n:
+        res += a[lo + i]
+        i += 1
+    return res
+
+
+@numba.njit(cache=True, error_model="numpy")
+def _pairwise_sum(a, lo, n):
+    """``a[lo:lo + n].sum()`` as numpy sums a contiguous float64 array, bit for bit: numpy's pairwise
+    summation (``pairwise_sum`` in numpy's ``loops_utils.h.src``; numpy.sum's documentation, Notes): blocks
+    of at most 128 (:func:`_pairwise_block`), above that the sum of the two halves (the first a multiple of
+    8 long), here with an explicit stack (numba's cache does not hold recursive functions safely). The
+    caller adds it to 0.0, as numpy's reduction starts from the identity."""
+    if n <= 128:
+        return _pairwise_block(a, lo, n)
+    los = np.empty(130, np.int64)  # pending (lo, n, halves done) ranges: 2 per level, < 64 levels
+    ns = np.empty(130, np.int64)
+    done = np.zeros(130, np.bool_)
+    sums = np.empty(130)  # the finished ranges' sums, left before right
+    los[0], ns[0], sp, rp = lo, n, 1, 0
+    while sp > 0:
+        sp -= 1
+        l, m = los[sp], ns[sp]
+        if m <= 128:
+            sums[rp] = _pairwise_block(a, l, m)
+            rp += 1
+        elif done[sp]:  # both halves summed: left + right
+            sums[rp - 2] = sums[rp - 2] + sums[rp - 1]
+            rp -= 1
+        else:
+            n2 = m // 2
+            n2 -= n2 % 8
+            done[sp] = True  # back on the stack, under its halves
+            los[sp + 1], ns[sp + 1], done[sp + 1] = l + n2, m - n2, False  # right, summed second
+            los[sp + 2], ns[sp + 2], done[sp + 2] = l, n2, False  # left, summed first
+            sp += 3
+    return sums[0]
+
+
+@numba.njit(cache=True, error_model="numpy")
 def _select(parents, pp, own, num_experts, fixed_ms, per_node_ms, layer_ms, seg_word, seg_mask, seg_layer, lam_rate,
             tol):
-    """The exact selection (a mask of shape (n,)) without budgets, and the uncached experts per layer it
-    needs (the root's included). ``own`` (n, words): row 0 the root's items, row v > 0 the items v owns
+    """The exact selection (a mask of shape (n,)) without budgets, the uncached experts per layer it
+    needs (the root's included), and its A (tokens) and T (ms): the floats of
+    :func:`specfit.core.objective.evaluate`, bit for bit (A's sum as numpy's, :func:`_pairwise_sum`; T's
+    expert term as :meth:`specfit.core.cost.CostModel.cycle_ms`). ``own`` (n, words): row 0 the root's items, row v > 0 the items v owns
     (:meth:`specfit.core.coverage.ItemSets.words`).
 
     Ratio mode (``lam_rate < 0``): Dinkelbach from the best prefix of the path-probability order (as
@@ -438,14 +497,22 @@ def _select(parents, pp, own, num_experts, fixed_ms, per_node_ms, layer_ms, seg_
                 break
             sel, lam = cand, ca / ct
     bits = np.zeros(W, np.uint64)
+    picked = np.empty(n, np.float64)  # P of the selected nodes but the root, in id order (as evaluate gathers them)
+    size = 1
     for v in range(1, n):
         if sel[v]:
+            picked[size - 1] = pp[v]
+            size += 1
             for w in range(W):
                 bits[w] |= own[v, w]
     _per_layer(bits, seg_word, seg_mask, seg_layer, counts)
+    experts_ms = 0.0  # as CostModel.cycle_ms: layer by layer, in order
     for l in range(L):
         counts[l] += root_new[l]
-    return sel, counts
+        experts_ms += layer_ms[l] * np.float64(counts[l])
+    a = 1.0 + (0.0 + _pairwise_sum(picked, 0, size - 1)) if size > 1 else 1.0
+    t = fixed_ms + per_node_ms * size + experts_ms if L else fixed_ms + per_node_ms * size
+    return sel, counts, a, t
 
 
 def _segments(num_layers: int, num_experts: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -486,15 +553,18 @@ def select_unbudgeted(instance, rate_lam: float | None, tol: float) -> tuple[np.
     new : numpy.ndarray of int64, shape (L,)
         Uncached experts per layer the selection needs (the root's included): the ``new_experts`` of
         :func:`specfit.core.objective.evaluate`.
+    a, t : float
+        A(S) (tokens) and T(S) (ms) of the selection: :func:`specfit.core.objective.evaluate`'s floats, bit
+        for bit (SPECFIT.md §3).
     """
     items, cost, tree = instance.items, instance.cost, instance.tree
     L, E = instance.num_layers, instance.num_experts
     _, seg_word, seg_mask, seg_layer = _layout(L, E)
-    sel, new = exact_kernel()(kernel_array(tree.parents, np.int64), kernel_array(tree.path_prob, np.float64),
-                              items.words(), E, float(cost.fixed_ms), float(cost.per_node_ms),
-                              cost.per_expert_array(L), seg_word, seg_mask, seg_layer,
-                              -1.0 if rate_lam is None else float(rate_lam), float(tol))
-    return np.flatnonzero(sel), new
+    sel, new, a, t = exact_kernel()(kernel_array(tree.parents, np.int64), kernel_array(tree.path_prob, np.float64),
+                                    items.words(), E, float(cost.fixed_ms), float(cost.per_node_ms),
+                                    cost.per_expert_array(L), seg_word, seg_mask, seg_layer,
+                                    -1.0 if rate_lam is None else float(rate_lam), float(tol))
+    return np.flatnonzero(sel), new, a, t
 
 
 def linear_prefix(tree, cost, max_nodes: int | None, lam: float | None) -> list[int]:

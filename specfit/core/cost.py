@@ -154,11 +154,16 @@ class CostModel:
 
         ``rows_per_layer`` (the (token, expert) rows of those experts) is accepted so that both
         regimes price measured counts through one call, and ignored: a copied expert costs the same
-        whatever the number of tokens routed to it (:meth:`HostProfile.cycle_ms` prices rows)."""
+        whatever the number of tokens routed to it (:meth:`HostProfile.cycle_ms` prices rows). The expert
+        term is summed layer by layer, in layer order (no BLAS dot, whose order and fused multiply-adds vary
+        by machine), so that compiled code reproduces T bit for bit."""
         m = np.asarray(new_experts_per_layer, dtype=np.float64)
         if not m.size:  # no expert term (every expert cached, or no MoE layer in the tree)
             return self.fixed_ms + self.per_node_ms * num_nodes
-        return self.fixed_ms + self.per_node_ms * num_nodes + float(self.per_expert_array(m.shape[0]) @ m)
+        experts_ms = 0.0  # layer by layer, in order: compiled code (the exact solver) sums the same floats
+        for w, c in zip(self.per_expert_array(m.shape[0]).tolist(), m.reshape(-1).tolist()):
+            experts_ms += w * c
+        return self.fixed_ms + self.per_node_ms * num_nodes + experts_ms
 
     @property
     def min_node_ms(self) -> float:

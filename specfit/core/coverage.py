@@ -48,6 +48,10 @@ def item_ids(bits: int, num_items: int) -> np.ndarray:
 class ItemSets:
     """Per-node bitsets of the uncached items of a draft tree, grown level by level.
 
+    The bitsets are kept as rows of 64-bit words (item i is bit ``i % 64`` of word ``i // 64``), filled by
+    one compiled pass per :meth:`extend`; :attr:`need`, :attr:`above` and :attr:`own` give them as Python
+    ints (converted when first read), for the bitset code of the Python solvers.
+
     Parameters
     ----------
     cache : numpy.ndarray of bool, shape (L, num_experts)
@@ -63,32 +67,50 @@ class ItemSets:
         ``own[v] = need[v] & ~above[v]``; ``own[0] = 0`` (the root's items are paid up front).
     rows : numpy.ndarray of int64, shape (n, L)
         ``rows[v, l] = |E[v][l] \\ C[l]|``: node v's (token, uncached expert) rows in layer l, the
-        per-node term of the host-compute regime (:class:`specfit.core.cost.HostProfile`).
+        per-node term of the host-compute regime (:class:`specfit.core.cost.HostProfile`); row 0 is
+        also the root's uncached experts per layer.
 
     Notes
     -----
-    :meth:`extend` costs one compiled pass over the new nodes' (m, L, k) experts (their need bits, packed)
-    and O(m) bitset operations, so a tree grown level by level is accounted for once, not once per level.
+    :meth:`extend` costs one compiled pass over the new nodes' (m, L, k) experts
+    (:func:`specfit.core.kernels.item_words_kernel`: need, above and own words, rows per layer), so a tree
+    grown level by level is accounted for once, not once per level, and no Python int is built unless a
+    Python solver reads one.
     """
 
     def __init__(self, cache: np.ndarray):
         self.cache = cache
         self.num_layers, self.num_experts = (int(x) for x in cache.shape)
-        self.need: list[int] = []
-        self.above: list[int] = []
-        self.own: list[int] = []
-        self.rows = np.zeros((0, self.num_layers), dtype=np.int64)
+        self._num_words = (self.num_layers * self.num_experts + 63) // 64
+        self._n = 0
+        # need, above, own words and rows per layer; rows [0, _n) are valid, capacity grows by doubling
+        self._need_w = self._above_w = self._own_w = np.zeros((0, self._num_words), dtype=np.uint64)
+        self._rows = np.zeros((0, self.num_layers), dtype=np.int64)
+        self._ints = {"need": [], "above": [], "own": []}  # Python-int views, converted when first read
         self._mask = (1 << self.num_experts) - 1
-        self._word_rows: list[bytes] = []  # words(): one row per node, converted once
-        self._cache_c = None  # the need kernel's cache argument, made at the first extend that needs it
+        self._cache_c = None  # the kernel's cache argument, made at the first extend
 
     def __len__(self) -> int:
-        return len(self.need)
+        return self._n
+
+    @property
+    def rows(self) -> np.ndarray:
+        return self._rows[:self._n]
+
+    def _bits(self, name: str) -> list[int]:
+        out, words = self._ints[name], getattr(self, f"_{name}_w")
+        for v in range(len(out), self._n):
+            out.append(int.from_bytes(words[v].tobytes(), "little"))
+        return out
+
+    need = property(lambda self: self._bits("need"), doc="``need[v]``: the items node v needs (Python ints).")
+    above = property(lambda self: self._bits("above"), doc="``above[v]``: the items a proper ancestor of v needs.")
+    own = property(lambda self: self._bits("own"), doc="``own[v] = need[v] & ~above[v]``; ``own[0] = 0``.")
 
     def need_mask(self, experts: np.ndarray) -> np.ndarray:
         """Bool array of shape (m, L * num_experts): True where a node of ``experts`` (shape (m, L, k))
         routes to an uncached expert (:meth:`extend` packs the same bits in one compiled call,
-        :func:`specfit.core.kernels.need_bits_kernel`)."""
+        :func:`specfit.core.kernels.item_words_kernel`)."""
         m, L, E = experts.shape[0], self.num_layers, self.num_experts
         mask = np.zeros((m, L * E), dtype=bool)
         if L and m:
@@ -96,6 +118,18 @@ class ItemSets:
             mask[np.repeat(np.arange(m), ids.shape[1] * ids.shape[2]), ids.reshape(-1)] = True
             mask &= ~self.cache.reshape(1, -1)
         return mask
+
+    def _reserve(self, size: int) -> None:
+        """Grow the word and row arrays to hold ``size`` nodes (capacity doubles)."""
+        cap = self._rows.shape[0]
+        if size <= cap:
+            return
+        cap = max(size, 2 * cap, 8)
+        for name in ("_need_w", "_above_w", "_own_w", "_rows"):
+            old = getattr(self, name)
+            new = np.zeros((cap,) + old.shape[1:], dtype=old.dtype)
+            new[:self._n] = old[:self._n]
+            setattr(self, name, new)
 
     def extend(self, parents: Sequence[int], experts: np.ndarray) -> None:
         """Account for new nodes, appended after the existing ones.
@@ -106,34 +140,39 @@ class ItemSets:
             Parent of each new node (an existing node, or an earlier new one; -1 for the root).
         experts : numpy.ndarray of int, shape (m, L, k)
             Predicted experts of each new node.
-        """
-        if self.num_layers == 0 or experts.shape[2] == 0:  # no expert term: every item set is empty
-            m = len(parents)
-            self.need += [0] * m
-            self.above += [0] * m
-            self.own += [0] * m
-            self.rows = np.concatenate([self.rows, np.zeros((m, self.num_layers), dtype=np.int64)])
-            return
-        from specfit.core.kernels import kernel_array, need_bits_kernel
 
-        if experts.ndim != 3 or experts.shape[1] != self.num_layers:
+        Raises
+        ------
+        SpecFitInputError
+            If ``experts`` does not have one row per layer of the cache (field ``cache``), an expert id
+            lies outside [0, num_experts) (``experts``), or a parent is not an earlier node (``parents``);
+            nothing is appended then.
+        """
+        from specfit.core.kernels import item_words_kernel, kernel_array
+
+        experts = np.asarray(experts)
+        m = len(parents)
+        if experts.ndim != 3 or experts.shape[0] != m:
+            raise SpecFitInputError("experts", f"must have shape (m={m}, L, k), one row per new node; got {experts.shape}")
+        if experts.shape[2] and experts.shape[1] != self.num_layers:
             raise SpecFitInputError("cache", f"must have one row per MoE layer of the experts: experts have shape "
                                     f"{experts.shape} (m, L, k), the cache {self.num_layers} layers")
+        if not m:
+            return
+        self._reserve(self._n + m)
         if self._cache_c is None:
             self._cache_c = kernel_array(self.cache, np.bool_)
-        packed, rows, ok = need_bits_kernel()(kernel_array(experts, np.int64), self._cache_c)
-        if not ok:
+        if experts.shape[2] == 0:  # no expert term: every item set is empty
+            experts = np.zeros((m, self.num_layers, 0), dtype=np.int64)
+        status = item_words_kernel()(kernel_array(experts, np.int64), self._cache_c,
+                                     kernel_array(parents, np.int64), self._n, self._need_w, self._above_w,
+                                     self._own_w, self._rows)
+        if status == 1:
             raise SpecFitInputError("experts", f"expert ids must lie in [0, {self.num_experts})")
-        self.rows = np.concatenate([self.rows, rows])
-        for p, row in zip(parents, packed):
-            bits = int.from_bytes(row.tobytes(), "little")
-            if p < 0:
-                above = 0
-            else:
-                above = self.above[p] | self.need[p]
-            self.need.append(bits)
-            self.above.append(above)
-            self.own.append(bits & ~above if p >= 0 else 0)
+        if status == 2:
+            raise SpecFitInputError("parents", f"each parent must be an earlier node in [0, {self._n + m}) or -1 "
+                                    "for the root")
+        self._n += m
 
     def words(self) -> np.ndarray:
         """The root's items and the items each other node owns as 64-bit words, for compiled code.
@@ -143,12 +182,15 @@ class ItemSets:
         numpy.ndarray of uint64, shape (n, ceil(L * num_experts / 64))
             Row 0: ``need[0]``; row v > 0: ``own[v]``; item i is bit ``i % 64`` of word ``i // 64``. A new
             array on each call (changing it changes nothing here).
-            Each node's row is converted once, when first asked for.
         """
-        rows, nbytes = self._word_rows, 8 * ((self.num_layers * self.num_experts + 63) // 64)
-        for v in range(len(rows), len(self.need)):
-            rows.append((self.need[0] if v == 0 else self.own[v]).to_bytes(nbytes, "little"))
-        return np.frombuffer(bytearray(b"".join(rows)), dtype="<u8").reshape(len(rows), nbytes // 8)
+        out = self._own_w[:self._n].copy()
+        if self._n:
+            out[0] = self._need_w[0]
+        return out
+
+    def any_uncached(self) -> bool:
+        """True iff some node needs an uncached item (``any(need)``, without building the Python ints)."""
+        return bool(self._need_w[:self._n].any())
 
     def per_layer(self, bits: int) -> list[int]:
         """Number of items of bitset ``bits`` in each layer."""
@@ -158,8 +200,9 @@ class ItemSets:
     def union(self, nodes: Iterable[int]) -> int:
         """Bitset of the items any node of ``nodes`` needs."""
         out = 0
+        need = self.need
         for v in nodes:
-            out |= self.need[v]
+            out |= need[v]
         return out
 
     def new_per_layer(self, nodes: Iterable[int]) -> np.ndarray:
@@ -174,8 +217,8 @@ class ItemSets:
 
     @property
     def root_new_per_layer(self) -> list[int]:
-        """Uncached experts the root alone needs, per layer."""
-        return self.per_layer(self.need[0]) if self.need else [0] * self.num_layers
+        """Uncached experts the root alone needs, per layer (its row of :attr:`rows`)."""
+        return self._rows[0].tolist() if self._n else [0] * self.num_layers
 
 
 @dataclass(frozen=True, eq=False)

@@ -465,37 +465,59 @@ def kernel_array(a, dtype) -> np.ndarray:
 
 
 @numba.njit(cache=True)
-def _need_bits(experts, cache):
-    """For ``ItemSets.extend``: node i's uncached items ``l * E + e`` as little-endian packed bits
-    (m, ceil(L * E / 8)) uint8, and its distinct uncached experts per layer (m, L) int64; the same as
-    ``np.packbits(ItemSets.need_mask(experts), axis=1, bitorder="little")`` and the mask's per-layer sums.
-    ``experts`` (m, L, k) int64, ``cache`` (L, E) bool. Returns ``(packed, rows, ok)``: ``ok`` False (and
-    the arrays partly filled) if an id lies outside [0, E)."""
+def _item_words(experts, cache, parents, start, need, above, own, rows):
+    """For ``ItemSets.extend``: fill rows ``start + i`` (i < m) of the item words and rows per layer.
+
+    ``experts`` (m, L, k) int64 and ``cache`` (L, E) bool; ``parents`` (m,) int64, each an earlier node
+    (< start + i) or -1 (the root); ``need``, ``above``, ``own`` (capacity, W) uint64 with item ``l * E + e``
+    as bit ``(l * E + e) % 64`` of word ``(l * E + e) // 64``; ``rows`` (capacity, L) int64. Node v's need
+    bits are the items ``l * E + e`` with e among its experts of layer l and ``not cache[l, e]`` (a repeated
+    id once: ``np.packbits`` of ``ItemSets.need_mask``); ``rows[v, l]`` their count in layer l;
+    ``above[v] = above[p] | need[p]`` (0 for the root); ``own[v] = need[v] & ~above[v]`` (0 for the root).
+    Returns 0, or 1 if an expert id lies outside [0, E), 2 if a parent is not an earlier node (rows from
+    ``start`` on are then partly written: the caller does not count them)."""
     m, L, k = experts.shape
     E = cache.shape[1]
-    packed = np.zeros((m, (L * E + 7) // 8), np.uint8)
-    rows = np.zeros((m, L), np.int64)
+    W = need.shape[1]
+    one = np.uint64(1)
     for i in range(m):
+        v = start + i
+        p = parents[i]
+        if p >= v or p < -1 or (p == -1) != (v == 0):
+            return 2
+        for w in range(W):
+            need[v, w] = 0
         for l in range(L):
+            rows[v, l] = 0
             for j in range(k):
                 e = experts[i, l, j]
                 if e < 0 or e >= E:
-                    return packed, rows, False
+                    return 1
                 if not cache[l, e]:
                     b = l * E + e
-                    bit = np.uint8(1 << (b & 7))
-                    if not packed[i, b >> 3] & bit:  # a repeated id counts once, as in the mask
-                        packed[i, b >> 3] |= bit
-                        rows[i, l] += 1
-    return packed, rows, True
+                    bit = one << np.uint64(b & 63)
+                    if not need[v, b >> 6] & bit:  # a repeated id counts once, as in the mask
+                        need[v, b >> 6] |= bit
+                        rows[v, l] += 1
+        for w in range(W):
+            if p < 0:
+                above[v, w] = 0
+                own[v, w] = 0
+            else:
+                a = above[p, w] | need[p, w]
+                above[v, w] = a
+                own[v, w] = need[v, w] & ~a
+    return 0
 
 
 @functools.cache
-def need_bits_kernel():
-    """The compiled :func:`_need_bits` (a numba dispatcher), compiled or loaded from numba's cache on the
-    first call in a process."""
-    _need_bits(np.zeros((1, 1, 1), np.int64), np.zeros((1, 1), np.bool_))
-    return _need_bits
+def item_words_kernel():
+    """The compiled :func:`_item_words` (a numba dispatcher; arguments, shapes and return value as there),
+    compiled or loaded from numba's cache on the first call in a process."""
+    w = np.zeros((1, 1), np.uint64)
+    _item_words(np.zeros((1, 1, 1), np.int64), np.zeros((1, 1), np.bool_), np.full(1, -1, np.int64), 0, w, w.copy(),
+                w.copy(), np.zeros((1, 1), np.int64))
+    return _item_words
 
 
 @functools.cache

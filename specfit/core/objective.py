@@ -113,26 +113,28 @@ def evaluate_uncovered(instance: Instance, nodes: Sequence[int]) -> Evaluation:
                    np.zeros(instance.num_layers, dtype=np.int64))
 
 
-def evaluate_selected(instance: Instance, nodes: np.ndarray, new: np.ndarray) -> Evaluation:
-    """:func:`evaluate` of a solver's selection whose uncached experts per layer the solver counted: the
-    same floats, without the closure check and the coverage count.
+def evaluation(nodes: np.ndarray, a: float, t: float, new: np.ndarray) -> Evaluation:
+    """The :class:`Evaluation` of a solver's selection whose A, T and uncached experts per layer the solver
+    computed as :func:`evaluate` does (the compiled exact solver: the same floats, bit for bit, without the
+    closure check and the coverage count).
 
     Parameters
     ----------
-    instance : Instance
-        Cost a :class:`~specfit.core.cost.CostModel` (not checked).
     nodes : numpy.ndarray of int64, shape (|S|,)
         Increasing node ids, root first, ancestor-closed (not checked).
+    a : float
+        A(S), tokens.
+    t : float
+        T(S), ms.
     new : numpy.ndarray of int64, shape (L,)
         ``|(U_{v in S} E[v][l]) \\ C[l]|`` per layer (not checked).
 
     Returns
     -------
     Evaluation
-        Nothing is raised: the caller vouches for ``nodes`` and ``new``.
+        Throughput ``1000 A / T`` tokens/s. Nothing is raised: the caller vouches for the values.
     """
-    a = 1.0 + float(instance.tree.path_prob[nodes[1:]].sum()) if len(nodes) > 1 else 1.0  # as _evaluation
-    return _finish(tuple(nodes.tolist()), a, instance.cost.cycle_ms(len(nodes), new), new)
+    return _finish(tuple(nodes.tolist()), a, t, new)
 
 
 def _evaluation(instance: Instance, s: tuple[int, ...], new: np.ndarray) -> Evaluation:

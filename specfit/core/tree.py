@@ -283,7 +283,7 @@ class DraftTree:
             self._experts = np.concatenate([self._experts, experts])
         self._forget_views()
         if self._items is not None:
-            self._items.extend(parents.tolist(), self._item_experts(n))
+            self._items.extend(parents, self._item_experts(n))
         self.last_level = ids
         self.labels = None
         return ids
@@ -336,7 +336,7 @@ class DraftTree:
         """
         if self._items is None or self._items.cache is not cache:
             items = ItemSets(cache)
-            items.extend(self._parents.tolist(), self._item_experts())
+            items.extend(self._parents, self._item_experts())
             self._items = items
         return self._items
 

@@ -534,9 +534,9 @@ class SpecDecoder:
             self.solver = get_solver(m.selector, **options)
         self.num_experts = int(target.spec.num_experts)
         if m.drafts:  # a drafted tree's coverage accounting and the stop rule's bound run compiled: compiled, or
-            from specfit.core.kernels import need_bits_kernel, ratio_bound_kernel  # loaded from numba's cache, here,
+            from specfit.core.kernels import item_words_kernel, ratio_bound_kernel  # loaded from numba's cache, here,
 
-            need_bits_kernel()  # so that no cycle pays it
+            item_words_kernel()  # so that no cycle pays it
             ratio_bound_kernel()
         self._lam_tokens = 0.0
         self._lam_ms = 0.0

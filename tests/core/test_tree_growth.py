@@ -144,6 +144,50 @@ def test_extend_packs_the_need_mask_bits_and_counts_rows(seed, layers, num_exper
     np.testing.assert_array_equal(items.rows, mask.reshape(m, layers, num_experts).sum(axis=2))
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 2 ** 32 - 1), st.integers(1, 4), st.sampled_from([3, 64, 70]))
+def test_item_words_and_python_int_views_agree(seed, layers, num_experts):
+    """The words ItemSets keeps and the Python ints it gives the Python solvers are one accounting: above =
+    the ancestors' needs, own = need & ~above, words() row v = own[v] (row 0 = need[0]), the root's row of
+    rows = per_layer(need[0]), any_uncached = any(need); over several extends."""
+    rng = np.random.default_rng(seed)
+    cache = rng.random((layers, num_experts)) < 0.5
+    items, parents = ItemSets(cache), [-1]
+    items.extend([-1], rng.integers(0, num_experts, size=(1, layers, 2)))
+    for _ in range(int(rng.integers(0, 4))):
+        m = int(rng.integers(1, 6))
+        new = [int(rng.integers(0, len(parents) + i)) for i in range(m)]
+        items.extend(new, rng.integers(0, num_experts, size=(m, layers, 2)))
+        parents += new
+    need = items.need
+    for v, p in enumerate(parents):
+        above, u = 0, p
+        while u >= 0:
+            above |= need[u]
+            u = parents[u]
+        assert items.above[v] == above and items.own[v] == (need[v] & ~above if v else 0)
+        row = items.words()[v]
+        assert int.from_bytes(row.tobytes(), "little") == (need[0] if v == 0 else items.own[v])
+    assert items.root_new_per_layer == items.per_layer(need[0])
+    assert items.any_uncached() == any(need)
+
+
+@pytest.mark.parametrize("parents, experts, field", [
+    ([-1, 5], np.zeros((2, 1, 1), dtype=np.int64), "parents"),  # not an earlier node
+    ([0], np.zeros((1, 1, 1), dtype=np.int64), "parents"),  # the first node must be the root
+    ([-1, -1], np.zeros((2, 1, 1), dtype=np.int64), "parents"),  # one root
+    ([-1, 0], np.full((2, 1, 1), 4), "experts"),  # an id outside [0, 4)
+    ([-1, 0], np.zeros((3, 1, 1), dtype=np.int64), "experts"),  # one row per node
+    ([-1, 0], np.zeros((2, 2, 1), dtype=np.int64), "cache"),  # one row per layer of the cache
+])
+def test_extend_refuses_bad_nodes_and_appends_nothing(parents, experts, field):
+    items = ItemSets(np.zeros((1, 4), dtype=bool))
+    with pytest.raises(SpecFitInputError) as err:
+        items.extend(parents, experts)
+    assert err.value.field == field
+    assert len(items) == 0 and items.words().shape == (0, 1) and items.need == []
+
+
 def test_extend_refuses_expert_ids_out_of_range():
     items = ItemSets(np.zeros((1, 4), dtype=bool))
     with pytest.raises(SpecFitInputError, match="experts"):

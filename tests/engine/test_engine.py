@@ -733,7 +733,7 @@ def test_no_kernel_is_compiled_inside_a_decoding_cycle(ckpt, method):
     from specfit.core import kernels
     from specfit.solvers import exact_compiled
 
-    getters = [kernels.level_probs_kernel, kernels.draft_level_kernel, kernels.need_bits_kernel, exact_compiled.exact_kernel,
+    getters = [kernels.level_probs_kernel, kernels.draft_level_kernel, kernels.item_words_kernel, exact_compiled.exact_kernel,
                exact_compiled.linear_prefix_kernel, kernels.ratio_bound_kernel]
     for g in getters:
         g.cache_clear()

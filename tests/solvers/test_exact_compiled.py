@@ -75,6 +75,27 @@ def test_compiled_equals_python_path_on_wide_layers(seed, num_experts, per_layer
     same_selection(inst, COMPILED.solve(inst, rate), PYTHON.solve(inst, rate), rate)
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2 ** 32 - 1), st.integers(2, 300), st.integers(1, 8), st.booleans(), RATES)
+def test_compiled_a_and_t_are_evaluates_floats_on_large_selections(seed, n, layers, per_layer, rate):
+    """The kernel's own A and T (no evaluate after it) are evaluate's floats bit for bit on selections of up
+    to 300 nodes: A's sum in numpy's pairwise order (plain, eight accumulators, halves above 128), T's
+    expert term layer by layer. Likely nodes and cheap experts make selections of 30-260 nodes."""
+    rng = np.random.default_rng(seed)
+    num_experts, k = 16, 2
+    parents = [-1] + [int(rng.integers(0, v)) for v in range(1, n)]  # a random recursive tree: ~ln n deep
+    q = [1.0] + rng.uniform(0.7, 1.0, n - 1).tolist()
+    experts = rng.integers(0, num_experts, size=(n, layers, k))
+    cache = rng.random((layers, num_experts)) < 0.8
+    per_expert = rng.uniform(0.0, 0.01, layers).tolist() if per_layer else float(rng.uniform(0.0, 0.01))
+    tree = DraftTree(parents, q=q, experts=experts, num_experts=num_experts)
+    inst = Instance(tree, CostModel(float(rng.uniform(1.0, 20.0)), float(rng.uniform(0.0, 0.2)), per_expert), cache)
+    got = COMPILED.solve(inst, rate)
+    check = evaluate(inst, got.nodes)
+    assert (got.expected_tokens, got.predicted_ms, got.throughput) == (
+        check.expected_tokens, check.predicted_ms, check.throughput)
+
+
 @settings(max_examples=200, deadline=None)
 @given(instances(max_nodes=14, per_expert_zero=True), st.one_of(st.none(), st.integers(1, 14)),
        st.one_of(st.none(), st.floats(0.0, 2.0)))
@@ -125,7 +146,7 @@ def test_compiled_linear_prefix_keeps_the_first_of_tied_prefixes():
 def test_other_array_layouts_do_not_compile_the_kernels_again():
     """Read-only or strided inputs (a caller's arrays) are copied into the layout the kernels were compiled
     for, instead of compiling a new specialisation inside a solve."""
-    from specfit.core.kernels import need_bits_kernel
+    from specfit.core.kernels import item_words_kernel
     from specfit.solvers.exact_compiled import exact_kernel, linear_prefix_kernel
 
     pp = np.array([1.0, 9.0, 0.5, 9.0, 0.4, 9.0])[::2]
@@ -133,7 +154,7 @@ def test_other_array_layouts_do_not_compile_the_kernels_again():
     experts.setflags(write=False)
     cache = np.zeros((1, 8), dtype=bool)
     cache.setflags(write=False)
-    before = {k: len(k().signatures) for k in (exact_kernel, linear_prefix_kernel, need_bits_kernel)}
+    before = {k: len(k().signatures) for k in (exact_kernel, linear_prefix_kernel, item_words_kernel)}
     tree = DraftTree([-1, 0, 0], path_prob=pp, experts=experts, num_experts=8)
     for c in (cache, np.ones((1, 8), dtype=bool)):
         inst = Instance(tree, CostModel(1.0, 0.1, 0.5), c)
