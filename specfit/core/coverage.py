@@ -45,6 +45,29 @@ def item_ids(bits: int, num_items: int) -> np.ndarray:
     return np.flatnonzero(np.unpackbits(raw, count=num_items, bitorder="little")).astype(np.int64)
 
 
+def _integers(field: str, values, ndim: int) -> np.ndarray:
+    """``values`` as an array of integers with ``ndim`` dimensions; an empty one as it is (the caller checks
+    its shape against the level's node count).
+
+    Raises
+    ------
+    SpecFitInputError
+        Naming ``field``: if ``values`` is ragged, has another number of dimensions, or holds anything but
+        integers (floats, bools, strings, ids beyond int64 are refused, not truncated).
+    """
+    try:
+        a = np.asarray(values)
+    except (ValueError, TypeError) as err:  # ragged nested lists
+        raise SpecFitInputError(field, f"must be an integer array of {ndim} dimension(s): {err}") from None
+    if a.size == 0:
+        return a
+    if a.ndim != ndim:
+        raise SpecFitInputError(field, f"must have {ndim} dimension(s); got shape {a.shape}")
+    if a.dtype.kind not in "iu":
+        raise SpecFitInputError(field, f"must contain integers; got dtype {a.dtype}")
+    return a
+
+
 class ItemSets:
     """Per-node bitsets of the uncached items of a draft tree, grown level by level.
 
@@ -79,6 +102,8 @@ class ItemSets:
     """
 
     def __init__(self, cache: np.ndarray):
+        if np.ndim(cache) != 2:
+            raise SpecFitInputError("cache", f"must be a (layers, num_experts) array; got shape {np.shape(cache)}")
         self.cache = cache
         self.num_layers, self.num_experts = (int(x) for x in cache.shape)
         self._num_words = (self.num_layers * self.num_experts + 63) // 64
@@ -150,15 +175,15 @@ class ItemSets:
         """
         from specfit.core.kernels import item_words_kernel, kernel_array
 
-        experts = np.asarray(experts)
+        parents, experts = _integers("parents", parents, 1), _integers("experts", experts, 3)
         m = len(parents)
+        if not m:
+            return
         if experts.ndim != 3 or experts.shape[0] != m:
             raise SpecFitInputError("experts", f"must have shape (m={m}, L, k), one row per new node; got {experts.shape}")
         if experts.shape[2] and experts.shape[1] != self.num_layers:
             raise SpecFitInputError("cache", f"must have one row per MoE layer of the experts: experts have shape "
                                     f"{experts.shape} (m, L, k), the cache {self.num_layers} layers")
-        if not m:
-            return
         self._reserve(self._n + m)
         if self._cache_c is None:
             self._cache_c = kernel_array(self.cache, np.bool_)

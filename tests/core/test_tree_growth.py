@@ -179,6 +179,14 @@ def test_item_words_and_python_int_views_agree(seed, layers, num_experts):
     ([-1, 0], np.full((2, 1, 1), 4), "experts"),  # an id outside [0, 4)
     ([-1, 0], np.zeros((3, 1, 1), dtype=np.int64), "experts"),  # one row per node
     ([-1, 0], np.zeros((2, 2, 1), dtype=np.int64), "cache"),  # one row per layer of the cache
+    ([-1, 0.9], np.zeros((2, 1, 1), dtype=np.int64), "parents"),  # integers, not truncated floats
+    ([-1, "0"], np.zeros((2, 1, 1), dtype=np.int64), "parents"),
+    (np.zeros((2, 1), dtype=np.int64), np.zeros((2, 1, 1), dtype=np.int64), "parents"),  # one dimension
+    (None, np.zeros((1, 1, 1), dtype=np.int64), "parents"),
+    ([-1, 0], np.full((2, 1, 1), 2.7), "experts"),
+    ([-1, 0], np.ones((2, 1, 1), dtype=bool), "experts"),
+    ([-1, 0], [[[1]], [[1, 2]]], "experts"),  # ragged
+    ([-1, 0], [[[1]], [[2 ** 70]]], "experts"),  # beyond int64
 ])
 def test_extend_refuses_bad_nodes_and_appends_nothing(parents, experts, field):
     items = ItemSets(np.zeros((1, 4), dtype=bool))
@@ -186,6 +194,23 @@ def test_extend_refuses_bad_nodes_and_appends_nothing(parents, experts, field):
         items.extend(parents, experts)
     assert err.value.field == field
     assert len(items) == 0 and items.words().shape == (0, 1) and items.need == []
+
+
+def test_extend_takes_empty_levels_and_other_integer_types():
+    items = ItemSets(np.zeros((1, 4), dtype=bool))
+    for parents, experts in (([], []), ([], np.zeros(0)), (np.array([], np.int32), np.zeros((0, 1, 1), np.int64))):
+        items.extend(parents, experts)
+    assert len(items) == 0
+    items.extend(np.array([-1], np.int32), np.array([[[3]]], np.uint8))
+    items.extend((0,), [[[1]]])
+    assert items.need == [1 << 3, 1 << 1] and items.own == [0, 1 << 1]
+
+
+@pytest.mark.parametrize("cache", [np.zeros(4, dtype=bool), np.zeros((1, 2, 3), dtype=bool)])
+def test_item_sets_refuse_a_cache_that_is_not_layers_by_experts(cache):
+    with pytest.raises(SpecFitInputError) as err:
+        ItemSets(cache)
+    assert err.value.field == "cache"
 
 
 def test_extend_refuses_expert_ids_out_of_range():
