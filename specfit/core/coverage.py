@@ -169,8 +169,9 @@ class ItemSets:
         Raises
         ------
         SpecFitInputError
-            If ``experts`` does not have one row per layer of the cache (field ``cache``), an expert id
-            lies outside [0, num_experts) (``experts``), or a parent is not an earlier node (``parents``);
+            If ``experts`` does not have one row per layer of the cache (field ``cache``), is not an
+            (m, L, k) integer array or an expert id lies outside [0, num_experts) (``experts``), or
+            ``parents`` is not a 1-D integer array of earlier nodes, the first node's -1 (``parents``);
             nothing is appended then.
         """
         from specfit.core.kernels import item_words_kernel, kernel_array
