@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Iterable, Sequence
 
 import numpy as np
 
-from specfit.core.errors import SpecFitInputError
+from specfit.core.errors import SpecFitInputError, as_int_array
 
 if TYPE_CHECKING:  # pragma: no cover
     from specfit.core.instance import Instance
@@ -43,29 +43,6 @@ def item_ids(bits: int, num_items: int) -> np.ndarray:
     """The item ids in bitset ``bits`` (of ``num_items`` bits), sorted, int64."""
     raw = np.frombuffer(bits.to_bytes((num_items + 7) // 8, "little"), dtype=np.uint8)
     return np.flatnonzero(np.unpackbits(raw, count=num_items, bitorder="little")).astype(np.int64)
-
-
-def _integers(field: str, values, ndim: int) -> np.ndarray:
-    """``values`` as an array of integers with ``ndim`` dimensions; an empty one as it is (the caller checks
-    its shape against the level's node count).
-
-    Raises
-    ------
-    SpecFitInputError
-        Naming ``field``: if ``values`` is ragged, has another number of dimensions, or holds anything but
-        integers (floats, bools, strings, ids beyond int64 are refused, not truncated).
-    """
-    try:
-        a = np.asarray(values)
-    except (ValueError, TypeError) as err:  # ragged nested lists
-        raise SpecFitInputError(field, f"must be an integer array of {ndim} dimension(s): {err}") from None
-    if a.size == 0:
-        return a
-    if a.ndim != ndim:
-        raise SpecFitInputError(field, f"must have {ndim} dimension(s); got shape {a.shape}")
-    if a.dtype.kind not in "iu":
-        raise SpecFitInputError(field, f"must contain integers; got dtype {a.dtype}")
-    return a
 
 
 class ItemSets:
@@ -176,7 +153,7 @@ class ItemSets:
         """
         from specfit.core.kernels import item_words_kernel, kernel_array
 
-        parents, experts = _integers("parents", parents, 1), _integers("experts", experts, 3)
+        parents, experts = as_int_array(parents, "parents", 1, False), as_int_array(experts, "experts", 3, False)
         m = len(parents)
         if not m:
             return

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Mapping, TypeVar
 
+import numpy as np
+
 T = TypeVar("T")
 
 
@@ -104,3 +106,41 @@ def check_context(field: str, prompt_tokens: int, max_new_tokens: int, context: 
     if prompt_tokens + max_new_tokens > context:
         raise SpecFitInputError(field, f"the prompt ({prompt_tokens} tokens) plus {max_new_tokens} new tokens exceed "
                                 f"the model's context of {context} tokens (max_position_embeddings)")
+
+
+def as_int_array(values, field: str, ndim: int, copy: bool = True) -> np.ndarray:
+    """``values`` as an int64 array of ``ndim`` dimensions (integral floats converted; an empty one reshaped).
+
+    Parameters
+    ----------
+    values : array_like
+    field : str
+        Named in the errors.
+    ndim : int
+    copy : bool
+        Copy an int64 array of ``ndim`` dimensions (returned as it is, unchecked, when False).
+
+    Raises
+    ------
+    SpecFitInputError
+        Naming ``field``: if ``values`` is ragged, has another number of dimensions, or holds anything but
+        integers (non-integral floats, bools, strings, ids beyond int64).
+    """
+    if isinstance(values, np.ndarray) and values.dtype == np.int64 and values.ndim == ndim:
+        return values.copy() if copy else values  # already the internal form: no checks to repeat
+    try:
+        arr = np.asarray(values)
+    except ValueError as exc:  # numpy refuses ragged nested lists
+        raise SpecFitInputError(field, f"must be a rectangular array ({exc})") from None
+    if arr.dtype == object:
+        raise SpecFitInputError(field, "must be a rectangular array of integers (ragged lists)")
+    if arr.size == 0 and arr.ndim < ndim:
+        arr = arr.reshape((0,) * ndim)
+    if arr.ndim != ndim:
+        raise SpecFitInputError(field, f"must have {ndim} dimension(s), got shape {arr.shape}")
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        if np.issubdtype(arr.dtype, np.floating) and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
+            arr = arr.astype(np.int64)
+        else:
+            raise SpecFitInputError(field, "must contain integers")
+    return arr.astype(np.int64)

@@ -133,6 +133,10 @@ def evaluation(nodes: np.ndarray, a: float, t: float, new: np.ndarray) -> Evalua
     -------
     Evaluation
         Throughput ``1000 A / T`` tokens/s. Nothing is raised: the caller vouches for the values.
+
+    References
+    ----------
+    SPECFIT.md §3: A(S) = 1 + Σ_{v in S, v != root} P_v, T(S) the cycle time of S's node count and uncached experts.
     """
     return _finish(tuple(nodes.tolist()), a, t, new)
 

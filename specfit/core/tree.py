@@ -24,31 +24,10 @@ import networkx as nx
 import numpy as np
 
 from specfit.core.coverage import ItemSets
-from specfit.core.errors import SpecFitInputError
+from specfit.core.errors import SpecFitInputError, as_int_array
 
 #: Slack allowed when checking that path probabilities do not increase along a path.
 PROB_TOL = 1e-9
-
-
-def _as_int_array(values, field: str, ndim: int, copy: bool = True) -> np.ndarray:
-    if isinstance(values, np.ndarray) and values.dtype == np.int64 and values.ndim == ndim:
-        return values.copy() if copy else values  # already the internal form: no checks to repeat
-    try:
-        arr = np.asarray(values)
-    except ValueError as exc:  # numpy refuses ragged nested lists
-        raise SpecFitInputError(field, f"must be a rectangular array ({exc})") from None
-    if arr.dtype == object:
-        raise SpecFitInputError(field, "must be a rectangular array of integers (ragged lists)")
-    if arr.size == 0 and arr.ndim < ndim:
-        arr = arr.reshape((0,) * ndim)
-    if arr.ndim != ndim:
-        raise SpecFitInputError(field, f"must have {ndim} dimension(s), got shape {arr.shape}")
-    if arr.size and not np.issubdtype(arr.dtype, np.integer):
-        if np.issubdtype(arr.dtype, np.floating) and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
-            arr = arr.astype(np.int64)
-        else:
-            raise SpecFitInputError(field, "must contain integers")
-    return arr.astype(np.int64)
 
 
 def check_probabilities(values, field: str, n: int) -> np.ndarray:
@@ -86,7 +65,7 @@ def validate_parents(parents) -> np.ndarray:
         ``parents[i]`` is not in ``[0, i)`` (parents must precede children, which also rules
         out cycles and second roots).
     """
-    arr = _as_int_array(parents, "parents", 1)
+    arr = as_int_array(parents, "parents", 1)
     if arr.shape[0] == 0:
         raise SpecFitInputError("parents", "must contain at least the root")
     if arr[0] != -1:
@@ -120,7 +99,7 @@ def check_experts(experts, n: int, num_experts, start: int = 0, copy: bool = Tru
     SpecFitInputError
         Naming ``experts`` (or ``experts[i][l]``, i counted from ``start``) or ``num_experts``.
     """
-    exp = _as_int_array(experts, "experts", 3, copy)
+    exp = as_int_array(experts, "experts", 3, copy)
     if exp.shape[0] != n:
         raise SpecFitInputError("experts", f"must have one entry per node ({n}), got {exp.shape[0]}")
     if num_experts is None:
@@ -199,7 +178,7 @@ class DraftTree:
                     pp[i] = min(pp[i], pp[par[i]])
         tok = None
         if tokens is not None:
-            tok = _as_int_array(tokens, "tokens", 1)
+            tok = as_int_array(tokens, "tokens", 1)
             if tok.shape != (n,):
                 raise SpecFitInputError("tokens", f"must have one entry per node ({n}), got {tok.shape[0]}")
         exp = None if experts is None else check_experts(experts, n, num_experts)
@@ -241,7 +220,7 @@ class DraftTree:
             new node id) and the rule broken.
         """
         n = self.n
-        par = _as_int_array(parents, "parents", 1, copy=False)  # concatenated below: a copy anyway
+        par = as_int_array(parents, "parents", 1, copy=False)  # concatenated below: a copy anyway
         m = par.shape[0]
         if m and (par.min() < 0 or par.max() >= n):
             i = int(np.flatnonzero((par < 0) | (par >= n))[0])
@@ -256,7 +235,7 @@ class DraftTree:
             raise SpecFitInputError("experts", "give experts for a level iff the tree has experts")
         tok = None
         if tokens is not None:
-            tok = _as_int_array(tokens, "tokens", 1, copy=False)
+            tok = as_int_array(tokens, "tokens", 1, copy=False)
             if tok.shape != (m,):
                 raise SpecFitInputError("tokens", f"must have one entry per new node ({m}), got {tok.shape[0]}")
         exp = None
