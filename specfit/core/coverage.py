@@ -157,7 +157,7 @@ class ItemSets:
         m = len(parents)
         if not m:
             return
-        if experts.ndim != 3 or experts.shape[0] != m:
+        if experts.shape[0] != m:
             raise SpecFitInputError("experts", f"must have shape (m={m}, L, k), one row per new node; got {experts.shape}")
         if experts.shape[2] and experts.shape[1] != self.num_layers:
             raise SpecFitInputError("cache", f"must have one row per MoE layer of the experts: experts have shape "

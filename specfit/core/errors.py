@@ -138,6 +138,8 @@ def as_int_array(values, field: str, ndim: int, copy: bool = True) -> np.ndarray
         arr = arr.reshape((0,) * ndim)
     if arr.ndim != ndim:
         raise SpecFitInputError(field, f"must have {ndim} dimension(s), got shape {arr.shape}")
+    if arr.size and arr.dtype.kind == "u" and arr.max() > np.iinfo(np.int64).max:  # astype would wrap them
+        raise SpecFitInputError(field, "must contain integers that fit in int64")
     if arr.size and not np.issubdtype(arr.dtype, np.integer):
         if np.issubdtype(arr.dtype, np.floating) and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
             arr = arr.astype(np.int64)

@@ -206,6 +206,15 @@ def test_extend_takes_empty_levels_and_other_integer_types():
     assert items.need == [1 << 3, 1 << 1] and items.own == [0, 1 << 1]
 
 
+def test_int_arrays_refuse_unsigned_ids_beyond_int64():
+    from specfit.core.errors import as_int_array
+
+    with pytest.raises(SpecFitInputError, match="int64") as err:
+        as_int_array(np.array([0, 2 ** 64 - 1], dtype=np.uint64), "tokens", 1)  # astype(int64) would give -1
+    assert err.value.field == "tokens"
+    assert as_int_array(np.array([0, 2 ** 63 - 1], dtype=np.uint64), "tokens", 1).tolist() == [0, 2 ** 63 - 1]
+
+
 @pytest.mark.parametrize("cache", [np.zeros(4, dtype=bool), np.zeros((1, 2, 3), dtype=bool)])
 def test_item_sets_refuse_a_cache_that_is_not_layers_by_experts(cache):
     with pytest.raises(SpecFitInputError) as err:
