@@ -52,7 +52,8 @@ import numpy as np
 from specfit.core.coverage import Coverage, at_least_twice, coverage
 from specfit.core.instance import Instance
 from specfit.core.objective import evaluate_uncovered, evaluation
-from specfit.solvers.base import Solver
+from specfit.core.cost import check_ms
+from specfit.solvers.base import Selection, Solver, check_rate
 from specfit.solvers.exact_host import select_host
 from specfit.solvers.greedy import _scan_prefix, linear_prefix
 
@@ -325,6 +326,43 @@ class ExactSolver(Solver):
             linear_prefix_kernel()
             item_words_kernel()  # an instance's coverage accounting (ItemSets.extend)
 
+    def solve_tree(self, tree, cost, cache=None, *, rate: float | None = None, sunk_ms: float = 0.0) -> Selection:
+        """:meth:`Solver.solve_tree`: the same selection and floats as ``solve(Instance(tree,
+        cost.plus_ms(sunk_ms), cache), rate)``. A transfer-regime ``cost`` with a ``cache`` (the engine's
+        every solve) is answered by one compiled call on the tree's coverage accounting, without building
+        the instance, its cost model and the evaluation around it: a drafted cycle's solve runs right after
+        a forward has evicted the host's caches, where each of those Python-level steps costs several
+        times its warm time (BENCHMARKS.md, issue 9, twenty-fourth round). Other calls go through
+        :meth:`solve`.
+
+        Raises
+        ------
+        SpecFitInputError
+            As :meth:`Solver.solve_tree`.
+        """
+        if not self.compiled or cost.regime != "transfer" or cache is None:
+            return super().solve_tree(tree, cost, cache, rate=rate, sunk_ms=sunk_ms)
+        L, E = tree.num_layers, tree.num_experts or 0
+        if cache.shape != (L, E):  # Instance's error
+            return super().solve_tree(tree, cost, cache, rate=rate, sunk_ms=sunk_ms)
+        rate = check_rate(rate)
+        fixed_ms = cost.fixed_ms + check_ms("ms", sunk_ms) if sunk_ms else cost.fixed_ms  # as cost.plus_ms
+        cost.check_layers(L)
+        t0 = time.perf_counter()
+        items = tree.items(cache)
+        lam = None if rate is None else rate / 1000.0
+        if L and items.any_uncached():
+            from specfit.solvers.exact_compiled import select_unbudgeted
+
+            nodes, _, a, t = select_unbudgeted(tree, items, cost, lam, self.tol, fixed_ms)
+        else:  # no uncached expert: T linear in |S|, a prefix is optimal (select)
+            from specfit.solvers.exact_compiled import linear_prefix_selection
+
+            nodes, a, t = linear_prefix_selection(tree, fixed_ms, cost.per_node_ms, None, lam)
+        solve_ms = (time.perf_counter() - t0) * 1e3
+        return Selection(self.name, tuple(nodes.tolist()), a, t, 1000.0 * a / t if t > 0 else float("inf"), solve_ms,
+                         "optimal", "ratio" if rate is None else "rate", rate)
+
     def select(self, instance: Instance, rate: float | None):
         deadline = None if self.time_limit_s is None else time.perf_counter() + self.time_limit_s
         host = instance.cost.regime == "host"
@@ -332,13 +370,16 @@ class ExactSolver(Solver):
         if linear and not instance.items.any_uncached():  # no uncached expert: T linear in |S|, a prefix is optimal
             lam = None if rate is None else rate / 1000.0
             cost = instance.cost.gpu_only() if host else instance.cost  # host: nothing on the host, the GPU part
-            if self.compiled:  # the same prefix, one compiled call
-                from specfit.solvers.exact_compiled import linear_prefix as compiled_prefix
+            if self.compiled:  # the same prefix and its A and T, one compiled call
+                from specfit.solvers.exact_compiled import linear_prefix_selection
 
-                nodes = compiled_prefix(instance.tree, cost, instance.max_nodes, lam)
-            else:
-                nodes = linear_prefix(replace(instance, cost=cost), lam)
-            if host:  # nothing on the host: the GPU part prices it (solve evaluates it on the profile)
+                nodes, a, t = linear_prefix_selection(instance.tree, cost.fixed_ms, cost.per_node_ms,
+                                                      instance.max_nodes, lam)
+                if host:  # nothing on the host: the GPU part prices it (solve evaluates it on the profile)
+                    return nodes.tolist(), "optimal"
+                return nodes, "optimal", evaluation(nodes, a, t, np.zeros(instance.num_layers, dtype=np.int64))
+            nodes = linear_prefix(replace(instance, cost=cost), lam)
+            if host:
                 return nodes, "optimal"
             return nodes, "optimal", evaluate_uncovered(instance, nodes)  # a prefix: closed, sorted, no expert
         if host:  # per-layer max: branch and bound (specfit.solvers.exact_host)
@@ -347,7 +388,8 @@ class ExactSolver(Solver):
         if self.compiled and not budgeted:
             from specfit.solvers.exact_compiled import select_unbudgeted
 
-            nodes, new, a, t = select_unbudgeted(instance, None if rate is None else rate / 1000.0, self.tol)
+            nodes, new, a, t = select_unbudgeted(instance.tree, instance.items, instance.cost,
+                                                 None if rate is None else rate / 1000.0, self.tol)
             ev = evaluation(nodes, a, t, new)  # the kernel's A and T: evaluate's floats
             return ev.nodes, "optimal", ev
         cov = coverage(instance)

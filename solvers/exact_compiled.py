@@ -334,9 +334,12 @@ def _path_prob_order(parents, pp):
 
 @numba.njit(cache=True, error_model="numpy")
 def _linear_prefix(parents, pp, fixed_ms, per_node_ms, k_max, lam):
-    """Mask of the best prefix of the path-probability order when T is linear in |S| (at most ``k_max``
-    nodes; ``lam < 0``: maximise A/T, else A - lam T): :func:`specfit.solvers.greedy.linear_prefix`, the
-    same floats in the same order (its cumulative sums are sequential), the first maximum winning."""
+    """The best prefix of the path-probability order when T is linear in |S| (at most ``k_max`` nodes;
+    ``lam < 0``: maximise A/T, else A - lam T): :func:`specfit.solvers.greedy.linear_prefix`, the same floats
+    in the same order (its cumulative sums are sequential), the first maximum winning. Returns ``(nodes, a,
+    t)``: the node ids, increasing (int64), and the prefix's A (tokens) and T (ms) as
+    :func:`specfit.core.objective.evaluate_uncovered` computes them, bit for bit (A's sum in numpy's pairwise
+    order over the nodes but the root in id order, :func:`_pairwise_sum`; T = ``fixed_ms + per_node_ms |S|``)."""
     n = pp.shape[0]
     order = _path_prob_order(parents, pp)
     a, t = 0.0, fixed_ms
@@ -350,7 +353,26 @@ def _linear_prefix(parents, pp, fixed_ms, per_node_ms, k_max, lam):
     sel = np.zeros(n, np.bool_)
     for i in range(best_len):
         sel[order[i]] = True
-    return sel
+    nodes, a = _nodes_and_a(sel, pp, best_len)
+    return nodes, a, fixed_ms + per_node_ms * best_len
+
+
+@numba.njit(cache=True, error_model="numpy")
+def _nodes_and_a(sel, pp, size):
+    """The ids of the ``size`` nodes of the mask ``sel`` (increasing, int64) and their A = 1 + Σ P over the
+    nodes but the root, summed as numpy sums ``pp[nodes[1:]]`` (:func:`_pairwise_sum`), then added to 1.0
+    as :func:`specfit.core.objective.evaluate` does."""
+    nodes = np.empty(size, np.int64)
+    picked = np.empty(max(size - 1, 0), np.float64)
+    j = 0
+    for v in range(sel.shape[0]):
+        if sel[v]:
+            nodes[j] = v
+            if j:
+                picked[j - 1] = pp[v]
+            j += 1
+    a = 1.0 + (0.0 + _pairwise_sum(picked, 0, size - 1)) if size > 1 else 1.0
+    return nodes, a
 
 
 @numba.njit(cache=True, error_model="numpy")
@@ -413,8 +435,8 @@ def _pairwise_sum(a, lo, n):
 @numba.njit(cache=True, error_model="numpy")
 def _select(parents, pp, own, num_experts, fixed_ms, per_node_ms, layer_ms, seg_word, seg_mask, seg_layer, lam_rate,
             tol):
-    """The exact selection (a mask of shape (n,)) without budgets, the uncached experts per layer it
-    needs (the root's included), and its A (tokens) and T (ms): the floats of
+    """The exact selection without budgets (its node ids, increasing, int64), the uncached experts per layer
+    it needs (the root's included), and its A (tokens) and T (ms): the floats of
     :func:`specfit.core.objective.evaluate`, bit for bit (A's sum as numpy's, :func:`_pairwise_sum`; T's
     expert term as :meth:`specfit.core.cost.CostModel.cycle_ms`). ``own`` (n, words): row 0 the root's items, row v > 0 the items v owns
     (:meth:`specfit.core.coverage.ItemSets.words`).
@@ -497,11 +519,9 @@ def _select(parents, pp, own, num_experts, fixed_ms, per_node_ms, layer_ms, seg_
                 break
             sel, lam = cand, ca / ct
     bits = np.zeros(W, np.uint64)
-    picked = np.empty(n, np.float64)  # P of the selected nodes but the root, in id order (as evaluate gathers them)
     size = 1
     for v in range(1, n):
         if sel[v]:
-            picked[size - 1] = pp[v]
             size += 1
             for w in range(W):
                 bits[w] |= own[v, w]
@@ -510,9 +530,9 @@ def _select(parents, pp, own, num_experts, fixed_ms, per_node_ms, layer_ms, seg_
     for l in range(L):
         counts[l] += root_new[l]
         experts_ms += layer_ms[l] * np.float64(counts[l])
-    a = 1.0 + (0.0 + _pairwise_sum(picked, 0, size - 1)) if size > 1 else 1.0
+    nodes, a = _nodes_and_a(sel, pp, size)
     t = fixed_ms + per_node_ms * size + experts_ms if L else fixed_ms + per_node_ms * size
-    return sel, counts, a, t
+    return nodes, counts, a, t
 
 
 def _segments(num_layers: int, num_experts: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -534,17 +554,24 @@ def _layout(num_layers: int, num_experts: int) -> tuple[int, np.ndarray, np.ndar
     return (words,) + _segments(num_layers, num_experts)
 
 
-def select_unbudgeted(instance, rate_lam: float | None, tol: float) -> tuple[np.ndarray, np.ndarray]:
+def select_unbudgeted(tree, items, cost, rate_lam: float | None, tol: float,
+                      fixed_ms: float | None = None) -> tuple[np.ndarray, np.ndarray, float, float]:
     """The exact selection of a transfer-regime instance without budgets, as one compiled call.
 
     Parameters
     ----------
-    instance : Instance
-        Cost a :class:`~specfit.core.cost.CostModel`; no ``max_nodes`` nor expert budget (not checked).
+    tree : DraftTree
+    items : ItemSets
+        ``tree.items(cache)``: the tree's coverage accounting against the instance's cache.
+    cost : CostModel
+        Transfer regime (not checked); no ``max_nodes`` nor expert budget applies (not checked).
     rate_lam : float or None
         λ in tokens per ms (rate mode), or None (ratio mode: maximise A/T).
     tol : float
         Dinkelbach's stopping tolerance (tokens).
+    fixed_ms : float, optional
+        T's constant term in ms in place of ``cost.fixed_ms`` (the engine's: the cost's, plus the ms of the
+        cycle already paid, as :meth:`~specfit.core.cost.CostModel.plus_ms` adds them).
 
     Returns
     -------
@@ -557,24 +584,24 @@ def select_unbudgeted(instance, rate_lam: float | None, tol: float) -> tuple[np.
         A(S) (tokens) and T(S) (ms) of the selection: :func:`specfit.core.objective.evaluate`'s floats, bit
         for bit (SPECFIT.md §3).
     """
-    items, cost, tree = instance.items, instance.cost, instance.tree
-    L, E = instance.num_layers, instance.num_experts
+    L, E = tree.num_layers, tree.num_experts or 0
     _, seg_word, seg_mask, seg_layer = _layout(L, E)
-    sel, new, a, t = exact_kernel()(kernel_array(tree.parents, np.int64), kernel_array(tree.path_prob, np.float64),
-                                    items.words(), E, float(cost.fixed_ms), float(cost.per_node_ms),
-                                    cost.per_expert_array(L), seg_word, seg_mask, seg_layer,
-                                    -1.0 if rate_lam is None else float(rate_lam), float(tol))
-    return np.flatnonzero(sel), new, a, t
+    return exact_kernel()(kernel_array(tree.parents, np.int64), kernel_array(tree.path_prob, np.float64),
+                          items.words(), E, float(cost.fixed_ms if fixed_ms is None else fixed_ms),
+                          float(cost.per_node_ms), cost.per_expert_array(L), seg_word, seg_mask, seg_layer,
+                          -1.0 if rate_lam is None else float(rate_lam), float(tol))
 
 
-def linear_prefix(tree, cost, max_nodes: int | None, lam: float | None) -> list[int]:
-    """:func:`specfit.solvers.greedy.linear_prefix` (the same prefix, bit for bit) as one compiled call.
+def linear_prefix_selection(tree, fixed_ms: float, per_node_ms: float, max_nodes: int | None,
+                            lam: float | None) -> tuple[np.ndarray, float, float]:
+    """:func:`specfit.solvers.greedy.linear_prefix` (the same prefix, bit for bit) and its A and T, as one
+    compiled call.
 
     Parameters
     ----------
     tree : DraftTree
-    cost : CostModel
-        T of a k-node prefix is ``fixed_ms + k * per_node_ms`` (the caller checks that no node needs an
+    fixed_ms, per_node_ms : float
+        T of a k-node prefix is ``fixed_ms + k * per_node_ms`` ms (the caller checks that no node needs an
         uncached expert).
     max_nodes : int or None
     lam : float or None
@@ -582,13 +609,15 @@ def linear_prefix(tree, cost, max_nodes: int | None, lam: float | None) -> list[
 
     Returns
     -------
-    list of int
+    nodes : numpy.ndarray of int64
         Sorted node ids of the best prefix, root included.
+    a, t : float
+        Its A(S) (tokens) and T(S) (ms): :func:`specfit.core.objective.evaluate_uncovered`'s floats, bit for
+        bit (SPECFIT.md §3).
     """
-    sel = linear_prefix_kernel()(kernel_array(tree.parents, np.int64), kernel_array(tree.path_prob, np.float64),
-                                 float(cost.fixed_ms), float(cost.per_node_ms),
-                                 tree.n if max_nodes is None else int(max_nodes), -1.0 if lam is None else float(lam))
-    return np.flatnonzero(sel).tolist()
+    return linear_prefix_kernel()(kernel_array(tree.parents, np.int64), kernel_array(tree.path_prob, np.float64),
+                                  float(fixed_ms), float(per_node_ms), tree.n if max_nodes is None else int(max_nodes),
+                                  -1.0 if lam is None else float(lam))
 
 
 @functools.cache

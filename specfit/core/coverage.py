@@ -85,6 +85,7 @@ class ItemSets:
         self.num_layers, self.num_experts = (int(x) for x in cache.shape)
         self._num_words = (self.num_layers * self.num_experts + 63) // 64
         self._n = 0
+        self._uncached = False  # some node needs an item (any_uncached)
         # need, above, own words and rows per layer; rows [0, _n) are valid, capacity grows by doubling
         self._need_w = self._above_w = self._own_w = np.zeros((0, self._num_words), dtype=np.uint64)
         self._rows = np.zeros((0, self.num_layers), dtype=np.int64)
@@ -167,7 +168,7 @@ class ItemSets:
             self._cache_c = kernel_array(self.cache, np.bool_)
         if experts.shape[2] == 0:  # no expert term: every item set is empty
             experts = np.zeros((m, self.num_layers, 0), dtype=np.int64)
-        status = item_words_kernel()(kernel_array(experts, np.int64), self._cache_c,
+        status, uncached = item_words_kernel()(kernel_array(experts, np.int64), self._cache_c,
                                      kernel_array(parents, np.int64), self._n, self._need_w, self._above_w,
                                      self._own_w, self._rows)
         if status == 1:
@@ -176,6 +177,7 @@ class ItemSets:
             raise SpecFitInputError("parents", f"each parent must be an earlier node in [0, {self._n + m}) or -1 "
                                     "for the root")
         self._n += m
+        self._uncached |= uncached
 
     def words(self) -> np.ndarray:
         """The root's items and the items each other node owns as 64-bit words, for compiled code.
@@ -193,7 +195,7 @@ class ItemSets:
 
     def any_uncached(self) -> bool:
         """True iff some node needs an uncached item (``any(need)``, without building the Python ints)."""
-        return bool(self._need_w[:self._n].any())
+        return self._uncached  # kept by extend (the kernel reports it): no array pass per solve
 
     def per_layer(self, bits: int) -> list[int]:
         """Number of items of bitset ``bits`` in each layer."""

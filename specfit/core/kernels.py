@@ -474,17 +474,19 @@ def _item_words(experts, cache, parents, start, need, above, own, rows):
     bits are the items ``l * E + e`` with e among its experts of layer l and ``not cache[l, e]`` (a repeated
     id once: ``np.packbits`` of ``ItemSets.need_mask``); ``rows[v, l]`` their count in layer l;
     ``above[v] = above[p] | need[p]`` (0 for the root); ``own[v] = need[v] & ~above[v]`` (0 for the root).
-    Returns 0, or 1 if an expert id lies outside [0, E), 2 if a parent is not an earlier node (rows from
-    ``start`` on are then partly written: the caller does not count them)."""
+    Returns ``(status, uncached)``: status 0, or 1 if an expert id lies outside [0, E), 2 if a parent is not
+    an earlier node (rows from ``start`` on are then partly written: the caller does not count them);
+    ``uncached`` True iff a new node needs an item (False on an error)."""
     m, L, k = experts.shape
     E = cache.shape[1]
     W = need.shape[1]
     one = np.uint64(1)
+    uncached = False
     for i in range(m):
         v = start + i
         p = parents[i]
         if p >= v or p < -1 or (p == -1) != (v == 0):
-            return 2
+            return 2, False
         for w in range(W):
             need[v, w] = 0
         for l in range(L):
@@ -492,8 +494,9 @@ def _item_words(experts, cache, parents, start, need, above, own, rows):
             for j in range(k):
                 e = experts[i, l, j]
                 if e < 0 or e >= E:
-                    return 1
+                    return 1, False
                 if not cache[l, e]:
+                    uncached = True
                     b = l * E + e
                     bit = one << np.uint64(b & 63)
                     if not need[v, b >> 6] & bit:  # a repeated id counts once, as in the mask
@@ -507,7 +510,7 @@ def _item_words(experts, cache, parents, start, need, above, own, rows):
                 a = above[p, w] | need[p, w]
                 above[v, w] = a
                 own[v, w] = need[v, w] & ~a
-    return 0
+    return 0, uncached
 
 
 @functools.cache

@@ -1230,13 +1230,16 @@ class SpecDecoder:
                 cost: CostModel | None, sunk_ms: float = 0.0):
         """Solve the selection under ``cost`` (None: a cost-blind selector); ``sunk_ms`` (the levels
         drafted this cycle) is added to ``fixed_ms``: a cost of the cycle that does not depend on the
-        selection (whole-cycle objective)."""
+        selection (whole-cycle objective). Without ``max_nodes`` through :meth:`Solver.solve_tree` (the
+        same selection, without building the instance where the solver can)."""
         t0 = time.perf_counter()
-        cost = cost if cost is not None else CostModel(1.0, 0.0, 0.0)
-        if sunk_ms:
-            cost = cost.plus_ms(sunk_ms)
-        inst = Instance(tree, cost, cache, max_nodes=self.max_nodes)  # the cache the tree's accounting uses
-        sel = self.solver.solve(inst, rate=rate)
+        if cost is not None and self.max_nodes is None:  # the cache the tree's accounting uses
+            sel = self.solver.solve_tree(tree, cost, cache, rate=rate, sunk_ms=sunk_ms)
+        else:
+            cost = cost if cost is not None else CostModel(1.0, 0.0, 0.0)
+            if sunk_ms:
+                cost = cost.plus_ms(sunk_ms)
+            sel = self.solver.solve(Instance(tree, cost, cache, max_nodes=self.max_nodes), rate=rate)
         rec.solve_ms += (time.perf_counter() - t0) * 1e3
         return sel
 

@@ -499,8 +499,8 @@ def test_kept_levels_are_predicted_once_per_solve_not_per_level(ckpt):
     dec = SpecDecoder(load(ckpt), SelfDrafter(ckpt), "specfit", tree=TreeSettings(16, 4, 3), cost=COST,
                       predictor=predictor)
     solves = []
-    solve = dec.solver.solve
-    dec.solver.solve = lambda inst, rate=None: solves.append(inst.n) or solve(inst, rate=rate)
+    solve = dec.solver.solve_tree  # the engine's per-cycle solve
+    dec.solver.solve_tree = lambda tree, *a, **kw: solves.append(tree.n) or solve(tree, *a, **kw)
     cycles = dec.generate(PROMPTS[1], 24).cycles
     drafted = [c for c in cycles if c.levels]
     kept = sum(c.nodes_drafted - c.nodes_pruned for c in drafted)

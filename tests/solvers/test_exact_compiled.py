@@ -19,12 +19,13 @@ from hypothesis import strategies as st
 
 from specfit.core.coverage import ItemSets
 from specfit.core.cost import CostModel
+from specfit.core.errors import SpecFitInputError
 from specfit.core.instance import Instance
 from specfit.core.objective import evaluate
 from specfit.core.tree import DraftTree
 from specfit.solvers import get_solver
 from specfit.solvers.exact import ExactSolver
-from specfit.solvers.exact_compiled import _segments, linear_prefix
+from specfit.solvers.exact_compiled import _segments, linear_prefix_selection
 from specfit.solvers import greedy
 from strategies import instances
 
@@ -100,9 +101,13 @@ def test_compiled_a_and_t_are_evaluates_floats_on_large_selections(seed, n, laye
 @given(instances(max_nodes=14, per_expert_zero=True), st.one_of(st.none(), st.integers(1, 14)),
        st.one_of(st.none(), st.floats(0.0, 2.0)))
 def test_compiled_linear_prefix_is_the_numpy_prefix(inst, max_nodes, lam):
-    """greedy.linear_prefix and its compiled twin: the same prefix (ties in P included)."""
+    """greedy.linear_prefix and its compiled twin: the same prefix (ties in P included), and the twin's A
+    and T are evaluate's floats."""
     capped = Instance(inst.tree, inst.cost, inst.cache, max_nodes=max_nodes)
-    assert linear_prefix(inst.tree, inst.cost, max_nodes, lam) == greedy.linear_prefix(capped, lam)
+    nodes, a, t = linear_prefix_selection(inst.tree, inst.cost.fixed_ms, inst.cost.per_node_ms, max_nodes, lam)
+    assert nodes.tolist() == greedy.linear_prefix(capped, lam)
+    check = evaluate(inst, nodes.tolist())
+    assert (a, t) == (check.expected_tokens, check.predicted_ms)
 
 
 def test_item_words_hold_the_roots_items_then_each_nodes_own():
@@ -140,7 +145,8 @@ def test_compiled_linear_prefix_keeps_the_first_of_tied_prefixes():
     tree = DraftTree([-1, 0, 0, 1], path_prob=[1.0, 0.5, 0.0, 0.0])
     inst = Instance(tree, CostModel(1.0, 0.0, 0.0))
     for lam in (None, 0.5):
-        assert linear_prefix(tree, inst.cost, None, lam) == greedy.linear_prefix(inst, lam) == [0, 1]
+        nodes = linear_prefix_selection(tree, 1.0, 0.0, None, lam)[0]
+        assert nodes.tolist() == greedy.linear_prefix(inst, lam) == [0, 1]
 
 
 def test_other_array_layouts_do_not_compile_the_kernels_again():
@@ -183,3 +189,54 @@ def test_dinkelbach_ends_when_t_overflows(solver):
     with np.errstate(over="ignore"):
         sel = solver.solve(Instance(tree, CostModel(1.0, 0.0, 1e308)))
     assert sel.nodes[0] == 0 and sel.status == "optimal"
+
+
+SUNK = st.one_of(st.just(0.0), st.floats(0.0, 50.0))
+
+
+def selection_fields(sel) -> tuple:
+    """Everything a Selection holds but its measured solve time."""
+    return sel.solver, sel.nodes, sel.expected_tokens, sel.predicted_ms, sel.throughput, sel.status, sel.mode, sel.rate
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(instances(max_nodes=14), instances(max_nodes=14, per_expert_zero=True),
+                 instances(max_nodes=8, host=True)), RATES, SUNK)
+def test_solve_tree_is_solve_of_the_instance(inst, rate, sunk):
+    """Solver.solve_tree (the engine's per-cycle call; the exact solver's answers it by one compiled call
+    without building the instance) returns what solve returns for Instance(tree, cost.plus_ms(sunk), cache):
+    the same nodes and floats, for every registered kind of path (compiled exact with and without uncached
+    experts, the host regime, the Python exact path, a greedy baseline)."""
+    cost = inst.cost.plus_ms(sunk) if sunk else inst.cost
+    for solver in (COMPILED, PYTHON, get_solver("scan")):
+        got = solver.solve_tree(inst.tree, inst.cost, inst.cache, rate=rate, sunk_ms=sunk)
+        ref = solver.solve(Instance(inst.tree, cost, inst.cache), rate)
+        assert selection_fields(got) == selection_fields(ref)
+        assert all(type(v) is int for v in got.nodes)
+
+
+def test_solve_tree_without_experts_is_the_best_prefix():
+    """A tree without experts (the engine's when every expert is cached: no expert term) gets the best prefix
+    of the path-probability order, the cycle's sunk ms in T."""
+    tree = DraftTree([-1, 0, 0, 1], path_prob=[1.0, 0.9, 0.05, 0.8], num_experts=8)
+    cache = np.zeros((0, 8), dtype=bool)
+    sel = COMPILED.solve_tree(tree, CostModel(2.0, 0.5, 1.0), cache, sunk_ms=1.0)
+    assert sel.nodes == (0, 1, 3)
+    assert (sel.expected_tokens, sel.predicted_ms) == (1.0 + (0.9 + 0.8), 3.0 + 0.5 * 3)
+
+
+@pytest.mark.parametrize("solver", [COMPILED, PYTHON], ids=["compiled", "python"])
+def test_solve_tree_names_the_field_it_refuses(solver):
+    """Bad input to solve_tree gets the errors Instance and solve give: the sunk ms, the cache's shape, the rate."""
+    tree = DraftTree([-1, 0], path_prob=[1.0, 0.5], experts=[[[0, 1]], [[2, 3]]], num_experts=4)
+    cache, cost = np.zeros((1, 4), dtype=bool), CostModel(1.0, 0.1, 0.5)
+    for kwargs, field in (({"sunk_ms": -1.0}, "ms"), ({"sunk_ms": float("nan")}, "ms"), ({"rate": -5.0}, "rate")):
+        with pytest.raises(SpecFitInputError) as err:
+            solver.solve_tree(tree, cost, cache, **kwargs)
+        assert err.value.field == field
+    with pytest.raises(SpecFitInputError) as err:
+        solver.solve_tree(tree, cost, np.zeros((2, 4), dtype=bool))
+    assert err.value.field == "cache"
+    with pytest.raises(SpecFitInputError) as err:
+        solver.solve_tree(tree, CostModel(1.0, 0.1, [0.5, 0.5]), cache)
+    assert err.value.field == "cost.per_expert_ms"
