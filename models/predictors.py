@@ -158,19 +158,27 @@ def global_counts(trace: RoutingTrace) -> np.ndarray:
     return out
 
 
+_INT64 = np.dtype(np.int64)
+
+
 def _is_kernel_array(a, ndim: int) -> bool:
     """True iff ``a`` is a writable C-contiguous int64 numpy array of ``ndim`` dimensions (what the kernels
-    are compiled for: :func:`specfit.core.kernels.kernel_array`)."""
-    return (type(a) is np.ndarray and a.dtype == np.int64 and a.ndim == ndim and a.flags.c_contiguous
-            and a.flags.writeable)
+    are compiled for: :func:`specfit.core.kernels.kernel_array`). Per predictor call in a drafted cycle,
+    right after a forward: one flags object, the dtype compared as a dtype (no conversion of ``np.int64``)."""
+    if type(a) is not np.ndarray or a.ndim != ndim or a.dtype != _INT64:
+        return False
+    flags = a.flags
+    return flags.c_contiguous and flags.writeable
 
 
 def _token_ids(tokens, field: str) -> np.ndarray:
     """Token ids as a kernel's int64 (T,) array, for a kernel that checks their signs itself: ``tokens`` when
     it is one, else :func:`check_tokens`' array (errors name ``field``), copied if need be."""
+    if _is_kernel_array(tokens, 1):
+        return tokens
     from specfit.core.kernels import kernel_array
 
-    return tokens if _is_kernel_array(tokens, 1) else kernel_array(check_tokens(tokens, field=field), np.int64)
+    return kernel_array(check_tokens(tokens, field=field), np.int64)
 
 
 #: The window push's error codes (:func:`specfit.core.kernels._frequency_observe_top_k`) as (field, rule),
@@ -349,20 +357,23 @@ class FrequencyPredictor:
         self._pseudo = self.a * g  # (L, E), the smoothing's pseudo-shares
         self.window = _Window(self.L, self.E, self.k, window)
         self._context = None  # (β w, the unseen token's scores), both (L, E), until the next observe
-        from specfit.core.kernels import frequency_observe_top_k_kernel, frequency_top_k_kernel
+        # the compiled calls' copy of the same two terms, valid while _fresh (made by the last compiled call
+        # since the last observe): the predictions after a cycle's first reuse them
+        self._blend, self._unseen, self._fresh = np.zeros((self.L, self.E)), np.zeros((self.L, self.E)), False
+        from specfit.core.kernels import frequency_observe_top_k_kernel, frequency_predict_kernel
 
-        frequency_top_k_kernel()  # compiled (or loaded from numba's cache) here: no decoding cycle pays it
-        frequency_observe_top_k_kernel()
+        # compiled (or loaded from numba's cache) here: no decoding cycle pays it, nor looks them up
+        self._predict_kernel, self._observe_predict_kernel = frequency_predict_kernel(), frequency_observe_top_k_kernel()
 
     def reset(self) -> None:
         """Forget the recency context (the tables stay)."""
         self.window.reset()
-        self._context = None
+        self._context, self._fresh = None, False
 
     def observe(self, tokens, routing, draft_hidden=None) -> None:
         """Feed the recency context (used only when ``recency_weight > 0``)."""
         self.window.observe(tokens, routing)
-        self._context = None
+        self._context, self._fresh = None, False
 
     def _recency_terms(self) -> tuple[np.ndarray | None, np.ndarray]:
         """The (L, E) terms that do not depend on the token: ``β w`` (None when β = 0) and the score of
@@ -419,33 +430,45 @@ class FrequencyPredictor:
             As :meth:`observe` and :meth:`predict` do, naming ``observed``, ``routing`` or ``tokens``;
             nothing is observed if any check fails.
         """
-        from specfit.core.kernels import frequency_observe_top_k_kernel, kernel_array
-
         o, t = _token_ids(observed, "observed"), _token_ids(tokens, "tokens")  # their signs: checked in the call
-        r = routing if _is_kernel_array(routing, 3) else kernel_array(routing_array(routing, copy=False), np.int64)
+        r = routing
+        if not _is_kernel_array(r, 3):
+            from specfit.core.kernels import kernel_array
+
+            r = kernel_array(routing_array(routing, copy=False), np.int64)
         w = self.window
         if r.shape[1:] != (w.L, w.k):
             raise SpecFitInputError("routing", f"must have shape (T, {w.L}, {w.k}), got {r.shape}")
         if o.shape[0] != r.shape[0]:
             raise SpecFitInputError("observed", f"must have one entry per routing row ({r.shape[0]}), got {o.shape[0]}")
-        w.size, w.head, w.step, error, out = frequency_observe_top_k_kernel()(
+        w.size, w.head, w.step, error, out = self._observe_predict_kernel(
             w.counts, w.last, w.ring, w.size, w.head, w.step, r, w.E, o, self.table, self._row, self.n, self.a,
-            self.k, self._pseudo, self.g, self._tiebreak, self.beta, t)
+            self.k, self._pseudo, self.g, self._tiebreak, self.beta, self._blend, self._unseen, t)
         if error:
             raise SpecFitInputError(*_OBSERVE_ERRORS[error](w.E))
-        self._context = None
+        self._context, self._fresh = None, True
         return out
 
     def predict(self, tokens, draft_hidden=None) -> np.ndarray:
         """(m, L, k) int64, the top-k of :meth:`scores` per node and layer (:func:`top_k_ids`' order), in
-        one compiled call (:func:`specfit.core.kernels.frequency_top_k_kernel`) that computes the scores,
-        the recency blend included, operation for operation as :meth:`scores` does."""
-        from specfit.core.kernels import frequency_top_k_kernel
+        one compiled call (:func:`specfit.core.kernels.frequency_predict_kernel`) that computes the scores,
+        the recency blend included, operation for operation as :meth:`scores` does; the blend and an unseen
+        token's scores are made once per observed context (the first call after an observe) and reused.
 
-        t = check_tokens(tokens)
+        Raises
+        ------
+        SpecFitInputError
+            On ``tokens``: not a 1-D array of non-negative integer ids.
+        """
+        t = _token_ids(tokens, "tokens")  # its signs: checked in the call
         w = self.window
-        return frequency_top_k_kernel()(self.table, self._row, self.n, self.a, self.k, self._pseudo, self.g,
-                                        self._tiebreak, w.counts, w.size * w.k, self.beta, t)
+        error, out = self._predict_kernel(self.table, self._row, self.n, self.a, self.k, self._pseudo, self.g,
+                                                self._tiebreak, w.counts, w.size * w.k, self.beta, self._fresh,
+                                                self._blend, self._unseen, t)
+        if error:
+            raise SpecFitInputError(*_OBSERVE_ERRORS[error](w.E))
+        self._fresh = True
+        return out
 
 
 def build_frequency(trace: RoutingTrace, smoothing: float = 1.0, recency_weight: float = 0.5,

@@ -303,22 +303,14 @@ def _top_k_row_nan(s, k, vals, ids):
 
 
 @numba.njit(cache=True, error_model="numpy")
-def _frequency_top_k(table, row_of, n, a, k, pseudo, g, tiebreak, counts, slots, beta, tokens):
-    """``FrequencyPredictor.predict``: for each token (m,) and layer, the k experts of the largest scores,
-    best first, ties to the lower id (``np.argsort(-scores, kind="stable")[..., :k]``), from the scores
-    ``scores`` computes, operation for operation: the recency blend ``beta * (counts / slots)`` (0 when
-    ``slots`` is 0: an empty window), then ``(table[row] / k + pseudo) / (n[row] + a) + blend + tiebreak``
-    (float32 division, then float64) for a token with a table row and ``(g + blend) + tiebreak`` for one
-    without (the blend left out when ``beta`` is 0). ``table`` (rows, L, E) float32, ``row_of`` (V,) int64
-    (-1: no row), ``n`` (rows,), ``pseudo``, ``g``, ``tiebreak`` (L, E) float64, ``counts`` (L, E) int64
-    (the recency window's uses per expert), ``slots`` the window's token slots (tokens x k). A row of scores
-    without NaN is ranked by :func:`_top_k_row`, one with NaN by :func:`_top_k_row_nan`; a token that
-    appeared earlier in ``tokens`` gets that one's experts, copied."""
-    m = tokens.shape[0]
-    L, E = pseudo.shape
+def _frequency_context(g, tiebreak, counts, slots, beta, blend, unseen):
+    """The token-independent terms of ``FrequencyPredictor.scores``, written into ``blend`` and ``unseen``
+    (L, E) float64: the recency blend ``beta * (counts / slots)`` (0 when ``slots`` is 0: an empty window;
+    left untouched when ``beta`` is 0) and an unseen token's scores ``(g + blend) + tiebreak`` (``g +
+    tiebreak`` when ``beta`` is 0). ``g``, ``tiebreak`` (L, E) float64, ``counts`` (L, E) int64 (the recency
+    window's uses per expert), ``slots`` the window's token slots (tokens x k)."""
+    L, E = g.shape
     has_blend = beta != 0.0
-    blend = np.zeros((L, E))
-    unseen = np.empty((L, E))
     for l in range(L):
         for e in range(E):
             if has_blend:
@@ -327,6 +319,20 @@ def _frequency_top_k(table, row_of, n, a, k, pseudo, g, tiebreak, counts, slots,
             else:
                 unseen[l, e] = g[l, e]
             unseen[l, e] += tiebreak[l, e]
+
+
+@numba.njit(cache=True, error_model="numpy")
+def _frequency_rank(table, row_of, n, a, k, pseudo, tiebreak, blend, has_blend, unseen, tokens):
+    """For each token (m,) and layer, the k experts of the largest scores, best first, ties to the lower id
+    (``np.argsort(-scores, kind="stable")[..., :k]``), from the scores ``FrequencyPredictor.scores``
+    computes, operation for operation: ``(table[row] / k + pseudo) / (n[row] + a) + blend + tiebreak``
+    (float32 division, then float64; the blend left out unless ``has_blend``) for a token with a table row,
+    ``unseen`` for one without (:func:`_frequency_context` makes ``blend`` and ``unseen``). ``table`` (rows,
+    L, E) float32, ``row_of`` (V,) int64 (-1: no row), ``n`` (rows,), ``pseudo``, ``tiebreak`` (L, E)
+    float64. A row of scores without NaN is ranked by :func:`_top_k_row`, one with NaN by
+    :func:`_top_k_row_nan`; a token that appeared earlier in ``tokens`` gets that one's experts, copied."""
+    m = tokens.shape[0]
+    L, E = pseudo.shape
     out = np.empty((m, L, k), np.int64)
     s = np.empty(E)
     vals = np.empty(k)
@@ -371,6 +377,21 @@ def _frequency_top_k(table, row_of, n, a, k, pseudo, g, tiebreak, counts, slots,
 
 
 @numba.njit(cache=True, error_model="numpy")
+def _frequency_predict(table, row_of, n, a, k, pseudo, g, tiebreak, counts, slots, beta, fresh, blend, unseen,
+                       tokens):
+    """``FrequencyPredictor.predict`` in one call: checks that every token id is >= 0, then, unless ``fresh``
+    (``blend`` and ``unseen`` already hold this window's context, :func:`_frequency_context`), makes the
+    context in place, and ranks (:func:`_frequency_rank`). Returns ``(error, experts)``: error 0, or 4 (a
+    negative token: nothing is changed, ``experts`` empty); ``experts`` (m, L, k) int64."""
+    for i in range(tokens.shape[0]):
+        if tokens[i] < 0:
+            return 4, np.empty((0, 0, 0), np.int64)
+    if not fresh:
+        _frequency_context(g, tiebreak, counts, slots, beta, blend, unseen)
+    return 0, _frequency_rank(table, row_of, n, a, k, pseudo, tiebreak, blend, beta != 0.0, unseen, tokens)
+
+
+@numba.njit(cache=True, error_model="numpy")
 def _window_push(counts, last, ring, size, head, step, routing, num_experts):
     """Push routing rows (T, L, k) into a recency window (``_Window`` of :mod:`specfit.models.predictors`):
     ``last[l, e]`` the step of the expert's last use, ``counts[l, e]`` its uses over the ring's rows
@@ -409,13 +430,14 @@ def _window_push(counts, last, ring, size, head, step, routing, num_experts):
 
 @numba.njit(cache=True, error_model="numpy")
 def _frequency_observe_top_k(counts, last, ring, size, head, step, routing, num_experts, observed, table, row_of, n, a,
-                             k, pseudo, g, tiebreak, beta, tokens):
+                             k, pseudo, g, tiebreak, beta, blend, unseen, tokens):
     """``FrequencyPredictor.observe_and_predict``: :func:`_window_push` of the committed tokens' routing
-    (``observed`` (T,) their ids, ``routing`` (T, L, k)), then :func:`_frequency_top_k` of ``tokens`` (m,)
-    with the window's new counts, in one call. Checks first and changes nothing unless every token id
-    (both arrays) is >= 0 and the routing passes the push's checks. Returns ``(size, head, step, error,
-    experts)``: error 0, 1 or 2 (the push's: an id out of range, a repeated id), 3 (a negative observed
-    token) or 4 (a negative token to predict); ``experts`` (m, L, k) int64, empty on an error."""
+    (``observed`` (T,) their ids, ``routing`` (T, L, k)), then the window's new context into ``blend`` and
+    ``unseen`` (:func:`_frequency_context`) and :func:`_frequency_rank` of ``tokens`` (m,), in one call.
+    Checks first and changes nothing unless every token id (both arrays) is >= 0 and the routing passes the
+    push's checks. Returns ``(size, head, step, error, experts)``: error 0, 1 or 2 (the push's: an id out of
+    range, a repeated id), 3 (a negative observed token) or 4 (a negative token to predict); ``experts``
+    (m, L, k) int64, empty on an error."""
     for i in range(observed.shape[0]):
         if observed[i] < 0:
             return size, head, step, 3, np.empty((0, 0, 0), np.int64)
@@ -425,7 +447,8 @@ def _frequency_observe_top_k(counts, last, ring, size, head, step, routing, num_
     size, head, step, error = _window_push(counts, last, ring, size, head, step, routing, num_experts)
     if error:
         return size, head, step, error, np.empty((0, 0, 0), np.int64)
-    out = _frequency_top_k(table, row_of, n, a, k, pseudo, g, tiebreak, counts, size * routing.shape[2], beta, tokens)
+    _frequency_context(g, tiebreak, counts, size * routing.shape[2], beta, blend, unseen)
+    out = _frequency_rank(table, row_of, n, a, k, pseudo, tiebreak, blend, beta != 0.0, unseen, tokens)
     return size, head, step, 0, out
 
 
@@ -533,17 +556,6 @@ def window_push_kernel():
 
 
 @functools.cache
-def frequency_top_k_kernel():
-    """The compiled :func:`_frequency_top_k` (a numba dispatcher; arguments, shapes and return value as
-    there), compiled or loaded from numba's cache for the predictor's argument types on the first call in
-    a process."""
-    table, le = np.zeros((1, 1, 2), np.float32), np.zeros((1, 2))
-    _frequency_top_k(table, np.zeros(1, np.int64), np.ones(1), 1.0, 1, le, le, le, np.zeros((1, 2), np.int64), 0, 0.5,
-                     np.zeros(1, np.int64))
-    return _frequency_top_k
-
-
-@functools.cache
 def frequency_observe_top_k_kernel():
     """The compiled :func:`_frequency_observe_top_k` (a numba dispatcher; arguments, shapes and return value
     as there), compiled or loaded from numba's cache for the predictor's argument types on the first call in
@@ -551,8 +563,20 @@ def frequency_observe_top_k_kernel():
     table, le, ids = np.zeros((1, 1, 2), np.float32), np.zeros((1, 2)), np.zeros(1, np.int64)
     c = np.zeros((1, 2), np.int64)
     _frequency_observe_top_k(c, c.copy(), np.zeros((1, 1, 1), np.int64), 0, 0, 0, np.zeros((1, 1, 1), np.int64), 2,
-                             ids, table, ids, np.ones(1), 1.0, 1, le, le, le, 0.5, ids)
+                             ids, table, ids, np.ones(1), 1.0, 1, le, le, le, 0.5, le.copy(), le.copy(), ids)
     return _frequency_observe_top_k
+
+
+@functools.cache
+def frequency_predict_kernel():
+    """The compiled :func:`_frequency_predict` (a numba dispatcher; arguments, shapes and return value as
+    there), compiled or loaded from numba's cache for the predictor's argument types on the first call in a
+    process."""
+    table, le = np.zeros((1, 1, 2), np.float32), np.zeros((1, 2))
+    for fresh in (False, True):
+        _frequency_predict(table, np.zeros(1, np.int64), np.ones(1), 1.0, 1, le, le, le, np.zeros((1, 2), np.int64), 0,
+                           0.5, fresh, le.copy(), le.copy(), np.zeros(1, np.int64))
+    return _frequency_predict
 
 
 @functools.cache

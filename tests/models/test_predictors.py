@@ -405,6 +405,8 @@ def test_frequency_scores_equal_the_formula_bit_for_bit(data):
         want = reference_frequency_scores(ids, table, counts, g, k, a, beta, observed, W, tokens)
         np.testing.assert_array_equal(p.scores(tokens), want)
         np.testing.assert_array_equal(p.predict(tokens), np.argsort(-want, axis=-1, kind="stable")[..., :k])
+        more = rng.choice(np.concatenate([ids, [30, 99]]), 3)  # a second call reuses the context the first made
+        np.testing.assert_array_equal(p.predict(more), np.argsort(-p.scores(more), axis=-1, kind="stable")[..., :k])
         if data.draw(st.booleans()):
             p.reset()
             observed = []
@@ -482,6 +484,8 @@ def test_observe_and_predict_equals_observe_then_predict(trace, data):
         np.testing.assert_array_equal(got, want)
         assert _window_state(fused) == _window_state(one)
         np.testing.assert_array_equal(fused.scores(tokens), one.scores(tokens))  # its cached context renewed
+        more = rng.integers(0, 2 * V, 3)  # predict after the fused call: the context that call made
+        np.testing.assert_array_equal(fused.predict(more), one.predict(more))
     assert len(frequency_observe_top_k_kernel().signatures) == 1
 
 
@@ -524,7 +528,7 @@ def test_frequency_predict_with_zero_counts_and_no_smoothing_ranks_as_the_scores
 def test_compiled_frequency_top_k_ranks_any_scores_as_the_stable_sort(data):
     """The compiled predict's top-k on arbitrary score rows (fed as an unseen token's scores, g): ties,
     ±inf and NaN (ranked last) give exactly ``np.argsort(-s, kind="stable")[:k]``, k from 1 to E."""
-    from specfit.core.kernels import frequency_top_k_kernel
+    from specfit.core.kernels import frequency_predict_kernel
 
     L, E = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 40))
     k = data.draw(st.integers(1, E))
@@ -536,7 +540,9 @@ def test_compiled_frequency_top_k_ranks_any_scores_as_the_stable_sort(data):
     if kind == "nan":
         s[rng.random((L, E)) < 0.3] = np.nan
     z = np.zeros((L, E))  # no table rows, no blend, no tie-break: every token's scores are g = s
-    got = frequency_top_k_kernel()(np.zeros((0, L, E), np.float32), np.zeros(0, np.int64), np.zeros(0), 1.0, k,
-                                   z, s, z, np.zeros((L, E), np.int64), 0, 0.0, np.array([0, 5], np.int64))
+    error, got = frequency_predict_kernel()(np.zeros((0, L, E), np.float32), np.zeros(0, np.int64), np.zeros(0), 1.0,
+                                            k, z, s, z, np.zeros((L, E), np.int64), 0, 0.0, False, np.zeros((L, E)),
+                                            np.zeros((L, E)), np.array([0, 5], np.int64))
+    assert error == 0
     want = np.argsort(-s, axis=-1, kind="stable")[..., :k]
     np.testing.assert_array_equal(got, np.stack([want, want]))
