@@ -320,11 +320,13 @@ class ExactSolver(Solver):
         self.compiled = compiled
         if compiled:  # compiled (or loaded from numba's cache) here: no solve pays it
             from specfit.core.kernels import item_words_kernel
-            from specfit.solvers.exact_compiled import exact_kernel, linear_prefix_kernel
+            from specfit.solvers.exact_compiled import (exact_kernel, linear_prefix_kernel, linear_prefix_selection,
+                                                        select_unbudgeted)
 
             exact_kernel()
             linear_prefix_kernel()
             item_words_kernel()  # an instance's coverage accounting (ItemSets.extend)
+            self._compiled = (select_unbudgeted, linear_prefix_selection)  # solve_tree's, without an import per call
 
     def solve_tree(self, tree, cost, cache=None, *, rate: float | None = None, sunk_ms: float = 0.0) -> Selection:
         """:meth:`Solver.solve_tree`: the same selection and floats as ``solve(Instance(tree,
@@ -351,13 +353,10 @@ class ExactSolver(Solver):
         t0 = time.perf_counter()
         items = tree.items(cache)
         lam = None if rate is None else rate / 1000.0
+        select_unbudgeted, linear_prefix_selection = self._compiled
         if L and items.any_uncached():
-            from specfit.solvers.exact_compiled import select_unbudgeted
-
             nodes, _, a, t = select_unbudgeted(tree, items, cost, lam, self.tol, fixed_ms)
         else:  # no uncached expert: T linear in |S|, a prefix is optimal (select)
-            from specfit.solvers.exact_compiled import linear_prefix_selection
-
             nodes, a, t = linear_prefix_selection(tree, fixed_ms, cost.per_node_ms, None, lam)
         solve_ms = (time.perf_counter() - t0) * 1e3
         return Selection(self.name, tuple(nodes.tolist()), a, t, 1000.0 * a / t if t > 0 else float("inf"), solve_ms,

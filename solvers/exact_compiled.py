@@ -587,7 +587,7 @@ def select_unbudgeted(tree, items, cost, rate_lam: float | None, tol: float,
     L, E = tree.num_layers, tree.num_experts or 0
     _, seg_word, seg_mask, seg_layer = _layout(L, E)
     return exact_kernel()(kernel_array(tree.parents, np.int64), kernel_array(tree.path_prob, np.float64),
-                          items.words(), E, float(cost.fixed_ms if fixed_ms is None else fixed_ms),
+                          items.words(copy=False), E, float(cost.fixed_ms if fixed_ms is None else fixed_ms),
                           float(cost.per_node_ms), cost.per_expert_array(L), seg_word, seg_mask, seg_layer,
                           -1.0 if rate_lam is None else float(rate_lam), float(tol))
 

@@ -87,7 +87,7 @@ class ItemSets:
         self._n = 0
         self._uncached = False  # some node needs an item (any_uncached)
         # need, above, own words and rows per layer; rows [0, _n) are valid, capacity grows by doubling
-        self._need_w = self._above_w = self._own_w = np.zeros((0, self._num_words), dtype=np.uint64)
+        self._need_w = self._above_w = self._own_w = self._words_w = np.zeros((0, self._num_words), dtype=np.uint64)
         self._rows = np.zeros((0, self.num_layers), dtype=np.int64)
         self._ints = {"need": [], "above": [], "own": []}  # Python-int views, converted when first read
         self._mask = (1 << self.num_experts) - 1
@@ -128,7 +128,7 @@ class ItemSets:
         if size <= cap:
             return
         cap = max(size, 2 * cap, 8)
-        for name in ("_need_w", "_above_w", "_own_w", "_rows"):
+        for name in ("_need_w", "_above_w", "_own_w", "_words_w", "_rows"):
             old = getattr(self, name)
             new = np.zeros((cap,) + old.shape[1:], dtype=old.dtype)
             new[:self._n] = old[:self._n]
@@ -170,7 +170,7 @@ class ItemSets:
             experts = np.zeros((m, self.num_layers, 0), dtype=np.int64)
         status, uncached = item_words_kernel()(kernel_array(experts, np.int64), self._cache_c,
                                      kernel_array(parents, np.int64), self._n, self._need_w, self._above_w,
-                                     self._own_w, self._rows)
+                                     self._own_w, self._words_w, self._rows)
         if status == 1:
             raise SpecFitInputError("experts", f"expert ids must lie in [0, {self.num_experts})")
         if status == 2:
@@ -179,19 +179,23 @@ class ItemSets:
         self._n += m
         self._uncached |= uncached
 
-    def words(self) -> np.ndarray:
+    def words(self, copy: bool = True) -> np.ndarray:
         """The root's items and the items each other node owns as 64-bit words, for compiled code.
+
+        Parameters
+        ----------
+        copy : bool
+            True (default): a new array on each call (changing it changes nothing here). False: a view of
+            the words :meth:`extend` keeps, for a compiled call that only reads it (the exact solver's, once
+            per selection); it must not be changed, and the next :meth:`extend` may replace it.
 
         Returns
         -------
         numpy.ndarray of uint64, shape (n, ceil(L * num_experts / 64))
-            Row 0: ``need[0]``; row v > 0: ``own[v]``; item i is bit ``i % 64`` of word ``i // 64``. A new
-            array on each call (changing it changes nothing here).
+            Row 0: ``need[0]``; row v > 0: ``own[v]``; item i is bit ``i % 64`` of word ``i // 64``.
         """
-        out = self._own_w[:self._n].copy()
-        if self._n:
-            out[0] = self._need_w[0]
-        return out
+        view = self._words_w[:self._n]
+        return view.copy() if copy else view
 
     def any_uncached(self) -> bool:
         """True iff some node needs an uncached item (``any(need)``, without building the Python ints)."""

@@ -481,14 +481,15 @@ def _ratio_bound(path_prob, root_ms, min_node_ms):
 def kernel_array(a, dtype) -> np.ndarray:
     """``a`` as a writable C-contiguous array of ``dtype``: itself when it is one, else a copy. Every kernel
     is compiled for such arrays; another layout or a read-only array would compile it again, on that call."""
-    a = np.asarray(a)
-    if a.dtype == dtype and a.flags.c_contiguous and a.flags.writeable:
-        return a
+    if type(a) is np.ndarray and a.dtype == dtype:  # the engine's every solve and prediction: no conversion
+        flags = a.flags
+        if flags.c_contiguous and flags.writeable:
+            return a
     return np.array(a, dtype=dtype, order="C")
 
 
 @numba.njit(cache=True)
-def _item_words(experts, cache, parents, start, need, above, own, rows):
+def _item_words(experts, cache, parents, start, need, above, own, words, rows):
     """For ``ItemSets.extend``: fill rows ``start + i`` (i < m) of the item words and rows per layer.
 
     ``experts`` (m, L, k) int64 and ``cache`` (L, E) bool; ``parents`` (m,) int64, each an earlier node
@@ -496,7 +497,8 @@ def _item_words(experts, cache, parents, start, need, above, own, rows):
     as bit ``(l * E + e) % 64`` of word ``(l * E + e) // 64``; ``rows`` (capacity, L) int64. Node v's need
     bits are the items ``l * E + e`` with e among its experts of layer l and ``not cache[l, e]`` (a repeated
     id once: ``np.packbits`` of ``ItemSets.need_mask``); ``rows[v, l]`` their count in layer l;
-    ``above[v] = above[p] | need[p]`` (0 for the root); ``own[v] = need[v] & ~above[v]`` (0 for the root).
+    ``above[v] = above[p] | need[p]`` (0 for the root); ``own[v] = need[v] & ~above[v]`` (0 for the root);
+    ``words[v]`` the compiled solver's row: ``own[v]``, the root's ``need[0]``.
     Returns ``(status, uncached)``: status 0, or 1 if an expert id lies outside [0, E), 2 if a parent is not
     an earlier node (rows from ``start`` on are then partly written: the caller does not count them);
     ``uncached`` True iff a new node needs an item (False on an error)."""
@@ -529,10 +531,12 @@ def _item_words(experts, cache, parents, start, need, above, own, rows):
             if p < 0:
                 above[v, w] = 0
                 own[v, w] = 0
+                words[v, w] = need[v, w]
             else:
                 a = above[p, w] | need[p, w]
                 above[v, w] = a
                 own[v, w] = need[v, w] & ~a
+                words[v, w] = own[v, w]
     return 0, uncached
 
 
@@ -542,7 +546,7 @@ def item_words_kernel():
     compiled or loaded from numba's cache on the first call in a process."""
     w = np.zeros((1, 1), np.uint64)
     _item_words(np.zeros((1, 1, 1), np.int64), np.zeros((1, 1), np.bool_), np.full(1, -1, np.int64), 0, w, w.copy(),
-                w.copy(), np.zeros((1, 1), np.int64))
+                w.copy(), w.copy(), np.zeros((1, 1), np.int64))
     return _item_words
 
 
