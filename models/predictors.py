@@ -463,8 +463,8 @@ class FrequencyPredictor:
         t = _token_ids(tokens, "tokens")  # its signs: checked in the call
         w = self.window
         error, out = self._predict_kernel(self.table, self._row, self.n, self.a, self.k, self._pseudo, self.g,
-                                                self._tiebreak, w.counts, w.size * w.k, self.beta, self._fresh,
-                                                self._blend, self._unseen, t)
+                                          self._tiebreak, w.counts, w.size * w.k, self.beta, self._fresh,
+                                          self._blend, self._unseen, t)
         if error:
             raise SpecFitInputError(*_OBSERVE_ERRORS[error](w.E))
         self._fresh = True

@@ -169,8 +169,8 @@ class ItemSets:
         if experts.shape[2] == 0:  # no expert term: every item set is empty
             experts = np.zeros((m, self.num_layers, 0), dtype=np.int64)
         status, uncached = item_words_kernel()(kernel_array(experts, np.int64), self._cache_c,
-                                     kernel_array(parents, np.int64), self._n, self._need_w, self._above_w,
-                                     self._own_w, self._words_w, self._rows)
+                                               kernel_array(parents, np.int64), self._n, self._need_w,
+                                               self._above_w, self._own_w, self._words_w, self._rows)
         if status == 1:
             raise SpecFitInputError("experts", f"expert ids must lie in [0, {self.num_experts})")
         if status == 2:
