@@ -140,13 +140,14 @@ class Solver:
         return Selection(self.name, ev.nodes, ev.expected_tokens, ev.predicted_ms, ev.throughput, solve_ms, status,
                          "ratio" if rate is None else "rate", rate)
 
-    def solve_tree(self, tree, cost, cache=None, *, rate: float | None = None, sunk_ms: float = 0.0) -> Selection:
+    def solve_tree(self, tree, cost, cache=None, *, rate: float | None = None, sunk_ms: float = 0.0,
+                   max_nodes: int | None = None) -> Selection:
         """Select a subtree of ``tree`` under ``cost`` plus ``sunk_ms``: the engine's per-cycle solve.
 
-        The same selection, with the same floats, as ``solve(Instance(tree, cost.plus_ms(sunk_ms), cache),
-        rate)`` (no budgets); a solver may answer it without building the instance (the exact solver's
-        compiled path, :meth:`specfit.solvers.exact.ExactSolver.solve_tree`), so that a drafted cycle pays
-        for the solve alone.
+        The same selection, with the same floats, as ``solve(Instance(tree, cost.plus_ms(sunk_ms), cache,
+        max_nodes=max_nodes), rate)``; a solver may answer it without building the instance (the exact
+        solver's compiled path, :meth:`specfit.solvers.exact.ExactSolver.solve_tree`), so that a drafted
+        cycle pays for the solve alone.
 
         Parameters
         ----------
@@ -160,6 +161,8 @@ class Solver:
         sunk_ms : float
             ms of the cycle already paid whatever is selected (draft levels, host work), added to T's constant
             term (SPECFIT.md §3, "Whole-cycle objective").
+        max_nodes : int, optional
+            At most this many nodes, root included (the instance's budget).
 
         Returns
         -------
@@ -169,9 +172,11 @@ class Solver:
         ------
         SpecFitInputError
             As :class:`~specfit.core.instance.Instance` and :meth:`solve` do (field ``cache``,
-            ``cost.per_expert_ms``, ``rate``), and on ``ms`` if ``sunk_ms`` is not a finite number >= 0.
+            ``cost.per_expert_ms``, ``max_nodes``, ``rate``), and on ``ms`` if ``sunk_ms`` is not a finite
+            number >= 0.
         """
-        return self.solve(Instance(tree, cost.plus_ms(sunk_ms) if sunk_ms else cost, cache), rate)
+        cost = cost.plus_ms(sunk_ms) if sunk_ms else cost
+        return self.solve(Instance(tree, cost, cache, max_nodes=max_nodes), rate)
 
 
 #: name -> "module:class". Import happens on first use so that one solver's dependencies

@@ -328,10 +328,11 @@ class ExactSolver(Solver):
             item_words_kernel()  # an instance's coverage accounting (ItemSets.extend)
             self._compiled = (select_unbudgeted, linear_prefix_selection)  # solve_tree's, without an import per call
 
-    def solve_tree(self, tree, cost, cache=None, *, rate: float | None = None, sunk_ms: float = 0.0) -> Selection:
+    def solve_tree(self, tree, cost, cache=None, *, rate: float | None = None, sunk_ms: float = 0.0,
+                   max_nodes: int | None = None) -> Selection:
         """:meth:`Solver.solve_tree`: the same selection and floats as ``solve(Instance(tree,
-        cost.plus_ms(sunk_ms), cache), rate)``. A transfer-regime ``cost`` with a ``cache`` (the engine's
-        every solve) is answered by one compiled call on the tree's coverage accounting, without building
+        cost.plus_ms(sunk_ms), cache, max_nodes=max_nodes), rate)``. A transfer-regime ``cost`` with a
+        ``cache`` and no ``max_nodes`` (the engine's every solve by default) is answered by one compiled call on the tree's coverage accounting, without building
         the instance, its cost model and the evaluation around it: a drafted cycle's solve runs right after
         a forward has evicted the host's caches, where each of those Python-level steps costs several
         times its warm time (BENCHMARKS.md, issue 9, twenty-fourth round). Other calls go through
@@ -342,11 +343,10 @@ class ExactSolver(Solver):
         SpecFitInputError
             As :meth:`Solver.solve_tree`.
         """
-        if not self.compiled or cost.regime != "transfer" or cache is None:
-            return super().solve_tree(tree, cost, cache, rate=rate, sunk_ms=sunk_ms)
         L, E = tree.num_layers, tree.num_experts or 0
-        if cache.shape != (L, E):  # Instance's error
-            return super().solve_tree(tree, cost, cache, rate=rate, sunk_ms=sunk_ms)
+        if (not self.compiled or cost.regime != "transfer" or max_nodes is not None or cache is None
+                or cache.shape != (L, E)):  # the instance's path (and its errors)
+            return super().solve_tree(tree, cost, cache, rate=rate, sunk_ms=sunk_ms, max_nodes=max_nodes)
         rate = check_rate(rate)
         fixed_ms = cost.fixed_ms + check_ms("ms", sunk_ms) if sunk_ms else cost.fixed_ms  # as cost.plus_ms
         cost.check_layers(L)
@@ -370,8 +370,7 @@ class ExactSolver(Solver):
             lam = None if rate is None else rate / 1000.0
             cost = instance.cost.gpu_only() if host else instance.cost  # host: nothing on the host, the GPU part
             if self.compiled:  # the same prefix and its A and T, one compiled call
-                from specfit.solvers.exact_compiled import linear_prefix_selection
-
+                linear_prefix_selection = self._compiled[1]
                 nodes, a, t = linear_prefix_selection(instance.tree, cost.fixed_ms, cost.per_node_ms,
                                                       instance.max_nodes, lam)
                 if host:  # nothing on the host: the GPU part prices it (solve evaluates it on the profile)
@@ -385,8 +384,7 @@ class ExactSolver(Solver):
             return select_host(instance, rate, [0], self.tol, deadline)  # {root}: cheaper than a prefix scan here
         budgeted = instance.has_budget
         if self.compiled and not budgeted:
-            from specfit.solvers.exact_compiled import select_unbudgeted
-
+            select_unbudgeted = self._compiled[0]
             nodes, new, a, t = select_unbudgeted(instance.tree, instance.items, instance.cost,
                                                  None if rate is None else rate / 1000.0, self.tol)
             ev = evaluation(nodes, a, t, new)  # the kernel's A and T: evaluate's floats

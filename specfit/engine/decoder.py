@@ -41,7 +41,6 @@ import torch
 from specfit.core.acceptance import greedy_trials, verify_trials
 from specfit.core.cost import CostModel, HostProfile, calibrate
 from specfit.core.errors import SpecFitInputError, check_context, check_positive_int, check_single_sequence, lookup
-from specfit.core.instance import Instance
 from specfit.core.tree import DraftTree, check_experts
 from specfit.engine.online import OnlineModel
 from specfit.engine.twin import ARTwinCache
@@ -1230,16 +1229,12 @@ class SpecDecoder:
                 cost: CostModel | None, sunk_ms: float = 0.0):
         """Solve the selection under ``cost`` (None: a cost-blind selector); ``sunk_ms`` (the levels
         drafted this cycle) is added to ``fixed_ms``: a cost of the cycle that does not depend on the
-        selection (whole-cycle objective). Without ``max_nodes`` through :meth:`Solver.solve_tree` (the
-        same selection, without building the instance where the solver can)."""
+        selection (whole-cycle objective). Through :meth:`Solver.solve_tree` (the same selection as
+        ``solve`` of the instance, without building it where the solver can)."""
         t0 = time.perf_counter()
-        if cost is not None and self.max_nodes is None:  # the cache the tree's accounting uses
-            sel = self.solver.solve_tree(tree, cost, cache, rate=rate, sunk_ms=sunk_ms)
-        else:
-            cost = cost if cost is not None else CostModel(1.0, 0.0, 0.0)
-            if sunk_ms:
-                cost = cost.plus_ms(sunk_ms)
-            sel = self.solver.solve(Instance(tree, cost, cache, max_nodes=self.max_nodes), rate=rate)
+        cost = cost if cost is not None else CostModel(1.0, 0.0, 0.0)
+        sel = self.solver.solve_tree(tree, cost, cache, rate=rate, sunk_ms=sunk_ms,  # the cache the tree's accounting uses
+                                     max_nodes=self.max_nodes)
         rec.solve_ms += (time.perf_counter() - t0) * 1e3
         return sel
 

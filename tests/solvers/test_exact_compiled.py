@@ -201,16 +201,17 @@ def selection_fields(sel) -> tuple:
 
 @settings(max_examples=300, deadline=None)
 @given(st.one_of(instances(max_nodes=14), instances(max_nodes=14, per_expert_zero=True),
-                 instances(max_nodes=8, host=True)), RATES, SUNK)
-def test_solve_tree_is_solve_of_the_instance(inst, rate, sunk):
+                 instances(max_nodes=8, host=True)), RATES, SUNK, st.one_of(st.none(), st.integers(1, 14)))
+def test_solve_tree_is_solve_of_the_instance(inst, rate, sunk, max_nodes):
     """Solver.solve_tree (the engine's per-cycle call; the exact solver's answers it by one compiled call
-    without building the instance) returns what solve returns for Instance(tree, cost.plus_ms(sunk), cache):
+    without building the instance) returns what solve returns for Instance(tree, cost.plus_ms(sunk), cache,
+    max_nodes):
     the same nodes and floats, for every registered kind of path (compiled exact with and without uncached
     experts, the host regime, the Python exact path, a greedy baseline)."""
     cost = inst.cost.plus_ms(sunk) if sunk else inst.cost
     for solver in (COMPILED, PYTHON, get_solver("scan")):
-        got = solver.solve_tree(inst.tree, inst.cost, inst.cache, rate=rate, sunk_ms=sunk)
-        ref = solver.solve(Instance(inst.tree, cost, inst.cache), rate)
+        got = solver.solve_tree(inst.tree, inst.cost, inst.cache, rate=rate, sunk_ms=sunk, max_nodes=max_nodes)
+        ref = solver.solve(Instance(inst.tree, cost, inst.cache, max_nodes=max_nodes), rate)
         assert selection_fields(got) == selection_fields(ref)
         assert all(type(v) is int for v in got.nodes)
 
