@@ -247,7 +247,8 @@ def draft_can_beat_ar(ar_ms: float, level_mass, level_ms: float, per_node_ms: fl
 
     Host-compute regime: T is monotone in S, so for any v in N the verify costs at least
     T({root, v}) = ar_ms + (T({root, v}) - T({root})) >= ar_ms + X with X the smallest such increment,
-    and per_node_ms = 0: T >= ar_ms + J level_ms + X, and the argument above goes through.
+    and ``per_node_ms`` is the profile's ``node_extra_ms`` (>= 0, added per node outside the per-layer max):
+    T >= ar_ms + J (level_ms + per_node_ms) + X, and the argument above goes through.
     """
     t = float(ar_ms)
     if not (t > 0 and math.isfinite(t)):
