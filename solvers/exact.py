@@ -332,8 +332,8 @@ class ExactSolver(Solver):
                    max_nodes: int | None = None) -> Selection:
         """:meth:`Solver.solve_tree`: the same selection and floats as ``solve(Instance(tree,
         cost.plus_ms(sunk_ms), cache, max_nodes=max_nodes), rate)``. A transfer-regime ``cost`` with a
-        ``cache`` and no ``max_nodes`` (the engine's every solve by default) is answered by one compiled call on the tree's coverage accounting, without building
-        the instance, its cost model and the evaluation around it: a drafted cycle's solve runs right after
+        ``cache`` and no ``max_nodes`` (the engine's every solve by default) is answered by one compiled
+        call on the tree's coverage accounting, without building the instance, its cost model and the evaluation around it: a drafted cycle's solve runs right after
         a forward has evicted the host's caches, where each of those Python-level steps costs several
         times its warm time (BENCHMARKS.md, issue 9, twenty-fourth round). Other calls go through
         :meth:`solve`.

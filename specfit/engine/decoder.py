@@ -1233,8 +1233,8 @@ class SpecDecoder:
         ``solve`` of the instance, without building it where the solver can)."""
         t0 = time.perf_counter()
         cost = cost if cost is not None else CostModel(1.0, 0.0, 0.0)
-        sel = self.solver.solve_tree(tree, cost, cache, rate=rate, sunk_ms=sunk_ms,  # the cache the tree's accounting uses
-                                     max_nodes=self.max_nodes)
+        # cache: the one the tree's coverage accounting uses
+        sel = self.solver.solve_tree(tree, cost, cache, rate=rate, sunk_ms=sunk_ms, max_nodes=self.max_nodes)
         rec.solve_ms += (time.perf_counter() - t0) * 1e3
         return sel
 
