@@ -43,10 +43,11 @@ Three things the cycle's objective needs and no datasheet gives (issue 9, SPECFI
   :attr:`OnlineModel.EXPLORE_BURST` drafted cycles, cut short by a cycle that verifies the root alone
   (the first cycles after AR steps pay for experts the AR steps' cache lacks, so one cycle alone
   under-measures drafting) (``explore_after`` 4, doubling after each
-  exploration that leaves Ŝ below :attr:`OnlineModel.EXPLORE_MARGIN` or whose own selection verified
-  the root alone, up to :attr:`EXPLORE_MAX`; 16 while Ŝ is at or above it and the exploring
-  cycle verified draft nodes, where an exploring cycle costs at most 5% of an AR step): a bounded
-  share of exploring cycles.
+  exploration that leaves Ŝ below :attr:`OnlineModel.EXPLORE_MARGIN` or whose last cycle's selection
+  verified the root alone, up to :attr:`EXPLORE_MAX`; 16 after one that leaves Ŝ at or above it with
+  draft nodes verified, where an exploring cycle costs at most 5% of an AR step; an exploration's
+  outcome sets the interval once its last cycle is learned, at the second decision after it): a
+  bounded share of exploring cycles.
 
 * **The host's own cost, measured.** The predictor, the tree and the solver run on the host CPU every
   drafted cycle. The engine measures that CPU time (``time.thread_time``) per draft level and for the
@@ -138,6 +139,7 @@ class OnlineModel:
         self.verified_draft = False  # did the last drafted cycle's selection verify a draft node?
         self.selected_depth = None  # the deepest node the last drafted cycle's selection verified (root 0)
         self.burst_left = 0  # exploring cycles left in the current burst
+        self.burst_unjudged = False  # an exploration has started whose outcome has not set explore_after yet
         self.ahead: str | None = None  # the next cycle's decision, made ahead (:meth:`decide_ahead`)
         #: The sound bound's last answer in :meth:`decide` (True before any): while it is True the engine
         #: launches a cycle's first draft level before asking it (SPECFIT.md §3).
@@ -368,22 +370,28 @@ class OnlineModel:
             self.sound_said_draft = bool(sound_can_draft())
             if self.sound_said_draft:
                 self.skips, self.explore_after, self.burst_left = 0, self.EXPLORE_FIRST, 0
+                self.burst_unjudged = False
                 return "draft"
         if self.burst_left > 0 and self.verified_draft:  # an exploration goes on while it verifies drafts
             self.burst_left -= 1
             self.explorations += 1
             return "explore"
         self.burst_left = 0
-        if self.skips >= self.explore_after:
-            self.burst_left = self.EXPLORE_BURST - 1
-            self.skips = 0
+        if self.burst_unjudged and self.skips > 0:
+            # the burst is over and its last cycle learned (learning runs one cycle late, during the next
+            # cycle's verify: here from the second decision after the burst on): it sets the interval
+            self.burst_unjudged = False
             if s < self.EXPLORE_MARGIN or not self.verified_draft:
-                # drafting measured clearly slower, or the last drafted cycle's own exact selection kept
+                # drafting measured clearly slower, or the burst's last cycle's own exact selection kept
                 # the root alone (the model found no draft worth verifying): explore ever more rarely
                 self.explore_after = min(2 * self.explore_after, self.EXPLORE_MAX)
             else:  # nearly break-even with drafts verified: each exploring cycle costs at most 1 - Ŝ of a
                 # cycle; one burst per EXPLORE_FIRST * EXPLORE_BURST AR steps keeps one cycle in 5 exploring
                 self.explore_after = self.EXPLORE_FIRST * self.EXPLORE_BURST
+        if self.skips >= self.explore_after:
+            self.burst_left = self.EXPLORE_BURST - 1
+            self.skips = 0
+            self.burst_unjudged = True
             self.explorations += 1
             return "explore"
         self.skips += 1

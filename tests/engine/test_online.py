@@ -190,7 +190,8 @@ def test_warmup_cycles_are_not_measured():
     for _ in range(on.MIN_DRAFTED):  # learned: 1.2x AR
         on.observe(root_predicted_new=[0, 0], root_true_new=[0, 0], selected_predicted_new=[0, 0],
                    transferred=[0, 0], draft_nodes=2, committed=2.4, cycle_ms=20.0, ar_ms=10.0)
-    assert on.speedup == pytest.approx(1.2) and on.decide() == "draft"
+        assert on.speedup == pytest.approx(1.2)  # the (WARMUP + 1)-th drafted cycle is the first in Ŝ
+    assert on.decide() == "draft"
 
 
 def test_near_break_even_keeps_exploring_clearly_worse_backs_off():
@@ -216,8 +217,8 @@ def test_an_exploring_burst_ends_when_drafting_pays_or_verifies_the_root_alone()
     on.observe(root_predicted_new=[0], root_true_new=[0], selected_predicted_new=[0], transferred=[0],
                draft_nodes=0, committed=1, cycle_ms=10.0, ar_ms=9.0)  # the root alone: the burst ends
     assert on.decide() == "ar" and on.burst_left == 0
-    on.skips = on.explore_after
-    assert on.decide() == "explore"
+    # its last cycle verified the root alone: the interval doubles (4 -> 8) once that cycle is learned
+    assert "".join(on.decide()[0] for _ in range(8)) == "a" * 7 + "e" and on.explore_after == 8
     for _ in range(3):  # drafting now pays: the gate drafts, the burst is over
         on.observe(root_predicted_new=[0], root_true_new=[0], selected_predicted_new=[0], transferred=[0],
                    draft_nodes=3, committed=4, cycle_ms=10.0, ar_ms=10.0)
@@ -235,8 +236,10 @@ def test_explorations_that_verify_the_root_alone_back_off_near_break_even():
     on.observe(root_predicted_new=[0, 0], root_true_new=[0, 0], selected_predicted_new=[0, 0],
                transferred=[0, 0], draft_nodes=2, committed=1.0, cycle_ms=10.0, ar_ms=9.7)
     assert on.verified_draft and on.speedup >= on.EXPLORE_MARGIN
-    on.skips = on.explore_after  # the next decision explores
-    assert on.decide() == "explore" and on.explore_after == on.EXPLORE_FIRST * on.EXPLORE_BURST
+    gap = on.explore_after - on.skips
+    assert "".join(on.decide()[0] for _ in range(gap + 1)) == "a" * gap + "e"  # a burst, draft nodes verified
+    assert "".join(on.decide()[0] for _ in range(5)) == "eeeaa"  # over; its outcome sets the interval
+    assert on.explore_after == on.EXPLORE_FIRST * on.EXPLORE_BURST
 
 
 def test_warmup_drafts_one_level_past_the_last_selection():
@@ -339,3 +342,62 @@ def test_an_ar_step_decided_ahead_is_taken_once():
                    draft_nodes=1, committed=1, cycle_ms=20.0, ar_ms=10.0)
     on.decide_ahead()
     assert on.ahead == "ar" and on.take_ar_ahead() and on.ahead is None and not on.take_ar_ahead()
+
+
+def gate_in_engine_order(on, cycles, drafted_cycle):
+    """``cycles`` decisions of the gate in the engine's order (``SpecDecoder._cycle``): decide; learn the
+    last drafted cycle (observe) during this cycle's verify, then, after an AR step, decide ahead; a
+    drafted cycle is counted right after its verify (observe_selection). ``drafted_cycle(k)`` gives the
+    k-th drafted cycle's (draft nodes, committed tokens), each in 10 ms against a 10 ms AR step. Returns
+    the decisions' first letters."""
+    out, last, k = [], None, 0
+    for _ in range(cycles):
+        d = on.decide()
+        if last is not None:
+            on.observe(**last, counted=True)
+            last = None
+        if d == "ar":
+            on.decide_ahead()
+        else:
+            nodes, committed = drafted_cycle(k)
+            k += 1
+            on.observe_selection(nodes, min(nodes, 1))
+            last = dict(root_predicted_new=[0], root_true_new=[0], selected_predicted_new=[0], transferred=[0],
+                        draft_nodes=nodes, committed=committed, cycle_ms=10.0, ar_ms=10.0, selected_depth=min(nodes, 1))
+        out.append(d[0])
+    return "".join(out)
+
+
+def test_an_explorations_own_outcome_sets_the_interval_after_it():
+    """The interval after a burst follows that burst's outcome, learned one cycle late as in the engine,
+    not the outcome of the burst before it: a burst that lifts Ŝ to near break-even is followed by 16 AR
+    steps, a burst that drops it again by twice that."""
+    warm = OnlineModel.WARMUP + OnlineModel.MIN_DRAFTED
+
+    def drafted_cycle(k):  # measured at 0.5 x AR, then near break-even for a burst, then 0.2 x AR
+        return 1, 0.5 if k < warm else 1.8 if k < warm + 4 else 0.2
+
+    on = OnlineModel(depth=4)
+    seq = gate_in_engine_order(on, warm + 4 + 4 + 16 + 4 + 33, drafted_cycle)
+    assert seq == "d" * warm + "aaaa" + "eeee" + "a" * 16 + "eeee" + "a" * 32 + "e"
+    assert on.explore_after == 32 and on.speedup < on.EXPLORE_MARGIN
+
+
+def test_clearly_worse_drafting_explores_six_bursts_in_252_ar_steps_then_one_per_explore_max():
+    on = OnlineModel(depth=4)
+    warm = on.WARMUP + on.MIN_DRAFTED
+    seq = gate_in_engine_order(on, warm + 252 + 6 * 4 + 3 * (128 + 4), lambda k: (1, 0.5))
+    assert seq[:warm] == "d" * warm
+    gaps = [len(run) for run in seq[warm:].split("eeee")]
+    assert gaps == [4, 8, 16, 32, 64, 128, 128, 128, 128, 0]  # AR steps between bursts, capped at EXPLORE_MAX
+    assert on.explore_after == on.EXPLORE_MAX and sum(gaps[:6]) == 252
+
+
+def test_the_first_trusted_decision_reads_the_measured_cycles_but_the_last():
+    """In the engine's order the last warm-up cycle is counted at its verify but learned during the next
+    verify: the gate's first decision after WARMUP + MIN_DRAFTED drafted cycles reads Ŝ of the
+    MIN_DRAFTED - 1 before it (SPECFIT.md §3)."""
+    on = OnlineModel(depth=4)
+    warm = on.WARMUP + on.MIN_DRAFTED
+    gate_in_engine_order(on, warm, lambda k: (1, 3.0 if k == warm - 1 else 0.5))
+    assert on.drafted == warm and on.speedup == pytest.approx(0.5) and on.decide() == "ar"
