@@ -39,7 +39,7 @@ import functools
 import numba
 import numpy as np
 
-from specfit.core.kernels import kernel_array
+from specfit.core.kernels import entry_point, kernel_array
 
 _INF = np.inf
 
@@ -549,9 +549,14 @@ def _segments(num_layers: int, num_experts: int) -> tuple[np.ndarray, np.ndarray
 
 
 @functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=16)
 def _layout(num_layers: int, num_experts: int) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
+    """The item words per node and :func:`_segments`, read-only: made once per (L, E), not per solve."""
     words = (num_layers * num_experts + 63) // 64
-    return (words,) + _segments(num_layers, num_experts)
+    segments = _segments(num_layers, num_experts)
+    for a in segments:
+        a.setflags(write=False)
+    return (words,) + segments
 
 
 def select_unbudgeted(tree, items, cost, rate_lam: float | None, tol: float,
@@ -622,22 +627,22 @@ def linear_prefix_selection(tree, fixed_ms: float, per_node_ms: float, max_nodes
 
 @functools.cache
 def linear_prefix_kernel():
-    """The compiled :func:`_linear_prefix` (a numba dispatcher), compiled or loaded from numba's cache on
-    the first call in a process."""
+    """The compiled :func:`_linear_prefix` (its :func:`~specfit.core.kernels.entry_point`), compiled or
+    loaded from numba's cache on the first call in a process."""
     for lam in (-1.0, 0.1):
-        _linear_prefix(np.array([-1, 0], np.int64), np.array([1.0, 0.5]), 1.0, 0.1, 2, lam)
-    return _linear_prefix
+        kernel = entry_point(_linear_prefix, np.array([-1, 0], np.int64), np.array([1.0, 0.5]), 1.0, 0.1, 2, lam)
+    return kernel
 
 
 @functools.cache
 def exact_kernel():
-    """The compiled :func:`_select` (a numba dispatcher), compiled or loaded from numba's cache on the
-    first call in a process (the exact solver asks for it when it is built)."""
+    """The compiled :func:`_select` (its :func:`~specfit.core.kernels.entry_point`), compiled or loaded
+    from numba's cache on the first call in a process (the exact solver asks for it when it is built)."""
     parents, pp = np.array([-1, 0, 0], np.int64), np.array([1.0, 0.5, 0.4])
     own = np.array([[4], [3], [1]], np.uint64)
-    seg = _segments(1, 64)
+    seg = _layout(1, 64)[1:]  # read-only, as select_unbudgeted passes them
     layer_ms = np.ones(1)
     layer_ms.setflags(write=False)  # as CostModel.per_expert_array
     for lam in (-1.0, 0.1):
-        _select(parents, pp, own, 64, 1.0, 0.1, layer_ms, *seg, lam, 1e-12)
-    return _select
+        kernel = entry_point(_select, parents, pp, own, 64, 1.0, 0.1, layer_ms, *seg, lam, 1e-12)
+    return kernel

@@ -21,6 +21,16 @@ fraction of a second. Each ``*_kernel()`` compiles on first use; the calibrator 
 when it is built (the predictor and its window likewise), so no decoding cycle pays the compilation. This
 module is imported on that first use, not by ``import specfit``. A call with argument types other than
 the engine's (e.g. float32 or non-contiguous arrays) compiles once more, on that call.
+
+The kernels a drafted cycle calls several times (the coverage accounting's, the frequency predictor's two,
+the exact solver's two: :func:`item_words_kernel`, :func:`frequency_observe_top_k_kernel`,
+:func:`frequency_predict_kernel`, :func:`specfit.solvers.exact_compiled.exact_kernel`,
+:func:`~specfit.solvers.exact_compiled.linear_prefix_kernel`) are handed out as the native entry point of
+their one compiled overload (:func:`entry_point`), not as the dispatcher: a call then skips numba's type
+dispatch, ~7-11 µs per call on the caches a forward has just evicted (BENCHMARKS.md, issue 9,
+twenty-seventh round). Such an entry point takes only the engine's argument types: it refuses an array of
+another dtype (TypeError) but reads one of another dimension or layout wrongly, so its callers pass arrays
+of fixed dimensions through :func:`kernel_array`.
 """
 
 from __future__ import annotations
@@ -478,6 +488,21 @@ def _ratio_bound(path_prob, root_ms, min_node_ms):
     return 1000.0 * best
 
 
+def entry_point(kernel, *args):
+    """Call ``kernel`` (a numba dispatcher) on ``args``, compiling or loading it for their types, and return
+    the native entry point of that overload (numba's ``Dispatcher.overloads[types].entry_point``): the same
+    function and results, without the per-call type dispatch (each argument's ``typeof``, the overload
+    lookup). The dispatcher itself if this numba keeps no such entry point.
+
+    The entry point unboxes each argument as the overload's type: an array of another dtype raises
+    TypeError, but one of another number of dimensions, or not C-contiguous, is read wrongly. Call it with
+    arrays of ``args``' dimensions made by :func:`kernel_array`.
+    """
+    kernel(*args)
+    overload = getattr(kernel, "overloads", {}).get(tuple(numba.typeof(a) for a in args))
+    return getattr(overload, "entry_point", kernel)
+
+
 def kernel_array(a, dtype) -> np.ndarray:
     """``a`` as a writable C-contiguous array of ``dtype``: itself when it is one, else a copy. Every kernel
     is compiled for such arrays; another layout or a read-only array would compile it again, on that call."""
@@ -542,12 +567,11 @@ def _item_words(experts, cache, parents, start, need, above, own, words, rows):
 
 @functools.cache
 def item_words_kernel():
-    """The compiled :func:`_item_words` (a numba dispatcher; arguments, shapes and return value as there),
-    compiled or loaded from numba's cache on the first call in a process."""
+    """The compiled :func:`_item_words` (its :func:`entry_point`; arguments, shapes and return value as
+    there), compiled or loaded from numba's cache on the first call in a process."""
     w = np.zeros((1, 1), np.uint64)
-    _item_words(np.zeros((1, 1, 1), np.int64), np.zeros((1, 1), np.bool_), np.full(1, -1, np.int64), 0, w, w.copy(),
-                w.copy(), w.copy(), np.zeros((1, 1), np.int64))
-    return _item_words
+    return entry_point(_item_words, np.zeros((1, 1, 1), np.int64), np.zeros((1, 1), np.bool_),
+                       np.full(1, -1, np.int64), 0, w, w.copy(), w.copy(), w.copy(), np.zeros((1, 1), np.int64))
 
 
 @functools.cache
@@ -561,26 +585,26 @@ def window_push_kernel():
 
 @functools.cache
 def frequency_observe_top_k_kernel():
-    """The compiled :func:`_frequency_observe_top_k` (a numba dispatcher; arguments, shapes and return value
-    as there), compiled or loaded from numba's cache for the predictor's argument types on the first call in
-    a process."""
+    """The compiled :func:`_frequency_observe_top_k` (its :func:`entry_point`; arguments, shapes and return
+    value as there), compiled or loaded from numba's cache for the predictor's argument types on the first
+    call in a process."""
     table, le, ids = np.zeros((1, 1, 2), np.float32), np.zeros((1, 2)), np.zeros(1, np.int64)
     c = np.zeros((1, 2), np.int64)
-    _frequency_observe_top_k(c, c.copy(), np.zeros((1, 1, 1), np.int64), 0, 0, 0, np.zeros((1, 1, 1), np.int64), 2,
-                             ids, table, ids, np.ones(1), 1.0, 1, le, le, le, 0.5, le.copy(), le.copy(), ids)
-    return _frequency_observe_top_k
+    return entry_point(_frequency_observe_top_k, c, c.copy(), np.zeros((1, 1, 1), np.int64), 0, 0, 0,
+                       np.zeros((1, 1, 1), np.int64), 2, ids, table, ids, np.ones(1), 1.0, 1, le, le, le, 0.5,
+                       le.copy(), le.copy(), ids)
 
 
 @functools.cache
 def frequency_predict_kernel():
-    """The compiled :func:`_frequency_predict` (a numba dispatcher; arguments, shapes and return value as
-    there), compiled or loaded from numba's cache for the predictor's argument types on the first call in a
-    process."""
+    """The compiled :func:`_frequency_predict` (its :func:`entry_point`; arguments, shapes and return value
+    as there), compiled or loaded from numba's cache for the predictor's argument types on the first call in
+    a process."""
     table, le = np.zeros((1, 1, 2), np.float32), np.zeros((1, 2))
     for fresh in (False, True):
-        _frequency_predict(table, np.zeros(1, np.int64), np.ones(1), 1.0, 1, le, le, le, np.zeros((1, 2), np.int64), 0,
-                           0.5, fresh, le.copy(), le.copy(), np.zeros(1, np.int64))
-    return _frequency_predict
+        kernel = entry_point(_frequency_predict, table, np.zeros(1, np.int64), np.ones(1), 1.0, 1, le, le, le,
+                             np.zeros((1, 2), np.int64), 0, 0.5, fresh, le.copy(), le.copy(), np.zeros(1, np.int64))
+    return kernel
 
 
 @functools.cache

@@ -460,7 +460,7 @@ def test_observe_and_predict_equals_observe_then_predict(trace, data):
     """The engine's one call at the start of a drafted cycle (FrequencyPredictor.observe_and_predict): the
     same experts and the same window as observe then predict, window wrap-around, empty observations,
     unseen and out-of-table token ids, int32, list or read-only inputs included (one compiled signature)."""
-    from specfit.core.kernels import frequency_observe_top_k_kernel
+    from specfit.core.kernels import _frequency_observe_top_k
 
     beta = data.draw(st.sampled_from([0.0, 0.5]))
     window = data.draw(st.integers(1, 6))
@@ -486,7 +486,7 @@ def test_observe_and_predict_equals_observe_then_predict(trace, data):
         np.testing.assert_array_equal(fused.scores(tokens), one.scores(tokens))  # its cached context renewed
         more = rng.integers(0, 2 * V, 3)  # predict after the fused call: the context that call made
         np.testing.assert_array_equal(fused.predict(more), one.predict(more))
-    assert len(frequency_observe_top_k_kernel().signatures) == 1
+    assert len(_frequency_observe_top_k.signatures) == 1
 
 
 @pytest.mark.parametrize("change,field,rule", [
