@@ -549,9 +549,9 @@ def _segments(num_layers: int, num_experts: int) -> tuple[np.ndarray, np.ndarray
 
 
 @functools.lru_cache(maxsize=16)
-@functools.lru_cache(maxsize=16)
 def _layout(num_layers: int, num_experts: int) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
-    """The item words per node and :func:`_segments`, read-only: made once per (L, E), not per solve."""
+    """The item words per node and :func:`_segments`, made once per (L, E) and shared by every solve, so
+    read-only (and compiled for as such: :func:`exact_kernel`)."""
     words = (num_layers * num_experts + 63) // 64
     segments = _segments(num_layers, num_experts)
     for a in segments:
