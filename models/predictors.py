@@ -335,7 +335,7 @@ class FrequencyPredictor:
 
     def __init__(self, token_ids, table, token_counts, global_share, top_k: int, smoothing: float = 1.0,
                  recency_weight: float = 0.5, window: int = 32):
-        g = np.asarray(global_share, dtype=np.float64)
+        g = np.array(global_share, dtype=np.float64, order="C")  # C layout, as its kernels read it (and _pseudo)
         if g.ndim != 2:
             raise SpecFitInputError("global_share", f"must have shape (L, E), got {g.shape}")
         self.L, self.E, self.k = _check_dims(g.shape[0], g.shape[1], top_k)

@@ -28,9 +28,10 @@ the exact solver's two: :func:`item_words_kernel`, :func:`frequency_observe_top_
 :func:`~specfit.solvers.exact_compiled.linear_prefix_kernel`) are handed out as the native entry point of
 their one compiled overload (:func:`entry_point`), not as the dispatcher: a call then skips numba's type
 dispatch, ~7-11 µs per call on the caches a forward has just evicted (BENCHMARKS.md, issue 9,
-twenty-seventh round). Such an entry point takes only the engine's argument types: it refuses an array of
-another dtype (TypeError) but reads one of another dimension or layout wrongly, so its callers pass arrays
-of fixed dimensions through :func:`kernel_array`.
+twenty-seventh round). Such an entry point takes only the engine's argument types: it refuses an array
+whose items have another size (TypeError), but reinterprets one of the same item size (uint64 or float64
+for int64) and reads one of another dimension or layout wrongly, so its callers pass arrays of fixed
+dimensions through :func:`kernel_array` (or build them C-contiguous of the right dtype).
 """
 
 from __future__ import annotations
@@ -494,9 +495,10 @@ def entry_point(kernel, *args):
     function and results, without the per-call type dispatch (each argument's ``typeof``, the overload
     lookup). The dispatcher itself if this numba keeps no such entry point.
 
-    The entry point unboxes each argument as the overload's type: an array of another dtype raises
-    TypeError, but one of another number of dimensions, or not C-contiguous, is read wrongly. Call it with
-    arrays of ``args``' dimensions made by :func:`kernel_array`.
+    The entry point unboxes each argument as the overload's type: an array whose items have another size
+    raises TypeError, but one of another dtype of the same item size (uint64 or float64 for int64) is
+    reinterpreted, and one of another number of dimensions, or not C-contiguous, is read wrongly. Call it
+    with arrays of ``args``' dtypes and dimensions made by :func:`kernel_array`.
     """
     kernel(*args)
     overload = getattr(kernel, "overloads", {}).get(tuple(numba.typeof(a) for a in args))

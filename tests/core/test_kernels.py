@@ -14,14 +14,14 @@ def _scaled_sum(a, w):
     return (a * w).sum()
 
 
-def test_entry_point_gives_the_dispatchers_results_and_refuses_another_dtype():
+def test_entry_point_gives_the_dispatchers_results_and_refuses_another_item_size():
     a = np.arange(5.0)
     call = entry_point(_scaled_sum, a, 2.0)
     assert not isinstance(call, numba.core.dispatcher.Dispatcher)  # this numba keeps the entry point
     for x, w in ((a, 2.0), (np.ones(3), 0.5), (np.zeros(0), 1.0), (a, 3)):  # an int where a float64 is expected
         assert call(x, w) == _scaled_sum.py_func(x, w)
     with pytest.raises(TypeError):
-        call(np.arange(5, dtype=np.float32), 2.0)
+        call(np.arange(5, dtype=np.float32), 2.0)  # (a same-size dtype, e.g. int64, would be reinterpreted)
     assert len(_scaled_sum.signatures) == 1  # nothing compiled again by the entry point's calls
 
 

@@ -546,3 +546,26 @@ def test_compiled_frequency_top_k_ranks_any_scores_as_the_stable_sort(data):
     assert error == 0
     want = np.argsort(-s, axis=-1, kind="stable")[..., :k]
     np.testing.assert_array_equal(got, np.stack([want, want]))
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.5])
+def test_a_fortran_ordered_global_share_predicts_as_a_c_ordered_one(beta):
+    """The compiled calls read the (L, E) shares as C-contiguous (their entry points do not check the
+    layout): a caller's Fortran-ordered or transposed ``global_share`` is copied, not misread."""
+    rng = np.random.default_rng(3)
+    g = rng.random((L, E))
+    g /= g.sum(axis=1, keepdims=True)
+    ids, table = np.array([5, 9]), np.zeros((2, L, E), np.float32)
+    table[0, :, 0], table[1, :, 3] = 3.0, 2.0
+    tokens, observed = np.array([7, 5, 9]), np.array([1, 2])
+    routing = token_table()[observed]
+    preds = []
+    for share in (g, np.asfortranarray(g), np.ascontiguousarray(g.T).T):
+        p = FrequencyPredictor(ids, table, [3, 2], share, K, recency_weight=beta)
+        want = np.argsort(-p.scores(tokens), axis=-1, kind="stable")[..., :K]
+        got = p.predict(tokens)
+        np.testing.assert_array_equal(got, want)
+        preds.append((got, p.observe_and_predict(observed, routing, tokens)))
+    for got, fused in preds[1:]:
+        np.testing.assert_array_equal(got, preds[0][0])
+        np.testing.assert_array_equal(fused, preds[0][1])
