@@ -495,10 +495,31 @@ def entry_point(kernel, *args):
     function and results, without the per-call type dispatch (each argument's ``typeof``, the overload
     lookup). The dispatcher itself if this numba keeps no such entry point.
 
-    The entry point unboxes each argument as the overload's type: an array whose items have another size
-    raises TypeError, but one of another dtype of the same item size (uint64 or float64 for int64) is
-    reinterpreted, and one of another number of dimensions, or not C-contiguous, is read wrongly. Call it
-    with arrays of ``args``' dtypes and dimensions made by :func:`kernel_array`.
+    Parameters
+    ----------
+    kernel : numba dispatcher (or any callable)
+        A ``numba.njit`` function.
+    *args
+        Example arguments of the types every later call passes (arrays of fixed dtype, dimensions and C
+        layout, as :func:`kernel_array` makes them; Python ints and floats).
+
+    Returns
+    -------
+    callable
+        The entry point: ``kernel``'s results for arguments of those types; ``kernel`` itself when it has no
+        ``overloads`` entry for them (not a numba dispatcher, or a numba without it).
+
+    Raises
+    ------
+    Whatever ``kernel(*args)`` raises. The entry point unboxes each later argument as the overload's type:
+    an array whose items have another size raises TypeError, but one of another dtype of the same item
+    size (uint64 or float64 for int64) is reinterpreted, and one of another number of dimensions, or not
+    C-contiguous, is read wrongly.
+
+    References
+    ----------
+    numba, ``Dispatcher.overloads`` (compile results by argument types) and ``CompileResult.entry_point``;
+    the cost it saves: BENCHMARKS.md, issue 9, twenty-seventh round.
     """
     kernel(*args)
     overload = getattr(kernel, "overloads", {}).get(tuple(numba.typeof(a) for a in args))
