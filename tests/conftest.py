@@ -5,6 +5,9 @@
 * ``tiny_checkpoint`` builds a tiny random Qwen3-MoE checkpoint with transformers (``save_pretrained``
   into a folder, nothing downloaded): the one builder every model test uses.
 * ``one_torch_thread`` runs a test module with one torch CPU thread and restores the previous count.
+* ``--device`` (default ``cpu``; ``cuda``, ``cuda:1`` where a GPU exists) places the tests that take the
+  ``device`` fixture there: the runtime's equality with transformers, tree verify against sequential
+  decode, and every method's greedy output against AR on the proxy (``pytest --device cuda``).
 """
 
 import os
@@ -15,6 +18,30 @@ from hypothesis import settings
 settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--device", default="cpu",
+                     help="compute device of the tests that take the `device` fixture: cpu (default), cuda, cuda:1")
+
+
+def pytest_configure(config):
+    """Refuse a ``--device`` this machine lacks before any test runs (it would otherwise fail every one)."""
+    name = config.getoption("--device")
+    if name != "cpu":
+        from specfit.core.errors import SpecFitInputError
+        from specfit.models.devices import resolve_device
+
+        try:
+            resolve_device(name)
+        except SpecFitInputError as err:
+            raise pytest.UsageError(f"--device {name}: {err}") from None
+
+
+@pytest.fixture(scope="session")
+def device(request) -> str:
+    """The ``--device`` option: where the device-aware tests place the model (``"cpu"`` unless told)."""
+    return request.config.getoption("--device")
 
 
 def build_tiny_checkpoint(path, *, vocab_size: int = 64, layers: int = 4, experts: int = 8, top_k: int = 2,

@@ -19,10 +19,10 @@ TREE = TreeSettings(8, 3, 2)
 
 
 @pytest.fixture(scope="module")
-def sf():
+def sf(device):
     torch.set_num_threads(1)
     d = paths()
-    return SpecFit.from_pretrained(d["target"], d["eagle3"], cache_slots=16, max_len=256)
+    return SpecFit.from_pretrained(d["target"], d["eagle3"], cache_slots=16, max_len=256, device=device)
 
 
 @pytest.mark.slow
@@ -69,7 +69,8 @@ def test_gpu_memory_budget_becomes_slots_per_layer(sf):
     head_bytes = sum(t.nbytes for t in sf.drafter.head.state_dict().values())
     per_slot = len(sf.target.spec.moe_layers) * sf.target.store.expert_bytes
     budget = mem["dense_bytes"] + mem["kv_bytes"] + head_bytes + 5 * per_slot + per_slot // 2
-    small = SpecFit.from_pretrained(d["target"], d["eagle3"], gpu_memory_bytes=budget, max_len=256)
+    small = SpecFit.from_pretrained(d["target"], d["eagle3"], gpu_memory_bytes=budget, max_len=256,
+                                    device=str(sf.target.device))
     assert small.cache_slots == 5 and small.target.cache.slots == 5
     assert small.target.memory()["device_bytes"] + head_bytes <= budget
     assert sf.target.slots_for(budget, reserved_bytes=head_bytes) == 5

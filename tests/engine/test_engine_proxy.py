@@ -20,16 +20,20 @@ NEW_TOKENS = 10
 
 
 @pytest.fixture(scope="module")
-def proxy(one_torch_thread):
+def proxy(one_torch_thread, device):
+    """The proxy's targets with 0, 32 and all slots on ``device`` (pytest ``--device``; its default dtype:
+    float32 on the CPU, bfloat16 on CUDA), the shipped head beside them, and 20 prompts' ids."""
     d = paths()
     tok = load_tokenizer(d["target"])
     prompts = load_prompts("gsm8k", limit=10) + load_prompts("cnndm", limit=10)
     ids = [encode(p, tok, max_article_tokens=96) for p in prompts]
     target_config = json.loads((d["target"] / "config.json").read_text())
     aux = check_target(Eagle3Config.from_dict(json.loads((d["eagle3"] / "config.json").read_text())), target_config)
-    targets = {s: OffloadedQwen3Moe.from_pretrained(d["target"], cache_slots=s, max_len=1024, aux_layers=aux)
+    targets = {s: OffloadedQwen3Moe.from_pretrained(d["target"], cache_slots=s, max_len=1024, aux_layers=aux,
+                                                   device=device)
                for s in (0, 32, "all")}
-    head = load_eagle3(d["eagle3"], target_config=target_config, embed_weight=targets[32].w["model.embed_tokens.weight"])
+    head = load_eagle3(d["eagle3"], target_config=target_config, embed_weight=targets[32].embed_weight.float(),
+                       device=targets[32].device, dtype=targets[32].dtype)
     return targets, Eagle3Drafter(head), ids
 
 

@@ -72,6 +72,11 @@ def moe_ckpt(tmp_path_factory):
     return path, ref
 
 
+def load(path, device, **kwargs) -> OffloadedQwen3Moe:
+    """The offloaded model on ``device`` (pytest ``--device``) in float32, comparable with the CPU reference."""
+    return OffloadedQwen3Moe.from_pretrained(path, device=device, dtype=torch.float32, **kwargs)
+
+
 def ref_logits(ref, ids) -> torch.Tensor:
     with torch.no_grad():
         return ref(torch.as_tensor(ids)[None]).logits[0].float()
@@ -113,21 +118,21 @@ TREES = {
 
 # --- exactness against the reference ---------------------------------------------------------------
 @pytest.mark.parametrize("slots,eviction", [(0, "lru"), (1, "lru"), ("top_k", "lru"), ("top_k", "lfu"), ("all", "lru")])
-def test_prefill_decode_verify_match_reference(tiny, slots, eviction):
+def test_prefill_decode_verify_match_reference(tiny, slots, eviction, device):
     path, ref, _ = tiny
     k, E = ref.config.num_experts_per_tok, ref.config.num_experts
     slots = k if slots == "top_k" else slots
-    model = OffloadedQwen3Moe.from_pretrained(path, cache_slots=slots, eviction=eviction, max_len=128)
+    model = load(path, device, cache_slots=slots, eviction=eviction, max_len=128)
     gen = torch.Generator().manual_seed(3)
     prompt = torch.randint(0, VOCAB, (12,), generator=gen)
     out = model.prefill(prompt)
-    torch.testing.assert_close(out.logits, ref_logits(ref, prompt), atol=ATOL, rtol=0)
-    assert torch.equal(out.routing, ref_routing(ref, prompt))
+    torch.testing.assert_close(out.logits.cpu(), ref_logits(ref, prompt), atol=ATOL, rtol=0)
+    assert torch.equal(out.routing.cpu(), ref_routing(ref, prompt))
     seq = prompt.tolist()
     for _ in range(3):                                  # AR decode
         seq.append(int(out.logits[-1].argmax()))
         out = model.decode(seq[-1])
-        torch.testing.assert_close(out.logits[0], ref_logits(ref, seq)[-1], atol=ATOL, rtol=0)
+        torch.testing.assert_close(out.logits[0].cpu(), ref_logits(ref, seq)[-1], atol=ATOL, rtol=0)
     parents = random_tree(48, np.random.default_rng(2))  # a verify batch touching every expert
     tokens = torch.randint(0, VOCAB, (len(parents),), generator=gen)
     tokens[0] = int(out.logits[-1].argmax())
@@ -136,8 +141,8 @@ def test_prefill_decode_verify_match_reference(tiny, slots, eviction):
         assert set(out.routing[:, layer].flatten().tolist()) == set(range(E)), "test batch must touch every expert"
     for v in range(len(parents)):
         full = seq + tokens[root_path(parents, v)].tolist()
-        torch.testing.assert_close(out.logits[v], ref_logits(ref, full)[-1], atol=ATOL, rtol=0)
-        assert torch.equal(out.routing[v], ref_routing(ref, full)[-1])
+        torch.testing.assert_close(out.logits[v].cpu(), ref_logits(ref, full)[-1], atol=ATOL, rtol=0)
+        assert torch.equal(out.routing[v].cpu(), ref_routing(ref, full)[-1])
     st = model.cache.stats()
     assert st["total"]["hits"] + st["total"]["misses"] > 0
     if slots == 0:
@@ -206,10 +211,10 @@ def test_comparison_is_sensitive(moe_ckpt):
 
 # --- tree verify and KV compaction ------------------------------------------------------------------
 @pytest.mark.parametrize("shape", sorted(TREES))
-def test_tree_verify_equals_sequential_decode(moe_ckpt, shape):
+def test_tree_verify_equals_sequential_decode(moe_ckpt, shape, device):
     path, _ = moe_ckpt
     parents = TREES[shape]
-    model = OffloadedQwen3Moe.from_pretrained(path, cache_slots=1, max_len=64)
+    model = load(path, device, cache_slots=1, max_len=64)
     gen = torch.Generator().manual_seed(len(parents))
     prefix = torch.randint(0, VOCAB, (7,), generator=gen)
     tokens = torch.randint(0, VOCAB, (len(parents),), generator=gen)
@@ -227,7 +232,7 @@ def test_tree_verify_equals_sequential_decode(moe_ckpt, shape):
 
 
 @pytest.mark.parametrize("shape,leaf", [("eagle", 10), ("eagle", 6), ("random_b", None), ("star", 5), ("star", 0)])
-def test_commit_keeps_accepted_path_kv(moe_ckpt, shape, leaf):
+def test_commit_keeps_accepted_path_kv(moe_ckpt, shape, leaf, device):
     path, ref = moe_ckpt
     parents = TREES[shape]
     leaf = len(parents) - 1 if leaf is None else leaf
@@ -236,26 +241,25 @@ def test_commit_keeps_accepted_path_kv(moe_ckpt, shape, leaf):
     gen = torch.Generator().manual_seed(11)
     prefix = torch.randint(0, VOCAB, (9,), generator=gen)
     tokens = torch.randint(0, VOCAB, (len(parents),), generator=gen)
-    model = OffloadedQwen3Moe.from_pretrained(path, cache_slots=2, max_len=64)
+    model = load(path, device, cache_slots=2, max_len=64)
     model.prefill(prefix)
     model.verify(tokens, parents)
     model.commit(accepted)
     committed = prefix.tolist() + tokens[accepted].tolist()
-    fresh = OffloadedQwen3Moe.from_pretrained(path, max_len=64)
+    fresh = load(path, device, max_len=64)
     fresh.prefill(committed)
     assert model.kv_len == fresh.kv_len == len(committed)
     n = len(committed)
     torch.testing.assert_close(model.k_cache[:, :, :n], fresh.k_cache[:, :, :n], atol=1e-5, rtol=0)
     torch.testing.assert_close(model.v_cache[:, :, :n], fresh.v_cache[:, :, :n], atol=1e-5, rtol=0)
     nxt = model.decode(7)                               # the next cycle sees exactly the committed text
-    torch.testing.assert_close(nxt.logits[0], ref_logits(ref, committed + [7])[-1], atol=ATOL, rtol=0)
+    torch.testing.assert_close(nxt.logits[0].cpu(), ref_logits(ref, committed + [7])[-1], atol=ATOL, rtol=0)
 
 
 @pytest.fixture(scope="module")
-def model_pair(moe_ckpt):
+def model_pair(moe_ckpt, device):
     path, _ = moe_ckpt
-    return (OffloadedQwen3Moe.from_pretrained(path, cache_slots=3, max_len=64),
-            OffloadedQwen3Moe.from_pretrained(path, cache_slots=0, max_len=64))
+    return load(path, device, cache_slots=3, max_len=64), load(path, device, cache_slots=0, max_len=64)
 
 
 @settings(max_examples=25, deadline=None)
@@ -291,10 +295,10 @@ def test_verify_without_commit_leaves_prefix(moe_ckpt):
 
 # --- generation ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("slots", [0, 3])
-def test_greedy_generation_equals_transformers(tiny, slots):
+def test_greedy_generation_equals_transformers(tiny, slots, device):
     path, ref, _ = tiny
     prompt = [5, 17, 42, 8, 23]
-    model = OffloadedQwen3Moe.from_pretrained(path, cache_slots=slots, max_len=64)
+    model = load(path, device, cache_slots=slots, max_len=64)
     ours = greedy_generate(model, prompt, 16)
     with torch.no_grad():
         theirs = ref.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False)[0, len(prompt):]
@@ -528,13 +532,13 @@ def test_published_config_spelling_and_tied_embeddings(moe_ckpt, tmp_path):
                                ref_logits(tied, ids), atol=ATOL, rtol=0)
 
 
-def test_bfloat16_path_runs(moe_ckpt):
-    """The CUDA dtype (bfloat16) through every forward mode, here on the CPU: close to float32."""
+def test_bfloat16_path_runs(moe_ckpt, device):
+    """The CUDA dtype (bfloat16) through every forward mode, on ``--device``: close to float32."""
     path, _ = moe_ckpt
     ids = torch.arange(10) * 13 % VOCAB
     outs = []
     for dtype in (torch.float32, torch.bfloat16):
-        model = OffloadedQwen3Moe.from_pretrained(path, dtype=dtype, cache_slots=1, max_len=32)
+        model = OffloadedQwen3Moe.from_pretrained(path, device=device, dtype=dtype, cache_slots=1, max_len=32)
         assert model.k_cache.dtype == model.store.gate_up[0].dtype == dtype
         model.prefill(ids)
         out = model.verify([3, 4, 5, 6], [-1, 0, 0, 1])
