@@ -494,21 +494,31 @@ class OffloadedQwen3Moe:
         top_w = top_w.to(h.dtype)
         out = torch.zeros_like(h)
         timer = self.cache.timer
+        # The (token, slot) pairs of every expert, grouped by expert id in row-major order, on the device:
+        # each expert takes a slice of them (bounds from the host copy of top_i), so no expert waits
+        # for the GPU the way a per-expert torch.nonzero would (one host sync per expert).
+        pairs = torch.argsort(top_i.flatten(), stable=True)
+        k = top_i.shape[1]
+        top_cpu = top_i.cpu()
+        ids, rows = torch.unique(top_cpu, return_counts=True)
+        ids, rows = ids.tolist(), rows.tolist()
+        ends = np.cumsum(rows).tolist()
+        span = {e: (end - r, end) for e, r, end in zip(ids, rows, ends)}
 
         def compute(e: int, gate_up: torch.Tensor, down: torch.Tensor) -> int:
             # Weights on the host (host offload mode) compute there: rows go over, results come back.
             t0 = timer.start() if self.profile else None
-            tok, slot = torch.nonzero(top_i == e, as_tuple=True)
+            start, end = span[e]
+            flat = pairs[start:end]
+            tok, slot = flat // k, flat % k
             gate, up = F.linear(h[tok].to(gate_up.device), gate_up).chunk(2, dim=-1)
             y = F.linear(F.silu(gate) * up, down).to(h.device) * top_w[tok, slot, None]
             out.index_add_(0, tok, y)
             if self.profile:
                 timer.stop(t0, self._add_expert_ms)
-            return len(tok)
+            return len(flat)
 
-        top_cpu = top_i.cpu()
-        ids, rows = torch.unique(top_cpu, return_counts=True)
-        self.cache.run(layer, ids.tolist(), compute, rows=rows.tolist(), num_tokens=h.shape[0])
+        self.cache.run(layer, ids, compute, rows=rows, num_tokens=h.shape[0])
         return out, top_cpu
 
     def _add_expert_ms(self, ms: float) -> None:
