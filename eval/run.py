@@ -54,7 +54,7 @@ WARMUP_TOKENS = 16
 #: Settings that must match for results in one ``OUT`` folder to be comparable.
 IDENTITY_FIELDS = ("model", "draft", "max_new_tokens", "cache_slots", "eviction", "admission", "profile", "temperature",
                    "top_p", "seed", "total_tokens", "depth", "top_k", "predictor", "max_article_tokens", "rate_mode",
-                   "device", "offload", "host_profile")
+                   "device", "dtype", "offload", "host_profile")
 
 
 @dataclass(frozen=True)
@@ -105,6 +105,10 @@ class EvalConfig:
         Long-run-rate selection instead of the per-cycle ratio (SPECFIT.md §3).
     device : str
         Compute device (``cpu``, ``cuda``, ``cuda:1``); one this torch can use.
+    dtype : str or None
+        The target's and head's dtype, ``float32`` or ``bfloat16``; default the runtime's (float32
+        on the CPU, bfloat16 on CUDA). In bfloat16 a method's greedy output can leave AR's at a
+        rounding tie of two logits (the "= ar" column then says no); float32 output equals AR's.
     offload : str
         ``transfer`` (default): uncached experts are copied host-to-device; ``host``: computed on
         the CPU, the device cache holding a static hot set (:mod:`specfit.models.host_compute`).
@@ -143,6 +147,7 @@ class EvalConfig:
     max_article_tokens: int = MAX_ARTICLE_TOKENS
     rate_mode: bool = False
     device: str = "cpu"
+    dtype: str | None = None
     offload: str = "transfer"
     host_profile: str = DEFAULT_HOST_PROFILE
     threads: int = 1
@@ -206,6 +211,9 @@ def plan(config: EvalConfig) -> Plan:
     from specfit.models.devices import resolve_device
 
     resolve_device(config.device)
+    from specfit.pipeline import _as_dtype
+
+    _as_dtype(config.dtype)
     if not config.temperature >= 0:
         raise SpecFitInputError("temperature", f"must be >= 0, got {config.temperature}")
     if not 0 < config.top_p <= 1:
@@ -314,7 +322,7 @@ def load_models(p: Plan):
     needs_predictor = p.trace_path is not None or c.predictor == "recency"
     return SpecFit.from_pretrained(p.target_dir, p.draft_dir, cache_slots=c.cache_slots, eviction=c.eviction,
                                    admission=c.admission,
-                                   device=c.device, predictor=c.predictor if needs_predictor else None,
+                                   device=c.device, dtype=c.dtype, predictor=c.predictor if needs_predictor else None,
                                    predictor_trace=p.trace_path, profile=c.profile, offload=c.offload,
                                    host_profile=c.host_profile,
                                    max_len=kv_tokens_needed(longest, c.max_new_tokens, _tree(c)))
@@ -479,7 +487,8 @@ def _run(p: Plan, progress: bool) -> dict:
                      key=lambda r: (sets[r.dataset], order[r.method]))  # rows: datasets, then --methods
     meta = {"config": config.to_json(), "resolved": p.identity, "num_layers": num_layers,
             "num_experts": int(spec.num_experts), "top_k": int(spec.top_k),
-            "cost": pricing.to_json(), "draft_level_ms": models.cost.draft_level_ms, "max_len": models.target.max_len}
+            "cost": pricing.to_json(), "draft_level_ms": models.cost.draft_level_ms, "max_len": models.target.max_len,
+            "device": str(models.target.device), "dtype": str(models.target.dtype).removeprefix("torch.")}
     if config.offload != "transfer":
         meta["offload_note"] = (_HOST_NOTE if config.offload == "host" else _AUTO_NOTE).format(profile=config.host_profile)
     rows, text, paths = write_summary(out, records, meta, [pr for pr, _ in p.prompts])

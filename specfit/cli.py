@@ -223,6 +223,9 @@ def _add_eval(sub) -> None:
     p.add_argument("--predictor-trace", default=None,
                    help="routing trace (.npz) the predictor is built from (default: routing_trace.npz in --model)")
     p.add_argument("--device", default="cpu", help="compute device: cpu, cuda, cuda:1 (default cpu)")
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
+                   help="target and head dtype (default: float32 on the CPU, bfloat16 on CUDA, where greedy output "
+                        "can leave AR's at a rounding tie of two logits; float32 equals AR's)")
     _add_offload(p)
     p.add_argument("--host-profile", default="qwen3-30b-a3b-pcie4+host-ddr5-5600-2ch",
                    help="host-regime profile pricing --offload host/auto runs (modeled; default "
@@ -243,7 +246,7 @@ def _run_eval(args) -> int:
                        profile=args.profile, model=args.model, draft=args.draft, temperature=args.temperature,
                        top_p=args.top_p, seed=args.seed, total_tokens=args.total_tokens, depth=args.depth,
                        top_k=args.top_k, predictor=args.predictor, predictor_trace=args.predictor_trace,
-                       device=args.device, threads=args.threads, offload=args.offload, host_profile=args.host_profile, out=args.out,
+                       device=args.device, dtype=args.dtype, threads=args.threads, offload=args.offload, host_profile=args.host_profile, out=args.out,
                        progress=not args.no_progress)
     except KeyboardInterrupt:
         raise _Interrupted("interrupted; rerun the same command to resume") from None

@@ -7,7 +7,8 @@ import shutil
 import pytest
 import torch
 
-from specfit.eval.run import EvalConfig, read_results
+from specfit.core.errors import SpecFitInputError
+from specfit.eval.run import EvalConfig, evaluate, read_results
 from specfit.models.eagle3 import Eagle3Config, Eagle3Head, save_eagle3
 from specfit.models.proxy import paths as proxy_paths
 from specfit.models.qwen3_moe import OffloadedQwen3Moe
@@ -177,6 +178,24 @@ def test_bad_input_exits_2_and_writes_nothing(tiny, tmp_path, capsys, change, fi
     assert not out.exists()
 
 
+def test_dtype_runs_the_models_in_it_and_is_recorded(tiny, tmp_path, capsys):
+    """--dtype bfloat16 (the CUDA default) on the CPU: the summary names the device and dtype, the
+    folder's settings record it, and a float32 rerun into it is refused; a dtype outside
+    float32/bfloat16 exits 2 without writing."""
+    out = tmp_path / "out"
+    args = eval_args(tiny, out, "--dataset", "gsm8k", "--dtype", "bfloat16")
+    args[args.index("--methods") + 1] = "ar,specfit"
+    assert main(args) == 0
+    assert "device cpu (bfloat16)" in (out / "summary.md").read_text()
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    assert main(args[:-1] + ["float32"]) == 2 and "dtype" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(args[:-1] + ["int8"])
+    with pytest.raises(SpecFitInputError, match="dtype"):
+        evaluate(model=str(tiny / "target"), out=str(tmp_path / "bad"), dtype="int8", limit=1, methods="ar")
+    assert not (tmp_path / "bad").exists()
+
+
 def test_user_jsonl_prompts(tiny, tmp_path):
     data = tmp_path / "mine.jsonl"
     data.write_text('{"prompt": "Once upon a time", "id": "a"}\n\n{"prompt": "The cat sat"}\n')
@@ -196,7 +215,7 @@ def test_cli_defaults_match_the_library_defaults():
     cfg = EvalConfig()
     assert tuple(args.datasets.split(",")) == cfg.datasets and tuple(args.methods.split(",")) == cfg.methods
     for name in ("limit", "max_new_tokens", "cache_slots", "eviction", "admission", "profile", "temperature", "top_p", "seed", "total_tokens",
-                 "depth", "top_k", "device", "threads", "out"):
+                 "depth", "top_k", "device", "dtype", "threads", "out"):
         assert getattr(args, name) == getattr(cfg, name), name
 
 
