@@ -106,8 +106,9 @@ class EvalConfig:
     device : str
         Compute device (``cpu``, ``cuda``, ``cuda:1``); one this torch can use.
     dtype : str or None
-        The target's and head's dtype, ``float32`` or ``bfloat16``; default the runtime's (float32
-        on the CPU, bfloat16 on CUDA). In bfloat16 a method's greedy output can leave AR's at a
+        The target's and head's dtype, ``float32`` or ``bfloat16`` (or that torch dtype); default
+        the runtime's (float32 on the CPU, bfloat16 on CUDA). The plan records the one used, and
+        the device with its index (``cuda`` becomes ``cuda:0``). In bfloat16 a method's greedy output can leave AR's at a
         rounding tie of two logits (the "= ar" column then says no); float32 output equals AR's.
     offload : str
         ``transfer`` (default): uncached experts are copied host-to-device; ``host``: computed on
@@ -210,10 +211,8 @@ def plan(config: EvalConfig) -> Plan:
         check_nonnegative_int(name, getattr(config, name))
     from specfit.models.devices import resolve_device
 
-    resolve_device(config.device)
-    from specfit.pipeline import _as_dtype
-
-    _as_dtype(config.dtype)
+    device = resolve_device(config.device)  # settings as run: a folder's identity compares these
+    config = replace(config, device=str(device), dtype=_dtype_name(config.dtype, device))
     if not config.temperature >= 0:
         raise SpecFitInputError("temperature", f"must be >= 0, got {config.temperature}")
     if not 0 < config.top_p <= 1:
@@ -273,6 +272,24 @@ def plan(config: EvalConfig) -> Plan:
                     predictor_trace=None if trace is None else str(trace.resolve()))
     _check_out(Path(config.out), identity)
     return Plan(config, target_dir, draft_dir, prompts, methods, tokenizer, identity, trace)
+
+
+def _dtype_name(dtype, device) -> str:
+    """``"float32"`` or ``"bfloat16"``: ``dtype`` given by name or as a torch dtype, or None for the
+    runtime's default on ``device`` (:func:`specfit.models.devices.default_dtype`).
+
+    Raises
+    ------
+    SpecFitInputError
+        ``dtype``, if it names another dtype.
+    """
+    from specfit.models.devices import default_dtype
+
+    name = str(default_dtype(device) if dtype is None else dtype).removeprefix("torch.")
+    if name not in ("float32", "bfloat16"):
+        raise SpecFitInputError("dtype", f"must be 'float32' or 'bfloat16' (or None: float32 on the CPU, bfloat16 on "
+                                         f"CUDA), got {dtype!r}")
+    return name
 
 
 def _fingerprint(d: Path | None) -> str | None:

@@ -80,8 +80,15 @@ def _add_generate(sub) -> None:
                    help="device memory budget, e.g. 20GiB; sets the slots instead")
     p.add_argument("--eviction", default="lru", choices=["lru", "lfu"], help="expert-cache eviction policy")
     p.add_argument("--device", default="cpu", help="compute device: cpu, cuda, cuda:1 (default cpu)")
+    _add_dtype(p)
     _add_offload(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _add_dtype(p) -> None:
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
+                   help="target (and head) dtype (default: float32 on the CPU, bfloat16 on CUDA; in bfloat16 greedy "
+                        "output can change where two tokens' logits tie within rounding)")
 
 
 def _add_offload(p) -> None:
@@ -105,7 +112,7 @@ def _run_generate(args) -> int:
             raise SpecFitInputError("prompt_ids", "must contain at least one token")
     check_positive_int("max_new_tokens", args.max_new_tokens)  # before the weights are read
     model = SpecFit.from_pretrained(args.target_dir, cache_slots=args.cache_slots, gpu_memory_bytes=args.gpu_memory_bytes,
-                                    eviction=args.eviction, device=args.device, offload=args.offload)
+                                    eviction=args.eviction, device=args.device, dtype=args.dtype, offload=args.offload)
     try:
         rep = model.generate(prompt, method="ar", max_new_tokens=args.max_new_tokens).to_json()
     except SpecFitInputError as exc:  # the API's one ``prompt`` field is --prompt or --prompt-ids here
@@ -223,9 +230,7 @@ def _add_eval(sub) -> None:
     p.add_argument("--predictor-trace", default=None,
                    help="routing trace (.npz) the predictor is built from (default: routing_trace.npz in --model)")
     p.add_argument("--device", default="cpu", help="compute device: cpu, cuda, cuda:1 (default cpu)")
-    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
-                   help="target and head dtype (default: float32 on the CPU, bfloat16 on CUDA, where greedy output "
-                        "can leave AR's at a rounding tie of two logits; float32 equals AR's)")
+    _add_dtype(p)
     _add_offload(p)
     p.add_argument("--host-profile", default="qwen3-30b-a3b-pcie4+host-ddr5-5600-2ch",
                    help="host-regime profile pricing --offload host/auto runs (modeled; default "

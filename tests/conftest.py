@@ -7,7 +7,8 @@
 * ``one_torch_thread`` runs a test module with one torch CPU thread and restores the previous count.
 * ``--device`` (default ``cpu``; ``cuda``, ``cuda:1`` where a GPU exists) places the tests that take the
   ``device`` fixture there: the runtime's equality with transformers, tree verify against sequential
-  decode, and every method's greedy output against AR on the proxy (``pytest --device cuda``).
+  decode, every method's greedy output against AR on the proxy, and the pipeline
+  (``pytest --device cuda``).
 """
 
 import os
@@ -35,7 +36,7 @@ def pytest_configure(config):
         try:
             resolve_device(name)
         except SpecFitInputError as err:
-            raise pytest.UsageError(f"--device {name}: {err}") from None
+            raise pytest.UsageError(f"--device {name}: {err.rule}") from None
 
 
 @pytest.fixture(scope="session")

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from specfit.models.devices import resolve_device
+from specfit.models.devices import default_dtype, resolve_device
 from specfit.models.experts import DeviceExpertCache, HostExpertStore, check_cache_args, parse_bytes, slots_for_budget
 from specfit.models.host_compute import AutoOffloadCache, HostComputeCache, check_offload
 from specfit.models.qwen3_moe.checkpoint import CheckpointReader, load_dense, load_experts
@@ -197,7 +197,7 @@ class OffloadedQwen3Moe:
         """
         device = resolve_device(device)
         check_offload(kwargs.get("offload", "transfer"))
-        dtype = dtype or (torch.float32 if device.type == "cpu" else torch.bfloat16)
+        dtype = dtype or default_dtype(device)
         spec = read_spec(model_dir)
         if kwargs.get("gpu_memory") is None:  # fail before reading gigabytes of weights
             check_cache_args(kwargs.get("cache_slots") or 0, kwargs.get("eviction", "lru"), spec.num_experts,

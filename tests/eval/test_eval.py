@@ -180,20 +180,29 @@ def test_bad_input_exits_2_and_writes_nothing(tiny, tmp_path, capsys, change, fi
 
 def test_dtype_runs_the_models_in_it_and_is_recorded(tiny, tmp_path, capsys):
     """--dtype bfloat16 (the CUDA default) on the CPU: the summary names the device and dtype, the
-    folder's settings record it, and a float32 rerun into it is refused; a dtype outside
-    float32/bfloat16 exits 2 without writing."""
+    folder's settings record the dtype used, and a float32 rerun into it is refused, naming both; a
+    run left at the default (float32 here) resumes under an explicit --dtype float32 and
+    --device cpu:0; a dtype outside float32/bfloat16 is refused without writing."""
     out = tmp_path / "out"
     args = eval_args(tiny, out, "--dataset", "gsm8k", "--dtype", "bfloat16")
     args[args.index("--methods") + 1] = "ar,specfit"
     assert main(args) == 0
     assert "device cpu (bfloat16)" in (out / "summary.md").read_text()
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
-    assert main(args[:-1] + ["float32"]) == 2 and "dtype" in capsys.readouterr().err
+    assert main(args[:-1] + ["float32"]) == 2
+    assert "dtype='bfloat16', this run has dtype='float32'" in capsys.readouterr().err
+    default = eval_args(tiny, tmp_path / "default", "--dataset", "gsm8k", "--methods", "ar")
+    assert main(default) == 0 and main(default + ["--dtype", "float32", "--device", "cpu:0"]) == 0
+    assert "0 new generations" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(args[:-1] + ["int8"])
-    with pytest.raises(SpecFitInputError, match="dtype"):
-        evaluate(model=str(tiny / "target"), out=str(tmp_path / "bad"), dtype="int8", limit=1, methods="ar")
+    for bad in ("int8", "float16", torch.float16):
+        with pytest.raises(SpecFitInputError, match="dtype: must be 'float32' or 'bfloat16'"):
+            evaluate(model=str(tiny / "target"), out=str(tmp_path / "bad"), dtype=bad, limit=1, methods="ar")
     assert not (tmp_path / "bad").exists()
+    res = evaluate(model=str(tiny / "target"), out=str(tmp_path / "api"), dtype=torch.bfloat16, limit=1,
+                   methods="ar", datasets="gsm8k", max_new_tokens=4, cache_slots=4)
+    assert "device cpu (bfloat16)" in res["markdown"]
 
 
 def test_user_jsonl_prompts(tiny, tmp_path):

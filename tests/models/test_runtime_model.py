@@ -479,6 +479,9 @@ def test_cli_generate_json(moe_ckpt, capsys):
     assert total["misses"] == sum(layer["misses"] for layer in out["stats"]["layers"])
     assert total["bytes_moved"] == total["misses"] * 3 * 32 * 16 * 4
     assert out["memory"]["host_bytes"] > 0
+    bf16 = generate_json(capsys, path, "--prompt-ids", "5,17,42", "--max-new-tokens", "6", "--cache-slots", "2",
+                         "--dtype", "bfloat16")  # half the bytes per expert moved
+    assert bf16["stats"]["total"]["bytes_moved"] == bf16["stats"]["total"]["misses"] * 3 * 32 * 16 * 2
 
 
 def test_cli_generate_text_with_tokenizer(moe_ckpt, tmp_path, capsys):
