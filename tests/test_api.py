@@ -124,7 +124,7 @@ def test_cli_generate_calls_specfit(monkeypatch, capsys):
     assert cli_main(["generate", "--model", "M", "--prompt-ids", "1,2", "--max-new-tokens", "3",
                      "--gpu-memory", "2GiB", "--json"]) == 0
     assert calls[0] == ("load", "M", dict(cache_slots=None, gpu_memory_bytes="2GiB", eviction="lru", device="cpu",
-                                           offload="transfer"))
+                                           dtype=None, offload="transfer"))
     assert calls[1] == ("generate", [1, 2], dict(method="ar", max_new_tokens=3))
     assert capsys.readouterr().out.strip() == '{"output_ids": [7], "text": "x"}'
 
