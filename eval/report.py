@@ -231,7 +231,7 @@ def markdown(rows: list[dict], meta: dict) -> str:
         f"Tree total_tokens={c['total_tokens']} depth={c['depth']} top_k={c['top_k']}; {c['cache_slots']} expert-cache "
         f"slots per layer ({c['eviction']}, admission {c.get('admission', 'all')}; eagle3-vanilla: none); predictor {c['predictor']}; temperature "
         f"{c['temperature']}; max_new_tokens {c['max_new_tokens']}; "
-        + (f"device {meta['device']} ({meta['dtype']}); " if "dtype" in meta else "") + (
+        + (f"device {c['device']} ({c['dtype']}); " if c.get("dtype") else "") + (
             f"profile {c['profile']}." if c.get("offload", "transfer") == "transfer"
             else f"offload {c['offload']}, host-regime profile {c['host_profile']}."),
         "", head, "|" + "---|" * len(COLUMNS),

@@ -61,7 +61,13 @@ def resolve_device(device, field: str = "device") -> torch.device:
 
 def default_dtype(device) -> torch.dtype:
     """The runtime's compute dtype on ``device`` when none is given: float32 on the CPU, bfloat16 on
-    CUDA (Qwen3-30B-A3B's own checkpoint dtype; half the memory and copy time of float32)."""
+    CUDA (Qwen3-30B-A3B's own checkpoint dtype; half the memory and copy time of float32).
+
+    Raises
+    ------
+    SpecFitInputError
+        If ``device`` is not one this torch can use (:func:`resolve_device`).
+    """
     return torch.float32 if resolve_device(device).type == "cpu" else torch.bfloat16
 
 
