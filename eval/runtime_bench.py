@@ -198,6 +198,7 @@ def run_bench(model: OffloadedQwen3Moe, *, prefix_len: int = 32, repeats: int = 
     model.profile = False
     return {"modes": modes, "memory": model.memory(), "expert_bytes": eb, "cache_slots": model.cache.slots,
             "pinned": bool(model.store.gate_up[0].is_pinned()), "dtype": str(model.dtype),
+            "grouped_experts": bool(model.grouped_experts and model.cache.grouped),
             "calibration": {"cost": cal.cost.to_json(), "rmse_ms": cal.rmse_ms, "rel_residual": cal.rel_residual,
                             "records": cal.num_records}}
 
@@ -229,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefix-len", type=int, default=32)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     ap.add_argument("--pageable", action="store_true", help="do not pin the host expert store (CUDA)")
+    ap.add_argument("--per-expert", action="store_true",
+                    help="call each expert on its own instead of one grouped product per round (for comparison)")
     ap.add_argument("--json", default=None, help="also write the full result to this file")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -241,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         model = OffloadedQwen3Moe.from_pretrained(model_dir, device=device, cache_slots=slots,
                                                   pin_memory=False if args.pageable else None,
                                                   max_len=args.prefix_len + args.repeats + 80)
+    model.grouped_experts = model.grouped_experts and not args.per_expert
     result = run_bench(model, prefix_len=args.prefix_len, repeats=args.repeats)
     result.update(machine=machine(device=device), command=command_line("specfit.eval.runtime_bench", argv),
                   source=args.model or f"synthetic:{args.synthetic}", layers=model.spec.num_layers)

@@ -527,7 +527,8 @@ class DeviceExpertCache:
 
         Resident experts are hits and run in the first round; the others are misses, transferred in
         rounds of at most ``slots`` experts (the staging size when ``slots=0``). Within a round no
-        slot handed out is evicted, so every call receives the weights of the expert it names.
+        slot handed out is evicted, so every call receives the weights of the expert it names; a
+        round's experts are called in increasing id (:meth:`run_rounds`).
 
         Parameters
         ----------
@@ -542,6 +543,36 @@ class DeviceExpertCache:
         num_tokens : int, optional
             the forward's token count: the ``auto`` offload mode's cache chooses with both.
         """
+        def each(ids: list[int], slots: list[int], gu: torch.Tensor, dn: torch.Tensor) -> None:
+            for e, s in zip(ids, slots):
+                compute(e, gu[s], dn[s])
+
+        self.run_rounds(layer, experts, each)
+
+    #: :meth:`run_rounds` hands a round's experts over in their device slots (the host-compute caches,
+    #: whose misses run on host tensors, do not).
+    grouped = True
+
+    def run_rounds(self, layer: int, experts: Sequence[int],
+                   compute_round: Callable[[list, list, torch.Tensor, torch.Tensor], None]) -> None:
+        """Load ``experts`` of ``layer`` round by round and call ``compute_round`` once per round.
+
+        The rounds are those of :meth:`run` (hits with the first misses, then the remaining misses in
+        rounds of at most ``slots``; the staging size when ``slots=0``); within a round no slot handed
+        out is evicted. The runtime computes a round's experts in one grouped matrix product over the
+        layer's slots (:meth:`specfit.models.qwen3_moe.model.OffloadedQwen3Moe`), not one call per expert.
+
+        Parameters
+        ----------
+        layer : int
+            MoE layer index.
+        experts : sequence of int
+            Distinct expert ids the forward needs in this layer.
+        compute_round : callable
+            ``compute_round(ids, slots, gate_up (S, 2I, H), down (S, H, I))``: the round's expert ids in
+            increasing order, the slot of each, and the layer's slot tensors (the staging buffer when
+            ``slots=0``); valid during the call.
+        """
         st, slot_of = self._stats[layer], self._slot_of[layer]
         self._touch(layer, experts)
         hits = [e for e in experts if e in slot_of]
@@ -552,10 +583,9 @@ class DeviceExpertCache:
         if self.slots == 0:
             width = gu.shape[0]
             for r in range(0, len(misses), width):
-                batch = misses[r:r + width]
+                batch = sorted(misses[r:r + width])
                 self._load(layer, batch, range(len(batch)))
-                for s, e in enumerate(batch):
-                    compute(e, gu[s], dn[s])
+                compute_round(batch, list(range(len(batch))), gu, dn)
             return
         busy = set(hits)
         batch = misses[: self.slots - len(hits)]
@@ -563,8 +593,8 @@ class DeviceExpertCache:
         while True:
             slots = self._assign(layer, batch, busy)
             self._load(layer, batch, slots)
-            for e in sorted(busy):
-                compute(e, gu[slot_of[e]], dn[slot_of[e]])
+            ids = sorted(busy)
+            compute_round(ids, [slot_of[e] for e in ids], gu, dn)
             if not rest:
                 return
             busy = set()

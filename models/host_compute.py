@@ -155,6 +155,19 @@ class HostComputeCache(DeviceExpertCache):
         self._stats[layer].hits += sum(e in slot_of for e in experts)
         self._compute(layer, experts, compute)
 
+    #: Misses run on the host store's tensors, not in device slots: the runtime calls :meth:`run`.
+    grouped = False
+
+    def run_rounds(self, layer, experts, compute_round) -> None:
+        """Not available: a host-computed expert has no device slot (use :meth:`run`).
+
+        Raises
+        ------
+        NotImplementedError
+            Always.
+        """
+        raise NotImplementedError(f"{type(self).__name__} computes its misses on the host; call run(), not run_rounds()")
+
     def _compute(self, layer: int, experts: Sequence[int],
                  compute: Callable[[int, torch.Tensor, torch.Tensor], int | None]) -> None:
         """``compute`` every expert in increasing id: resident ones on their device slot, the others on

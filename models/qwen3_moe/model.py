@@ -89,6 +89,33 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return x * cos + torch.cat((-x[..., h:], x[..., :h]), dim=-1) * sin
 
 
+def grouped_mm_works(device: torch.device, dtype: torch.dtype, hidden_size: int, intermediate_size: int) -> bool:
+    """Whether ``torch.nn.functional.grouped_mm`` (a grouped matrix product with jagged groups, torch >= 2.10)
+    runs on ``device`` in ``dtype`` for an expert's two products, (n, H) x (H, 2I) and (n, I) x (I, H),
+    with the layout the runtime passes (the slot tensors transposed), and agrees with ``F.linear``.
+
+    Its CUDA kernels take bfloat16 (compute capability >= 8.0), its CPU path any float dtype; where it
+    does not run, the runtime calls each expert on its own. Probed once per model on small random tensors.
+    """
+    fn = getattr(F, "grouped_mm", None)
+    if fn is None:
+        return False
+    gen = torch.Generator().manual_seed(0)
+    try:
+        offs = torch.tensor([1, 3], dtype=torch.int32, device=device)
+        for k, n in ((hidden_size, 2 * intermediate_size), (intermediate_size, hidden_size)):
+            x = torch.randn(3, k, generator=gen).to(device, dtype)
+            w = torch.randn(2, n, k, generator=gen).to(device, dtype)
+            y = fn(x, w.transpose(1, 2), offs=offs)
+            ref = torch.cat([F.linear(x[:1], w[0]), F.linear(x[1:], w[1])])
+            if y.shape != ref.shape or y.dtype != dtype or not torch.allclose(y.float(), ref.float(), rtol=0.02,
+                                                                             atol=0.02 * k ** 0.5):
+                return False
+    except (RuntimeError, TypeError, ValueError, NotImplementedError):
+        return False
+    return True
+
+
 class OffloadedQwen3Moe:
     """A Qwen3-MoE target whose experts stay in host memory behind a device expert cache.
 
@@ -109,6 +136,11 @@ class OffloadedQwen3Moe:
     profile : bool
         When true, time expert computation (``expert_compute_ms``); off by default (CUDA events
         per expert add overhead).
+    grouped_experts : bool
+        Run each round of a layer's experts as one grouped matrix product over the cache's slots
+        (default where :func:`grouped_mm_works`; a device-slot cache only) instead of one call per expert:
+        an eager expert call costs ~0.17 ms of host dispatch on an H200 whatever its size (BENCHMARKS.md,
+        "First CUDA run"). The same outputs (bitwise on the CPU); set it False to compare.
     offload : str
         ``"transfer"`` (default): uncached experts are copied host-to-device into the cache;
         ``"host"``: they are computed on the CPU from :attr:`store` and the cache holds a static hot
@@ -156,6 +188,7 @@ class OffloadedQwen3Moe:
         self._pending: tuple[int, np.ndarray] | None = None  # (prefix_len, parents) of the last verify
         self.profile = False
         self.expert_compute_ms = 0.0
+        self.grouped_experts = grouped_mm_works(self.device, dtype, spec.hidden_size, spec.moe_intermediate_size)
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, device="cpu", dtype: torch.dtype | None = None,
@@ -485,7 +518,9 @@ class OffloadedQwen3Moe:
     def _moe(self, layer: int, h: torch.Tensor, router: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Sparse MoE block of MoE layer ``layer``: route, then run the needed experts via the cache.
 
-        Returns the block output (n, H) and the top-k expert ids (n, k) on the CPU.
+        Returns the block output (n, H) and the top-k expert ids (n, k) on the CPU. With
+        :attr:`grouped_experts` each round of the cache's experts runs as one grouped matrix product
+        over the layer's slots (:meth:`_experts_grouped`); otherwise one call per expert.
         """
         probs = torch.softmax(F.linear(h, router), dim=-1, dtype=torch.float32)
         top_w, top_i = torch.topk(probs, self.spec.top_k, dim=-1)
@@ -493,15 +528,23 @@ class OffloadedQwen3Moe:
             top_w = top_w / top_w.sum(dim=-1, keepdim=True)
         top_w = top_w.to(h.dtype)
         out = torch.zeros_like(h)
+        top_cpu = top_i.cpu()
+        ids, rows = torch.unique(top_cpu, return_counts=True)
+        ids, rows = ids.tolist(), rows.tolist()
+        if self.grouped_experts and self.cache.grouped:
+            flat = top_cpu.numpy().reshape(-1)
+
+            def compute_round(experts: list, slots: list, gate_up: torch.Tensor, down: torch.Tensor) -> None:
+                self._experts_grouped(h, top_w, flat, experts, slots, gate_up, down, out)
+
+            self.cache.run_rounds(layer, ids, compute_round)
+            return out, top_cpu
         timer = self.cache.timer
         # The (token, slot) pairs of every expert, grouped by expert id in row-major order, on the device:
         # each expert takes a slice of them (bounds from the host copy of top_i), so no expert waits
         # for the GPU the way a per-expert torch.nonzero would (one host sync per expert).
         pairs = torch.argsort(top_i.flatten(), stable=True)
         k = top_i.shape[1]
-        top_cpu = top_i.cpu()
-        ids, rows = torch.unique(top_cpu, return_counts=True)
-        ids, rows = ids.tolist(), rows.tolist()
         ends = np.cumsum(rows).tolist()
         span = {e: (end - r, end) for e, r, end in zip(ids, rows, ends)}
 
@@ -520,6 +563,37 @@ class OffloadedQwen3Moe:
 
         self.cache.run(layer, ids, compute, rows=rows, num_tokens=h.shape[0])
         return out, top_cpu
+
+    def _experts_grouped(self, h: torch.Tensor, top_w: torch.Tensor, flat: np.ndarray, experts: list, slots: list,
+                         gate_up: torch.Tensor, down: torch.Tensor, out: torch.Tensor) -> None:
+        """Add one round's experts to ``out`` (n, H): every (token, expert) row of ``experts`` in two grouped
+        matrix products over the layer's slots (``torch.nn.functional.grouped_mm``; rows ordered by slot,
+        ``offs`` the slots' row ends, empty slots empty groups), instead of ~10 kernels per expert.
+
+        ``flat`` is the host copy of the routing's top-k ids, row-major (n * k,); ``gate_up`` (S, 2I, H) and
+        ``down`` (S, H, I) the slot tensors. The rows are added to ``out`` in the order the per-expert path
+        adds them (expert id, then token), so on the CPU the result is bitwise the same as that path's.
+        """
+        t0 = self.cache.timer.start() if self.profile else None
+        k = self.spec.top_k
+        slot_of = np.full(self.spec.num_experts, -1, dtype=np.int64)
+        slot_of[experts] = slots
+        row_slot = slot_of[flat]
+        mine = np.flatnonzero(row_slot >= 0)  # this round's (token, k) pairs, row-major
+        by_slot = mine[np.argsort(row_slot[mine], kind="stable")]
+        offs = np.cumsum(np.bincount(row_slot[by_slot], minlength=gate_up.shape[0]))
+        back = np.argsort(flat[by_slot], kind="stable")  # slot order -> (expert id, token) order
+        m = len(by_slot)
+        index = torch.from_numpy(np.concatenate([by_slot, back, offs]))  # one host-to-device copy per round
+        if h.device.type == "cuda":  # from page-locked memory, so the host does not wait for the stream
+            index = index.pin_memory().to(h.device, non_blocking=True)
+        pair, back_t, offs_t = index[:m], index[m:2 * m], index[2 * m:].to(torch.int32)
+        tok, kth = pair // k, pair % k
+        gate, up = F.grouped_mm(h[tok], gate_up.transpose(1, 2), offs=offs_t).chunk(2, dim=-1)
+        y = F.grouped_mm(F.silu(gate) * up, down.transpose(1, 2), offs=offs_t) * top_w[tok, kth, None]
+        out.index_add_(0, tok[back_t], y[back_t])
+        if self.profile:
+            self.cache.timer.stop(t0, self._add_expert_ms)
 
     def _add_expert_ms(self, ms: float) -> None:
         self.expert_compute_ms += ms

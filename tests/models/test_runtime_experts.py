@@ -82,6 +82,46 @@ def test_every_call_gets_its_own_weights(slots, policy, calls):
         assert misses == 0
 
 
+@settings(max_examples=60, deadline=None)
+@given(slots=st.sampled_from([0, 1, 2, 3, 5, E]), policy=st.sampled_from([LRU, LFU, MRU]),
+       calls=st.lists(st.tuples(st.integers(0, L - 1), st.sets(st.integers(0, E - 1), min_size=1)),
+                      min_size=1, max_size=12))
+def test_rounds_hand_over_their_experts_slots(slots, policy, calls):
+    """``run_rounds`` (the runtime's grouped products): each round names distinct experts in increasing id,
+    each in a slot of the layer's tensors that holds that expert's weights; the rounds cover the needed
+    experts once each; the counters are those of ``run``."""
+    cache, plain = (DeviceExpertCache(make_store(), "cpu", slots=slots) for _ in range(2))
+    cache.policy, plain.policy = policy(), policy()
+    for layer, needed in calls:
+        seen = []
+
+        def compute_round(ids, where, gate_up, down):
+            assert ids == sorted(set(ids)) and len(where) == len(ids) == len(set(where))
+            assert gate_up.shape[1:] == (2 * I, H) and down.shape[1:] == (H, I) and max(where) < gate_up.shape[0]
+            for e, s in zip(ids, where):
+                v = 100 * layer + e
+                assert torch.all(gate_up[s, :I] == v) and torch.all(gate_up[s, I:] == v + 0.5)
+                assert torch.all(down[s] == -v), f"slot {s} handed out for expert {e} holds another expert"
+            seen.extend(ids)
+
+        cache.run_rounds(layer, sorted(needed), compute_round)
+        run_and_check(plain, layer, sorted(needed))
+        assert sorted(seen) == sorted(needed), "each needed expert runs exactly once"
+        assert cache.cached_experts() == plain.cached_experts()
+    strip = [{k: v for k, v in c.stats()["total"].items() if not k.endswith("_ms")} for c in (cache, plain)]
+    assert strip[0] == strip[1]
+
+
+def test_host_compute_cache_has_no_rounds():
+    """A host-computed expert has no device slot: the runtime must call ``run`` (``grouped`` is False)."""
+    from specfit.models.host_compute import HostComputeCache
+
+    cache = HostComputeCache(make_store(), "cpu", slots=2)
+    assert cache.grouped is False and DeviceExpertCache.grouped is True
+    with pytest.raises(NotImplementedError, match="run_rounds"):
+        cache.run_rounds(0, [1], lambda *a: None)
+
+
 def test_lru_and_lfu_victims():
     lru = DeviceExpertCache(make_store(), "cpu", slots=2, policy="lru")
     for needed in ([0], [0], [1], [2]):
