@@ -564,10 +564,8 @@ class DeviceExpertCache:
 
         Parameters
         ----------
-        layer : int
-            MoE layer index.
-        experts : sequence of int
-            Distinct expert ids the forward needs in this layer.
+        layer, experts
+            As in :meth:`run`.
         compute_round : callable
             ``compute_round(ids, slots, gate_up (S, 2I, H), down (S, H, I))``: the round's expert ids in
             increasing order, the slot of each, and the layer's slot tensors (the staging buffer when
