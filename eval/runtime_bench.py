@@ -199,6 +199,7 @@ def run_bench(model: OffloadedQwen3Moe, *, prefix_len: int = 32, repeats: int = 
     return {"modes": modes, "memory": model.memory(), "expert_bytes": eb, "cache_slots": model.cache.slots,
             "pinned": bool(model.store.gate_up[0].is_pinned()), "dtype": str(model.dtype),
             "grouped_experts": bool(model.grouped_experts and model.cache.grouped),
+            "grouped_kernel": bool(model.grouped_experts and model.cache.grouped and model.grouped_kernel),
             "calibration": {"cost": cal.cost.to_json(), "rmse_ms": cal.rmse_ms, "rel_residual": cal.rel_residual,
                             "records": cal.num_records}}
 
@@ -213,6 +214,9 @@ def format_table(result: dict) -> str:
                      f"{m['expert_ms']:.2f} | {m['h2d_ms']:.2f} | "
                      f"{m['experts_moved']:.0f} | {m['gb_per_s']:.2f} | {m['ms_per_expert']:.4f} |")
     c = result["calibration"]
+    how = ("one call per expert" if not result.get("grouped_experts") else
+           "each round of a layer's experts together" + (", grouped kernel" if result.get("grouped_kernel") else ""))
+    lines.append(f"\nexperts: {how}; {result.get('dtype')}, cache slots {result.get('cache_slots')}")
     lines.append(f"\nfitted cost model (NNLS over {c['records']} forwards, rel. residual {c['rel_residual']:.3f}): "
                  f"{json.dumps(c['cost'])}")
     return "\n".join(lines)
@@ -231,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     ap.add_argument("--pageable", action="store_true", help="do not pin the host expert store (CUDA)")
     ap.add_argument("--per-expert", action="store_true",
-                    help="call each expert on its own instead of one grouped product per round (for comparison)")
+                    help="call each expert on its own instead of running each round of a layer's experts together "
+                         "(for comparison)")
     ap.add_argument("--json", default=None, help="also write the full result to this file")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)

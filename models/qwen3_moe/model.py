@@ -89,19 +89,22 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return x * cos + torch.cat((-x[..., h:], x[..., :h]), dim=-1) * sin
 
 
-def grouped_mm_works(device: torch.device, dtype: torch.dtype, hidden_size: int, intermediate_size: int) -> bool:
-    """Whether ``torch.nn.functional.grouped_mm`` (a grouped matrix product with jagged groups, torch >= 2.10)
-    runs on ``device`` in ``dtype`` for an expert's two products, (n, H) x (H, 2I) and (n, I) x (I, H),
-    with the layout the runtime passes (the slot tensors transposed), and agrees with ``F.linear``.
-
-    Its CUDA kernels take bfloat16 (compute capability >= 8.0), its CPU path any float dtype; where it
-    does not run, the runtime calls each expert on its own. Probed once per model on small random tensors.
+def grouped_kernel_available(device: torch.device, dtype: torch.dtype, hidden_size: int,
+                             intermediate_size: int) -> bool:
+    """Whether the runtime's rounds of experts use ``torch.nn.functional.grouped_mm`` (torch >= 2.10): only
+    where it has a grouped kernel, bfloat16 on a CUDA device of compute capability 9.x or 10.x (H100/H200,
+    B200). Elsewhere (the CPU, float32, other GPUs) its fallback syncs with the device and multiplies every
+    group, empty ones included, so the runtime multiplies each used slot itself. Probed once per model on
+    small random tensors, in the layout the runtime passes (the slot tensors transposed), against
+    ``F.linear``; any error means False.
     """
     fn = getattr(F, "grouped_mm", None)
-    if fn is None:
+    if fn is None or device.type != "cuda" or dtype != torch.bfloat16:
         return False
     gen = torch.Generator().manual_seed(0)
     try:
+        if torch.cuda.get_device_capability(device)[0] not in (9, 10):
+            return False
         offs = torch.tensor([1, 3], dtype=torch.int32, device=device)
         for k, n in ((hidden_size, 2 * intermediate_size), (intermediate_size, hidden_size)):
             x = torch.randn(3, k, generator=gen).to(device, dtype)
@@ -111,7 +114,7 @@ def grouped_mm_works(device: torch.device, dtype: torch.dtype, hidden_size: int,
             if y.shape != ref.shape or y.dtype != dtype or not torch.allclose(y.float(), ref.float(), rtol=0.02,
                                                                              atol=0.02 * k ** 0.5):
                 return False
-    except (RuntimeError, TypeError, ValueError, NotImplementedError):
+    except (RuntimeError, TypeError, ValueError, NotImplementedError, AssertionError):
         return False
     return True
 
@@ -137,10 +140,15 @@ class OffloadedQwen3Moe:
         When true, time expert computation (``expert_compute_ms``); off by default (CUDA events
         per expert add overhead).
     grouped_experts : bool
-        Run each round of a layer's experts as one grouped matrix product over the cache's slots
-        (default where :func:`grouped_mm_works`; a device-slot cache only) instead of one call per expert:
-        an eager expert call costs ~0.17 ms of host dispatch on an H200 whatever its size (BENCHMARKS.md,
-        "First CUDA run"). The same outputs (bitwise on the CPU); set it False to compare.
+        True (default): each round of a layer's experts (those in the cache's slots together) is run
+        together: one gather of its rows ordered by slot, one product per used slot (one grouped kernel,
+        ``torch.nn.functional.grouped_mm``, where :func:`grouped_kernel_available`), and the rows added to
+        the output in the per-expert path's order, without atomics. False: ~10 eager kernels per expert (the
+        runtime before issue 9's thirtieth round; an eager expert call cost ~0.17 ms of host dispatch on an
+        H200, BENCHMARKS.md, "First CUDA run"). A device-slot cache only (the host-compute caches always call
+        each expert). The same outputs: bitwise on the CPU, in float32 and bfloat16.
+    grouped_kernel : bool
+        Whether those rounds use the grouped kernel (:func:`grouped_kernel_available`, probed at load).
     offload : str
         ``"transfer"`` (default): uncached experts are copied host-to-device into the cache;
         ``"host"``: they are computed on the CPU from :attr:`store` and the cache holds a static hot
@@ -188,7 +196,8 @@ class OffloadedQwen3Moe:
         self._pending: tuple[int, np.ndarray] | None = None  # (prefix_len, parents) of the last verify
         self.profile = False
         self.expert_compute_ms = 0.0
-        self.grouped_experts = grouped_mm_works(self.device, dtype, spec.hidden_size, spec.moe_intermediate_size)
+        self.grouped_experts = True
+        self.grouped_kernel = grouped_kernel_available(self.device, dtype, spec.hidden_size, spec.moe_intermediate_size)
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, device="cpu", dtype: torch.dtype | None = None,
@@ -532,10 +541,12 @@ class OffloadedQwen3Moe:
         ids, rows = torch.unique(top_cpu, return_counts=True)
         ids, rows = ids.tolist(), rows.tolist()
         if self.grouped_experts and self.cache.grouped:
-            flat = top_cpu.numpy().reshape(-1)
+            top_np = top_cpu.numpy()
+            flat = top_np.reshape(-1)
+            rank = np.argsort(np.argsort(top_np, axis=1, kind="stable"), axis=1).reshape(-1)  # by id, per token
 
             def compute_round(experts: list, slots: list, gate_up: torch.Tensor, down: torch.Tensor) -> None:
-                self._experts_grouped(h, top_w, flat, experts, slots, gate_up, down, out)
+                self._experts_grouped(h, top_w, flat, rank, experts, slots, gate_up, down, out)
 
             self.cache.run_rounds(layer, ids, compute_round)
             return out, top_cpu
@@ -564,34 +575,51 @@ class OffloadedQwen3Moe:
         self.cache.run(layer, ids, compute, rows=rows, num_tokens=h.shape[0])
         return out, top_cpu
 
-    def _experts_grouped(self, h: torch.Tensor, top_w: torch.Tensor, flat: np.ndarray, experts: list, slots: list,
-                         gate_up: torch.Tensor, down: torch.Tensor, out: torch.Tensor) -> None:
-        """Add one round's experts to ``out`` (n, H): every (token, expert) row of ``experts`` in two grouped
-        matrix products over the layer's slots (``torch.nn.functional.grouped_mm``; rows ordered by slot,
-        ``offs`` the slots' row ends, empty slots empty groups), instead of ~10 kernels per expert.
+    def _experts_grouped(self, h: torch.Tensor, top_w: torch.Tensor, flat: np.ndarray, rank: np.ndarray,
+                         experts: list, slots: list, gate_up: torch.Tensor, down: torch.Tensor, out: torch.Tensor) -> None:
+        """Add one round's experts to ``out`` (n, H) together (:attr:`grouped_experts`).
 
-        ``flat`` is the host copy of the routing's top-k ids, row-major (n * k,); ``gate_up`` (S, 2I, H) and
-        ``down`` (S, H, I) the slot tensors. The rows are added to ``out`` in the order the per-expert path
-        adds them (expert id, then token), so on the CPU the result is bitwise the same as that path's.
+        ``flat`` (n * k,) is the host copy of the routing's top-k ids, row-major, and ``rank`` (n * k,) each
+        one's rank among its token's k ids; ``gate_up`` (S, 2I, H) and ``down`` (S, H, I) the slot tensors.
+        The round's (token, expert) rows are gathered once, ordered by slot; each used slot's rows go through
+        its expert (one grouped kernel for all of them where :func:`grouped_kernel_available`); each row is
+        written to its (token, rank) place of an (n * k, H) buffer, and ``out`` adds the buffer's k columns in
+        rank order: each token's experts in increasing id, the order of the per-expert path's adds, so the
+        result is bitwise that path's on the CPU (in float32 and bfloat16) and no two rows meet in one add.
         """
         t0 = self.cache.timer.start() if self.profile else None
-        k = self.spec.top_k
+        k, n = self.spec.top_k, h.shape[0]
         slot_of = np.full(self.spec.num_experts, -1, dtype=np.int64)
         slot_of[experts] = slots
         row_slot = slot_of[flat]
         mine = np.flatnonzero(row_slot >= 0)  # this round's (token, k) pairs, row-major
         by_slot = mine[np.argsort(row_slot[mine], kind="stable")]
-        offs = np.cumsum(np.bincount(row_slot[by_slot], minlength=gate_up.shape[0]))
-        back = np.argsort(flat[by_slot], kind="stable")  # slot order -> (expert id, token) order
+        counts = np.bincount(row_slot[by_slot], minlength=gate_up.shape[0])
+        dest = by_slot - by_slot % k + rank[by_slot]  # (token, rank) place of each row
         m = len(by_slot)
-        index = torch.from_numpy(np.concatenate([by_slot, back, offs]))  # one host-to-device copy per round
+        index = torch.from_numpy(np.concatenate([by_slot, dest, np.cumsum(counts)]))  # one copy per round
         if h.device.type == "cuda":  # from page-locked memory, so the host does not wait for the stream
             index = index.pin_memory().to(h.device, non_blocking=True)
-        pair, back_t, offs_t = index[:m], index[m:2 * m], index[2 * m:].to(torch.int32)
+        pair, dest_t = index[:m], index[m:2 * m]
         tok, kth = pair // k, pair % k
-        gate, up = F.grouped_mm(h[tok], gate_up.transpose(1, 2), offs=offs_t).chunk(2, dim=-1)
-        y = F.grouped_mm(F.silu(gate) * up, down.transpose(1, 2), offs=offs_t) * top_w[tok, kth, None]
-        out.index_add_(0, tok[back_t], y[back_t])
+        x = h[tok]
+        if self.grouped_kernel:
+            offs = index[2 * m:].to(torch.int32)
+            gate, up = F.grouped_mm(x, gate_up.transpose(1, 2), offs=offs).chunk(2, dim=-1)
+            y = F.grouped_mm(F.silu(gate) * up, down.transpose(1, 2), offs=offs)
+        else:
+            y = torch.empty_like(x)
+            start = 0
+            for s in np.flatnonzero(counts).tolist():
+                end = start + int(counts[s])
+                gate, up = F.linear(x[start:end], gate_up[s]).chunk(2, dim=-1)
+                y[start:end] = F.linear(F.silu(gate) * up, down[s])
+                start = end
+        buf = torch.zeros(n * k, h.shape[1], dtype=h.dtype, device=h.device)
+        buf.index_copy_(0, dest_t, y * top_w[tok, kth, None])
+        buf = buf.view(n, k, -1)
+        for j in range(k):
+            out += buf[:, j]
         if self.profile:
             self.cache.timer.stop(t0, self._add_expert_ms)
 
