@@ -43,16 +43,28 @@ from specfit.core.errors import SpecFitInputError, check_positive_int
 TERMS = ("a_ms", "b_ms_per_layer", "c_ms_per_node", "p_ms_per_layer_node", "q_ms_per_expert")
 
 
-def bench_rows(result: dict) -> list[tuple[int, int, float, float]]:
+def _number(value, field: str, integer: bool = False) -> float:
+    """``value`` as a finite number >= 0 (an integer >= 1 when ``integer``), else SpecFitInputError on ``field``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise SpecFitInputError(field, f"must be a finite number >= 0, got {value!r}")
+    if integer and (int(value) != value or value < 1):
+        raise SpecFitInputError(field, f"must be an integer >= 1, got {value!r}")
+    return float(value)
+
+
+def bench_rows(result: dict, source: str = "bench") -> list[tuple[int, int, float, float]]:
     """``(layers, nodes, experts moved, total ms)`` of each mode of one ``runtime_bench`` result.
 
     Raises
     ------
     SpecFitInputError
-        If the result lacks ``layers`` or ``modes``, or a mode is not ``ar_decode`` / ``verify_<n>``.
+        Naming ``source`` and the field: a result without ``layers`` (an integer >= 1) or ``modes`` (an
+        object), a mode other than ``ar_decode`` / ``verify_<n>``, or one whose ``total_ms`` or
+        ``experts_moved`` is not a finite number >= 0.
     """
-    if not isinstance(result, dict) or "modes" not in result or "layers" not in result:
-        raise SpecFitInputError("bench", "must be a runtime_bench result with 'layers' and 'modes'")
+    if not isinstance(result, dict) or not isinstance(result.get("modes"), dict) or "layers" not in result:
+        raise SpecFitInputError(source, "must be a runtime_bench result: an object with 'layers' and 'modes'")
+    layers = int(_number(result["layers"], f"{source}: layers", integer=True))
     rows = []
     for mode, m in result["modes"].items():
         if mode == "ar_decode":
@@ -60,13 +72,20 @@ def bench_rows(result: dict) -> list[tuple[int, int, float, float]]:
         elif mode.startswith("verify_") and mode[7:].isdigit():
             n = int(mode[7:])
         else:
-            raise SpecFitInputError("bench.modes", f"unknown mode {mode!r} (ar_decode or verify_<n>)")
-        rows.append((int(result["layers"]), n, float(m["experts_moved"]), float(m["total_ms"])))
+            raise SpecFitInputError(f"{source}: modes", f"unknown mode {mode!r} (ar_decode or verify_<n>)")
+        if not isinstance(m, dict):
+            raise SpecFitInputError(f"{source}: modes.{mode}", "must be an object with total_ms and experts_moved")
+        moved, total = (_number(m.get(key), f"{source}: modes.{mode}.{key}") for key in ("experts_moved", "total_ms"))
+        rows.append((layers, n, moved, total))
     return rows
 
 
+#: Fields of a runtime_bench result that must agree across the results of one fit.
+SAME = ("dtype", "grouped_experts", "grouped_kernel", "expert_bytes")
+
+
 def fit_profile(results: list[dict], *, name: str, reference_layers: int = REFERENCE_LAYERS,
-                like: CostModel | None = None) -> tuple[CostModel, dict]:
+                like: CostModel | None = None, sources: list[str] | None = None) -> tuple[CostModel, dict]:
     """Fit the per-layer model of the module docstring to runtime benchmarks and extrapolate it.
 
     Parameters
@@ -80,6 +99,8 @@ def fit_profile(results: list[dict], *, name: str, reference_layers: int = REFER
     like : CostModel, optional
         A datasheet profile whose ``draft_level_ms``, ``host_level_ms`` and ``num_experts`` the
         measured one takes (the runtime benchmark measures neither the draft head nor the host's work).
+    sources : list of str, optional
+        A name per result (its file), used in error messages.
 
     Returns
     -------
@@ -90,8 +111,10 @@ def fit_profile(results: list[dict], *, name: str, reference_layers: int = REFER
     Raises
     ------
     SpecFitInputError
-        If fewer than two layer counts are given (field ``bench.layers``), a result is malformed, or
-        ``reference_layers`` is not a positive integer.
+        If fewer than two layer counts are given (field ``bench.layers``), no result transferred an
+        expert (``bench.experts_moved``), the results differ in dtype, expert path or expert size
+        (``bench.<key>``), a result is malformed (:func:`bench_rows`), or ``reference_layers`` is not a
+        positive integer.
 
     References
     ----------
@@ -100,10 +123,20 @@ def fit_profile(results: list[dict], *, name: str, reference_layers: int = REFER
     from scipy.optimize import nnls
 
     check_positive_int("reference_layers", reference_layers)
-    rows = np.asarray([r for res in results for r in bench_rows(res)], dtype=np.float64).reshape(-1, 4)
+    sources = list(sources) if sources is not None else [f"bench[{i}]" for i in range(len(results))]
+    rows = np.asarray([r for res, src in zip(results, sources) for r in bench_rows(res, src)],
+                      dtype=np.float64).reshape(-1, 4)
     layers = sorted({int(x) for x in rows[:, 0]})
     if len(layers) < 2:
         raise SpecFitInputError("bench.layers", f"need benchmarks at two or more layer counts, got {layers}")
+    if not rows[:, 2].any():
+        raise SpecFitInputError("bench.experts_moved", "no benchmark transferred an expert: add runs with "
+                                "--cache-slots 0, or per_expert_ms would be fitted to nothing")
+    for key in SAME:
+        seen = {json.dumps(res.get(key)) for res in results if key in res}
+        if len(seen) > 1:
+            raise SpecFitInputError(f"bench.{key}", f"differs between the results ({', '.join(sorted(seen))}): "
+                                    "fit one runtime configuration at a time")
     L, n, m, y = rows.T
     x, rnorm = nnls(np.stack([np.ones_like(L), L, n, L * n, m], axis=1), y)
     a, b, c, p, q = (float(v) for v in x)
@@ -126,22 +159,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="also write the profile and the fit to this file")
     args = ap.parse_args(argv)
     try:
-        results = [json.loads(Path(f).read_text()) for f in args.bench]
+        results = []
+        for f in args.bench:
+            try:
+                results.append(json.loads(Path(f).read_text()))
+            except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                raise SpecFitInputError(f, f"is not a runtime_bench --json result ({e})") from None
         like = get_profile(args.like) if args.like else None
-        cost, fit = fit_profile(results, name=args.name, reference_layers=args.reference_layers, like=like)
+        cost, fit = fit_profile(results, name=args.name, reference_layers=args.reference_layers, like=like,
+                                sources=args.bench)
+        out = {"profile": {"name": cost.name, **cost.to_json(), "reference_layers": cost.reference_layers,
+                           "draft_level_ms": cost.draft_level_ms, "host_level_ms": cost.host_level_ms,
+                           "draft_and_host_from": args.like},
+               "fit": fit, "sources": args.bench}
+        text = json.dumps(out, indent=1)
+        if args.json:
+            tmp = Path(args.json).with_suffix(".tmp")
+            tmp.write_text(text + "\n")
+            tmp.replace(args.json)
     except (OSError, ValueError) as e:  # SpecFitInputError is a ValueError
         print(f"error: {e}", file=sys.stderr)
         return 2
-    out = {"profile": {"name": cost.name, **cost.to_json(), "reference_layers": cost.reference_layers,
-                       "draft_level_ms": cost.draft_level_ms, "host_level_ms": cost.host_level_ms,
-                       "draft_and_host_from": args.like},
-           "fit": fit, "sources": args.bench}
-    text = json.dumps(out, indent=1)
     print(text)
-    if args.json:
-        tmp = Path(args.json).with_suffix(".tmp")
-        tmp.write_text(text + "\n")
-        tmp.replace(args.json)
     return 0
 
 

@@ -52,18 +52,53 @@ def test_a_cost_not_of_the_model_shows_in_the_residual():
     assert fit["rel_residual"] > 0.05
 
 
-def test_one_layer_count_is_refused():
-    with pytest.raises(SpecFitInputError, match="bench.layers"):
-        fit_profile(grid()[::2], name="x")
-    with pytest.raises(SpecFitInputError, match="bench.modes"):
-        fit_profile([{"layers": 2, "modes": {"prefill": {"total_ms": 1, "experts_moved": 0}}}, grid()[1]], name="x")
+def edited(edit) -> list[dict]:
+    results = grid()
+    edit(results)
+    return results
+
+
+@pytest.mark.parametrize("results,field", [
+    (grid()[::2], "bench.layers"),                                           # one layer count
+    (grid()[:2], "bench.experts_moved"),                                     # nothing transferred
+    (edited(lambda r: r[0].update(dtype="torch.float32") or r[1].update(dtype="torch.bfloat16")), "bench.dtype"),
+    (edited(lambda r: r[0].update(grouped_experts=False) or r[2].update(grouped_experts=True)), "bench.grouped_experts"),
+    (edited(lambda r: r[1]["modes"].update(prefill={"total_ms": 1, "experts_moved": 0})), "bench[1]: modes"),
+    (edited(lambda r: r[1]["modes"]["verify_8"].pop("experts_moved")), "bench[1]: modes.verify_8.experts_moved"),
+    (edited(lambda r: r[2]["modes"]["ar_decode"].update(total_ms=float("nan"))), "bench[2]: modes.ar_decode.total_ms"),
+    (edited(lambda r: r[3]["modes"].update(verify_16=3)), "bench[3]: modes.verify_16"),
+    (edited(lambda r: r[0].update(layers=0)), "bench[0]: layers"),
+    (edited(lambda r: r[0].update(layers="x")), "bench[0]: layers"),
+    (edited(lambda r: r[0].update(modes=[])), "bench[0]"),
+])
+def test_bad_benchmarks_are_refused_by_field(results, field):
+    with pytest.raises(SpecFitInputError) as err:
+        fit_profile(results, name="x")
+    assert str(err.value).startswith(field), str(err.value)
+
+
+def test_cli_errors_name_the_file(tmp_path, capsys):
+    good = [tmp_path / f"g{i}.json" for i in range(4)]
+    for path, res in zip(good, grid()):
+        path.write_text(json.dumps(res))
+    for bad, content in (("text.json", b"not json"), ("latin.json", b"\xff\xfe\x00")):
+        (tmp_path / bad).write_bytes(content)
+        assert main([str(tmp_path / bad)] + [str(g) for g in good] + ["--name", "x"]) == 2
+        assert str(tmp_path / bad) in capsys.readouterr().err
+    assert main([str(tmp_path / "missing.json"), str(good[0]), "--name", "x"]) == 2
+    assert "missing.json" in capsys.readouterr().err
+    assert main([str(g) for g in good] + ["--name", "x", "--json", str(tmp_path / "no" / "p.json")]) == 2
+    assert "Traceback" not in capsys.readouterr().err
+    assert main([str(g) for g in good] + ["--name", "x", "--like", "nope"]) == 2
+    assert "profile" in capsys.readouterr().err
 
 
 def test_cli_on_two_measured_layer_counts(tmp_path, capsys):
-    """runtime_bench at 2 and 4 layers of the tiny shape (one with --per-expert), then the fit's CLI."""
+    """runtime_bench at 2 and 4 layers of the tiny shape, then the fit's CLI; a --per-expert run beside them
+    is refused (one runtime configuration per fit)."""
     paths = []
-    for layers, extra in ((2, []), (4, ["--per-expert"])):
-        out = tmp_path / f"b{layers}.json"
+    for layers, extra in ((2, []), (4, []), (4, ["--per-expert"])):
+        out = tmp_path / f"b{layers}{''.join(extra)}.json"
         proc = subprocess.run([sys.executable, "-m", "specfit.eval.runtime_bench", "--synthetic", "tiny", "--layers",
                                str(layers), "--repeats", "2", "--json", str(out), *extra],
                               capture_output=True, text=True, timeout=300)
@@ -71,6 +106,8 @@ def test_cli_on_two_measured_layer_counts(tmp_path, capsys):
         res = json.loads(out.read_text())
         assert res["layers"] == layers and res["grouped_experts"] is (not extra)
         paths.append(str(out))
+    assert main(paths + ["--name", "x"]) == 2 and "bench.grouped_experts" in capsys.readouterr().err
+    paths = paths[:2]
     assert main(paths + ["--name", "tiny-measured", "--like", "qwen3-30b-a3b-pcie4", "--json", str(tmp_path / "p.json")]) == 0
     got = json.loads((tmp_path / "p.json").read_text())
     assert got["profile"]["name"] == "tiny-measured" and got["profile"]["draft_level_ms"] == 0.5
