@@ -305,8 +305,8 @@ def _h2d_ms(expert_bytes: int, gb_per_s: float) -> float:
 #: Measured on an H200 (BENCHMARKS.md, "First CUDA run"): this runtime's pinned copies move 48-53 GB/s,
 #: 0.178-0.196 ms per expert, so the transfer term holds; its eager forward took ~3 ms per decoder layer
 #: (per-operation host cost, inferred; not profiled; ~145 ms for 48 layers) with one call per expert, so
-#: fixed_ms describes a runtime with fused MoE kernels and CUDA graphs. The runtime's grouped expert
-#: products (issue 9, thirtieth round) are not measured on a GPU yet; ``.ci/gpu-check`` fits a measured
+#: fixed_ms describes a runtime with fused MoE kernels and CUDA graphs. The runtime's expert rounds
+#: (issue 9, thirtieth round: a layer's experts run together) are not measured on a GPU yet; ``.ci/gpu-check`` fits a measured
 #: profile (``specfit.eval.measured_profile``) when one is lent.
 PROFILES: dict[str, CostModel] = {
     "qwen3-30b-a3b-pcie4": CostModel(6.0, 0.1, round(_h2d_ms(QWEN3_30B_A3B_EXPERT_BYTES, 24.0), 4),
