@@ -559,8 +559,8 @@ class DeviceExpertCache:
 
         The rounds are those of :meth:`run` (hits with the first misses, then the remaining misses in
         rounds of at most ``slots``; the staging size when ``slots=0``); within a round no slot handed
-        out is evicted. The runtime computes a round's experts in one grouped matrix product over the
-        layer's slots (:meth:`specfit.models.qwen3_moe.model.OffloadedQwen3Moe`), not one call per expert.
+        out is evicted. The runtime runs a round's experts together (one gather of their rows, a product
+        per used slot or one grouped kernel: ``OffloadedQwen3Moe.grouped_experts``), not one call per expert.
 
         Parameters
         ----------

@@ -87,7 +87,7 @@ def test_every_call_gets_its_own_weights(slots, policy, calls):
        calls=st.lists(st.tuples(st.integers(0, L - 1), st.sets(st.integers(0, E - 1), min_size=1)),
                       min_size=1, max_size=12))
 def test_rounds_hand_over_their_experts_slots(slots, policy, calls):
-    """``run_rounds`` (the runtime's grouped products): each round names distinct experts in increasing id,
+    """``run_rounds`` (the runtime's expert rounds): each round names distinct experts in increasing id,
     each in a slot of the layer's tensors that holds that expert's weights; the rounds cover the needed
     experts once each; the counters are those of ``run``."""
     cache, plain = (DeviceExpertCache(make_store(), "cpu", slots=slots) for _ in range(2))
