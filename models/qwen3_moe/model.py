@@ -89,16 +89,22 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return x * cos + torch.cat((-x[..., h:], x[..., :h]), dim=-1) * sin
 
 
+def grouped_mm_function():
+    """``torch.nn.functional.grouped_mm`` (torch >= 2.10), else the private ``torch._grouped_mm`` it calls
+    (the same arguments; in earlier releases), else None."""
+    return getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+
+
 def grouped_kernel_available(device: torch.device, dtype: torch.dtype, hidden_size: int,
                              intermediate_size: int) -> bool:
-    """Whether the runtime's rounds of experts use ``torch.nn.functional.grouped_mm`` (torch >= 2.10): only
+    """Whether the runtime's rounds of experts use a grouped kernel (:func:`grouped_mm_function`): only
     where it has a grouped kernel, bfloat16 on a CUDA device of compute capability 9.x or 10.x (H100/H200,
     B200). Elsewhere (the CPU, float32, other GPUs) its fallback syncs with the device and multiplies every
     group, empty ones included, so the runtime multiplies each used slot itself. Probed once per model on
     small random tensors, in the layout the runtime passes (the slot tensors transposed), against
     ``F.linear``; any error means False.
     """
-    fn = getattr(F, "grouped_mm", None)
+    fn = grouped_mm_function()
     if fn is None or device.type != "cuda" or dtype != torch.bfloat16:
         return False
     gen = torch.Generator().manual_seed(0)
@@ -604,9 +610,9 @@ class OffloadedQwen3Moe:
         tok, kth = pair // k, pair % k
         x = h[tok]
         if self.grouped_kernel:
-            offs = index[2 * m:].to(torch.int32)
-            gate, up = F.grouped_mm(x, gate_up.transpose(1, 2), offs=offs).chunk(2, dim=-1)
-            y = F.grouped_mm(F.silu(gate) * up, down.transpose(1, 2), offs=offs)
+            grouped_mm, offs = grouped_mm_function(), index[2 * m:].to(torch.int32)
+            gate, up = grouped_mm(x, gate_up.transpose(1, 2), offs=offs).chunk(2, dim=-1)
+            y = grouped_mm(F.silu(gate) * up, down.transpose(1, 2), offs=offs)
         else:
             y = torch.empty_like(x)
             start = 0
@@ -618,7 +624,7 @@ class OffloadedQwen3Moe:
         buf = torch.zeros(n * k, h.shape[1], dtype=h.dtype, device=h.device)
         buf.index_copy_(0, dest_t, y * top_w[tok, kth, None])
         buf = buf.view(n, k, -1)
-        for j in range(k):
+        for j in np.unique(rank[by_slot]).tolist():  # the ranks this round has rows at (the others add 0)
             out += buf[:, j]
         if self.profile:
             self.cache.timer.stop(t0, self._add_expert_ms)
