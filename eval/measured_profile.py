@@ -43,12 +43,17 @@ from specfit.core.errors import SpecFitInputError, check_positive_int
 TERMS = ("a_ms", "b_ms_per_layer", "c_ms_per_node", "p_ms_per_layer_node", "q_ms_per_expert")
 
 
+#: Bounds on a benchmark's numbers (decoder layers; ms and experts of one forward): far above any real one.
+MAX_LAYERS, MAX_VALUE = 1_000, 1e7
+
+
 def _number(value, field: str, integer: bool = False) -> float:
-    """``value`` as a finite number >= 0 (an integer >= 1 when ``integer``), else SpecFitInputError on ``field``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise SpecFitInputError(field, f"must be a finite number >= 0, got {value!r}")
-    if integer and (int(value) != value or value < 1):
-        raise SpecFitInputError(field, f"must be an integer >= 1, got {value!r}")
+    """``value`` as a number in [0, :data:`MAX_VALUE`] (an integer in [1, :data:`MAX_LAYERS`] when
+    ``integer``), else SpecFitInputError on ``field``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_VALUE:
+        raise SpecFitInputError(field, f"must be a number in [0, {MAX_VALUE:g}], got {value!r}")
+    if integer and (int(value) != value or not 1 <= value <= MAX_LAYERS):
+        raise SpecFitInputError(field, f"must be an integer in [1, {MAX_LAYERS}], got {value!r}")
     return float(value)
 
 
@@ -69,10 +74,10 @@ def bench_rows(result: dict, source: str = "bench") -> list[tuple[int, int, floa
     for mode, m in result["modes"].items():
         if mode == "ar_decode":
             n = 1
-        elif mode.startswith("verify_") and mode[7:].isdigit():
+        elif mode.startswith("verify_") and mode[7:].isascii() and mode[7:].isdigit() and int(mode[7:]) >= 1:
             n = int(mode[7:])
         else:
-            raise SpecFitInputError(f"{source}: modes", f"unknown mode {mode!r} (ar_decode or verify_<n>)")
+            raise SpecFitInputError(f"{source}: modes", f"unknown mode {mode!r} (ar_decode or verify_<n>, n >= 1)")
         if not isinstance(m, dict):
             raise SpecFitInputError(f"{source}: modes.{mode}", "must be an object with total_ms and experts_moved")
         moved, total = (_number(m.get(key), f"{source}: modes.{mode}.{key}") for key in ("experts_moved", "total_ms"))
@@ -129,6 +134,8 @@ def fit_profile(results: list[dict], *, name: str, reference_layers: int = REFER
     layers = sorted({int(x) for x in rows[:, 0]})
     if len(layers) < 2:
         raise SpecFitInputError("bench.layers", f"need benchmarks at two or more layer counts, got {layers}")
+    if not rows[:, 3].any():
+        raise SpecFitInputError("bench.total_ms", "every measured forward took 0 ms: nothing to fit")
     if not rows[:, 2].any():
         raise SpecFitInputError("bench.experts_moved", "no benchmark transferred an expert: add runs with "
                                 "--cache-slots 0, or per_expert_ms would be fitted to nothing")
@@ -163,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         for f in args.bench:
             try:
                 results.append(json.loads(Path(f).read_text()))
-            except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
                 raise SpecFitInputError(f, f"is not a runtime_bench --json result ({e})") from None
         like = get_profile(args.like) if args.like else None
         cost, fit = fit_profile(results, name=args.name, reference_layers=args.reference_layers, like=like,
@@ -174,7 +181,9 @@ def main(argv: list[str] | None = None) -> int:
                "fit": fit, "sources": args.bench}
         text = json.dumps(out, indent=1)
         if args.json:
-            tmp = Path(args.json).with_suffix(".tmp")
+            if not Path(args.json).parent.is_dir():
+                raise SpecFitInputError("--json", f"{args.json}: its folder does not exist")
+            tmp = Path(args.json + ".tmp")
             tmp.write_text(text + "\n")
             tmp.replace(args.json)
     except (OSError, ValueError) as e:  # SpecFitInputError is a ValueError

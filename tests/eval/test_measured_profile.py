@@ -70,6 +70,11 @@ def edited(edit) -> list[dict]:
     (edited(lambda r: r[0].update(layers=0)), "bench[0]: layers"),
     (edited(lambda r: r[0].update(layers="x")), "bench[0]: layers"),
     (edited(lambda r: r[0].update(modes=[])), "bench[0]"),
+    (edited(lambda r: r[1]["modes"].update(verify_0={"total_ms": 1, "experts_moved": 0})), "bench[1]: modes"),
+    (edited(lambda r: r[1]["modes"].update({"verify_\u00b2": {"total_ms": 1, "experts_moved": 0}})), "bench[1]: modes"),
+    (edited(lambda r: r[0].update(layers=1e308)), "bench[0]: layers"),
+    (edited(lambda r: r[2]["modes"]["verify_8"].update(total_ms=1e308)), "bench[2]: modes.verify_8.total_ms"),
+    (edited(lambda r: [m.update(total_ms=0) for res in r for m in res["modes"].values()]), "bench.total_ms"),
 ])
 def test_bad_benchmarks_are_refused_by_field(results, field):
     with pytest.raises(SpecFitInputError) as err:
@@ -85,10 +90,14 @@ def test_cli_errors_name_the_file(tmp_path, capsys):
         (tmp_path / bad).write_bytes(content)
         assert main([str(tmp_path / bad)] + [str(g) for g in good] + ["--name", "x"]) == 2
         assert str(tmp_path / bad) in capsys.readouterr().err
+    (tmp_path / "deep.json").write_text("[" * 100_000)
+    assert main([str(tmp_path / "deep.json")] + [str(g) for g in good] + ["--name", "x"]) == 2
+    assert "deep.json" in capsys.readouterr().err
     assert main([str(tmp_path / "missing.json"), str(good[0]), "--name", "x"]) == 2
     assert "missing.json" in capsys.readouterr().err
     assert main([str(g) for g in good] + ["--name", "x", "--json", str(tmp_path / "no" / "p.json")]) == 2
-    assert "Traceback" not in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "p.json" in err and "--json" in err
     assert main([str(g) for g in good] + ["--name", "x", "--like", "nope"]) == 2
     assert "profile" in capsys.readouterr().err
 
