@@ -589,8 +589,8 @@ class OffloadedQwen3Moe:
         one's rank among its token's k ids; ``gate_up`` (S, 2I, H) and ``down`` (S, H, I) the slot tensors.
         The round's (token, expert) rows are gathered once, ordered by slot; each used slot's rows go through
         its expert (one grouped kernel for all of them where :func:`grouped_kernel_available`); each row is
-        written to its (token, rank) place of an (n * k, H) buffer, and ``out`` adds the buffer's k columns in
-        rank order: each token's experts in increasing id, the order of the per-expert path's adds, so the
+        written to its (token, rank) place of an (n * k, H) buffer, and ``out`` adds the buffer's columns that
+        hold rows, in rank order: each token's experts in increasing id, the order of the per-expert path's adds, so the
         result is bitwise that path's on the CPU (in float32 and bfloat16) and no two rows meet in one add.
         """
         t0 = self.cache.timer.start() if self.profile else None
