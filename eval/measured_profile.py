@@ -63,9 +63,9 @@ def bench_rows(result: dict, source: str = "bench") -> list[tuple[int, int, floa
     Raises
     ------
     SpecFitInputError
-        Naming ``source`` and the field: a result without ``layers`` (an integer >= 1) or ``modes`` (an
-        object), a mode other than ``ar_decode`` / ``verify_<n>``, or one whose ``total_ms`` or
-        ``experts_moved`` is not a finite number >= 0.
+        Naming ``source`` and the field: a result without ``layers`` (an integer in [1, :data:`MAX_LAYERS`])
+        or ``modes`` (an object), a mode other than ``ar_decode`` / ``verify_<n>`` (n >= 1), or one whose
+        ``total_ms`` or ``experts_moved`` is not a number in [0, :data:`MAX_VALUE`].
     """
     if not isinstance(result, dict) or not isinstance(result.get("modes"), dict) or "layers" not in result:
         raise SpecFitInputError(source, "must be a runtime_bench result: an object with 'layers' and 'modes'")
