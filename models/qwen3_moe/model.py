@@ -90,8 +90,14 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 
 
 def grouped_mm_function():
-    """``torch.nn.functional.grouped_mm`` (torch >= 2.10), else the private ``torch._grouped_mm`` it calls
-    (the same arguments; in earlier releases), else None."""
+    """The grouped matrix product of this torch, or None.
+
+    Returns
+    -------
+    callable or None
+        ``torch.nn.functional.grouped_mm`` (torch >= 2.10), else the private ``torch._grouped_mm`` it calls
+        (the same arguments: ``(mat_a (m, K), mat_b (G, K, N), offs=(G,) int32 row ends)`` -> (m, N)), else None.
+    """
     return getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
 
 
@@ -103,6 +109,25 @@ def grouped_kernel_available(device: torch.device, dtype: torch.dtype, hidden_si
     group, empty ones included, so the runtime multiplies each used slot itself. Probed once per model on
     small random tensors, in the layout the runtime passes (the slot tensors transposed), against
     ``F.linear``; any error means False.
+
+    Parameters
+    ----------
+    device : torch.device
+        The model's compute device.
+    dtype : torch.dtype
+        The model's dtype.
+    hidden_size, intermediate_size : int
+        H and an expert's I: the probe multiplies (3, H) by two (H, 2I) groups and (3, I) by two (I, H).
+
+    Returns
+    -------
+    bool
+        True only where the kernel runs and agrees with ``F.linear`` within bfloat16 rounding.
+
+    References
+    ----------
+    PyTorch, ``aten/src/ATen/native/cuda/GroupedBlas.cpp`` (2.10): the CUTLASS bf16 path on sm90/sm100,
+    ``_grouped_mm_fallback`` (``offs`` copied to the host, one ``mm`` per group) elsewhere.
     """
     fn = grouped_mm_function()
     if fn is None or device.type != "cuda" or dtype != torch.bfloat16:
@@ -534,8 +559,8 @@ class OffloadedQwen3Moe:
         """Sparse MoE block of MoE layer ``layer``: route, then run the needed experts via the cache.
 
         Returns the block output (n, H) and the top-k expert ids (n, k) on the CPU. With
-        :attr:`grouped_experts` each round of the cache's experts runs as one grouped matrix product
-        over the layer's slots (:meth:`_experts_grouped`); otherwise one call per expert.
+        :attr:`grouped_experts` and a device-slot cache each round of the cache's experts runs together
+        (:meth:`_experts_grouped`); otherwise one call per expert.
         """
         probs = torch.softmax(F.linear(h, router), dim=-1, dtype=torch.float32)
         top_w, top_i = torch.topk(probs, self.spec.top_k, dim=-1)
