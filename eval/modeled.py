@@ -8,6 +8,7 @@ deployment a hardware profile describes (Qwen3-30B-A3B on one GPU, experts behin
     verify_ms = profile.for_layers(L).cycle_ms(nodes_verified, transferred)
               = fixed_ms + per_node_ms * nodes_verified + per_expert_ms * (48 / L) * sum_l transferred[l]
     draft_ms  = (levels + levels_ahead) * profile.draft_level_ms
+                + max(0, shadow_levels * profile.draft_level_ms - (verify_ms - fixed_ms - per_node_ms * nodes_verified))
     host_ms   = host_cpu_ms                    (measured here: CPU time of the engine's thread)
 
 * verify: SPECFIT.md §3's T(S) with the *measured* counts of the cycle — nodes the target
@@ -18,7 +19,11 @@ deployment a hardware profile describes (Qwen3-30B-A3B on one GPU, experts behin
   same scaled model.
 * draft: one EAGLE-3 head forward per draft level (the profile's ``draft_level_ms``, derived in
   :data:`specfit.core.cost.PROFILES`), the level a drafter launched ahead and the cycle did not use
-  (``CycleRecord.levels_ahead``) included.
+  (``CycleRecord.levels_ahead``) included. A shadow cycle (an AR step that drafts and selects a tree to
+  learn from, ``CycleRecord.shadow_levels``; docs/SPECFIT.md §3, "Drafting in the AR step's shadow") runs
+  its head forwards while the AR step's experts are copied host-to-device, when the GPU's compute units
+  would otherwise wait: only the part of them longer than the step's modeled H2D ms is charged. Not
+  modeled: the head forwards' own memory traffic beside the copies.
 * host: the expert predictor, the solver and the engine's bookkeeping (tree, calibration, gate)
   run on the host CPU in deployment as well, so their measured time is added as is: the CPU time
   of the engine's thread (``CycleRecord.host_cpu_ms``, ``time.thread_time``), not wall-clock time,
@@ -93,6 +98,8 @@ def modeled_cycle_ms(cycle, cost: CostModel) -> dict[str, float]:
     verify = cost.cycle_ms(cycle.nodes_verified, cycle.transferred)
     compute = cost.fixed_ms + cost.per_node_ms * cycle.nodes_verified
     draft = (cycle.levels + cycle.levels_ahead) * cost.draft_level_ms
+    # a shadow cycle's head forwards run while the AR step copies its experts: what exceeds the copies
+    draft += max(0.0, getattr(cycle, "shadow_levels", 0) * cost.draft_level_ms - (verify - compute))
     host = cycle.host_cpu_ms
     return {"compute_ms": compute, "transfer_ms": verify - compute, "draft_ms": draft, "host_ms": host,
             "total_ms": verify + draft + host}

@@ -87,7 +87,7 @@ class ResultRecord(_JsonRecord):
         Per cycle: A(S) predicted at selection (calibrated acceptance for calibrated methods) and A(S)
         from the draft's raw path probabilities; compare with ``accept_lengths`` + 1 (None in old files).
     decisions : list of str or None
-        Per cycle: ``"draft"``, or ``"ar"`` when the AR gate skipped drafting (None in old files).
+        Per cycle: ``"draft"``, ``"explore"``, ``"shadow"`` (an AR step that drafted a tree in its shadow) or ``"ar"`` (None in old files).
     experts_host_computed : int
         Experts computed on the host instead (``offload="host"``/``"auto"``; 0 in the transfer mode).
     measured_ms : dict

@@ -153,7 +153,7 @@ def _calibration_columns(recs: list[ResultRecord]) -> dict:
         return {}
     return {"predicted_tau": sum(sum(r.expected_tokens) for r in recs) / cycles,
             "predicted_tau_raw": sum(sum(r.expected_tokens_raw) for r in recs) / cycles,
-            "ar_share": sum(d == "ar" for r in recs for d in r.decisions) / cycles}
+            "ar_share": sum(d in ("ar", "shadow") for r in recs for d in r.decisions) / cycles}
 
 
 def reliability_plot(records: list[ResultRecord], out: Path) -> dict[str, Path]:

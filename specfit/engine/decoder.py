@@ -199,6 +199,10 @@ class CycleRecord:
     learning and the earlier drafted cycles' acceptance learning (:meth:`OnlineModel.defer`) while it
     verifies this cycle (:meth:`SpecDecoder._learn_last_cycle`, at most the shortest verify); not in
     ``host_cpu_ms`` (what exceeds them is).
+    ``shadow_levels``: for ``decision == "shadow"`` (an AR step that drafted and selected a tree in its
+    shadow, :meth:`SpecDecoder._shadow_of`), the head forwards that tree took (its levels, and one launched
+    ahead and not used); they run while the device copies the AR step's experts, so the modeled time
+    charges only what exceeds the step's H2D ms (eval/modeled.py); ``levels`` and ``levels_ahead`` are 0.
     ``host``: in the host and auto offload modes (``offload="host"``/``"auto"``), per MoE layer the
     experts computed on the host (``"computed"``) and their (token, expert) rows (``"rows"``); empty
     in the transfer mode (in the auto mode ``transferred`` counts the experts it chose to copy).
@@ -206,6 +210,7 @@ class CycleRecord:
 
     levels: int = 0
     levels_ahead: int = 0
+    shadow_levels: int = 0
     nodes_drafted: int = 0
     nodes_pruned: int = 0
     nodes_verified: int = 1
@@ -351,6 +356,67 @@ class _Drafted:
 
 
 @dataclass
+class _Shadow:
+    """A shadow cycle waiting for its outcome (SPECFIT.md §3, "Drafting in the AR step's shadow"): the
+    tree an AR step drafted and the subtree the exact selection chose, and what decoding committed
+    after its root.
+
+    Attributes: ``drafted`` the whole drafted tree (:class:`_Drafted`); ``selected`` the selection's
+    nodes as drafted ids (root first); ``experts`` (|S|, L, k) their experts as the selection priced
+    them (predicted; the oracle's true); ``cache`` (L, E) bool, the cache its accounting used;
+    ``levels``, ``levels_ahead`` its head forwards; ``routing`` the committed forwards' routing from its
+    root on ((L, k) each, the root's first), ``tokens`` the committed tokens after its root, ``ar_ms``
+    each forward's ms in AR decoding's cache (the AR twin), filled one cycle late.
+    """
+
+    drafted: "_Drafted"
+    selected: np.ndarray
+    experts: np.ndarray
+    cache: np.ndarray
+    levels: int
+    levels_ahead: int
+    routing: list = field(default_factory=list)
+    tokens: list = field(default_factory=list)
+    ar_ms: list = field(default_factory=list)
+
+
+def shadow_outcome(parents, tokens, continuation) -> tuple[list[int], int] | None:
+    """The accepted path a verify of the whole draft tree would take, given the tokens decoding committed
+    after its root.
+
+    Greedy verification accepts the child carrying the target's next token; the sampling verifier
+    (:func:`specfit.engine.verify.verify_sampling`, one-hot multi-candidate) accepts the child carrying
+    the token it samples from the target's distribution there. Plain decoding of the same prefix commits
+    that greedy token, or a token of that same distribution, so walking the tree along the committed
+    continuation gives the outcome a verify would have (greedy: the same; sampling: the same in
+    distribution). Equal sibling tokens: the first wins, as in the verifiers.
+
+    Parameters
+    ----------
+    parents, tokens : sequence of int, shape (n,)
+        The draft tree (``parents[0] = -1``, ``parents[v] < v``); node 0 is the root.
+    continuation : sequence of int
+        The tokens committed after the root, in order.
+
+    Returns
+    -------
+    (path, bonus) or None
+        ``path`` the accepted node ids, root first, and ``bonus`` the committed token after its last node;
+        None while ``continuation`` ends before the walk does (the outcome is not known yet).
+    """
+    kids: list[dict] = [dict() for _ in range(len(parents))]
+    for v in range(1, len(parents)):
+        kids[int(parents[v])].setdefault(int(tokens[v]), v)
+    path = [0]
+    for y in continuation:
+        child = kids[path[-1]].get(int(y))
+        if child is None:
+            return path, int(y)
+        path.append(child)
+    return None
+
+
+@dataclass
 class Generation:
     """Result of :meth:`SpecDecoder.generate`: ``output_ids`` (new tokens only, at most
     ``max_new_tokens``), one :class:`CycleRecord` per cycle, and the wall-clock seconds of the
@@ -490,6 +556,11 @@ class SpecDecoder:
         predictor's priced error, the AR gate's measured utility; :mod:`specfit.engine.online`),
         shared by the decoders of one deployment so that each generation starts from it (default:
         a fresh one). Learning never changes what is verified to be correct: output stays lossless.
+    shadows : bool
+        Calibrated methods: let AR steps draft and select a tree they do not verify, learned from what
+        decoding commits next, in place of the warm-up's and the explorations' drafted cycles until the
+        shadows say drafting may pay (default True; used only where the gate has its AR twin;
+        docs/SPECFIT.md §3, "Drafting in the AR step's shadow"). False: every learning cycle drafts.
 
     Raises
     ------
@@ -502,7 +573,7 @@ class SpecDecoder:
     def __init__(self, target, drafter=None, method: Method | str = "specfit", *, tree: TreeSettings = TreeSettings(),
                  cost: CostModel | None = None, predictor=None, reference=None, temperature: float = 0.0,
                  top_p: float = 1.0, seed: int = 0, rate_mode: bool = False, max_nodes: int | None = None,
-                 calibrate_every: int | None = None, online: OnlineModel | None = None):
+                 calibrate_every: int | None = None, online: OnlineModel | None = None, shadows: bool = True):
         self.method = get_method(method) if isinstance(method, str) else method
         m = self.method
         if m.drafts and drafter is None:
@@ -523,7 +594,7 @@ class SpecDecoder:
         self.target, self.drafter, self.tree, self.cost = target, drafter, tree, cost
         self.predictor, self.reference = predictor, reference
         self.temperature, self.top_p, self.rate_mode, self.max_nodes = temperature, top_p, rate_mode, max_nodes
-        self.seed = seed
+        self.seed, self.shadows = seed, bool(shadows)
         self.generator = torch.Generator().manual_seed(seed)  # moved to the logits' device at first use
         self.solver = None
         if m.selector:  # a selector blind to the cost verifies a fixed-size tree: EAGLE's total_tokens
@@ -562,6 +633,8 @@ class SpecDecoder:
         self._twin = None  # the AR twin's cache (specfit.engine.twin), made at the first generation
         self._twin_key = None  # the runtime cache it replays: (id, slots, policy)
         self._twin_path = None  # the last cycle's committed forwards' routing (τ, L, k), not yet replayed
+        self._shadows: list[_Shadow] = []  # shadow cycles drafted, their outcome not yet known (oldest first)
+        self._shadow_base = False  # whether this generation's AR steps could carry shadows (_set_shadowing)
 
     #: Per solve, for selectors that take a time limit: only a branch and bound can be slow (the exact
     #: solver under budgets or in the host regime, where rare trees took seconds in the grid); past it the
@@ -618,6 +691,11 @@ class SpecDecoder:
         elif self.predictor is not None:
             self.predictor.reset()
         self._sync_twin()
+        self._shadows.clear()
+        if self.online is not None:  # an AR step carries a shadow cycle only where the twin prices its tokens
+            self._shadow_base = (self.shadows and self._twin is not None and self.drafter is not None
+                                 and isinstance(self.cost, CostModel) and self.method.level_by_level)
+            self._set_shadowing()
         t1 = time.perf_counter()
         root, new, cycles = prompt[-1], [], []
         while len(new) < max_new_tokens and not (eos_id is not None and eos_id in new):
@@ -639,6 +717,9 @@ class SpecDecoder:
             self.online.flush()
             self._learn_last_cycle()
             cycles[-1].host_cpu_ms += (time.thread_time() - c0) * 1e3
+        if self._shadows:  # their continuation ends here: never resolved
+            self.online.drop_shadows(len(self._shadows))
+            self._shadows.clear()
         if eos_id is not None and eos_id in new:
             new = new[:new.index(eos_id) + 1]
         return Generation(new[:max_new_tokens], cycles, time.perf_counter() - t1, t1 - t0)
@@ -663,10 +744,15 @@ class SpecDecoder:
         self._predict_s = 0.0  # this cycle's wall seconds in the expert predictor (_predict)
         self._drafted, self._selected_depth = None, 0
         c0 = time.thread_time()
-        if m.drafts and drafter_ready and self.online is not None and self.online.take_ar_ahead():
-            rec.decision, rec.speedup_estimate = "ar", self.online.speedup  # decided in the last learning slot
+        ahead = m.drafts and drafter_ready and self.online is not None and self.online.take_ar_ahead()
+        if ahead:
+            rec.decision = "ar"  # decided in the last learning slot (its Ŝ then, recorded after the launch)
+            speedup = self.online.speedup
         elif m.drafts and drafter_ready:
             tree, selection, items = self._draft_and_select(root, None, rec)
+        shadow = None
+        if rec.decision == "shadow" and selection is not None:  # an AR step; the tree is learned from later
+            shadow, selection = self._shadow_of(tree, selection, items, rec), None
         # verify the selected subtree in one target forward (an AR step: the root alone); its tokens and
         # parents are host work the verify's launch waits for
         keep, sub_tokens, sub_parents = [0], [root], [-1]
@@ -675,6 +761,9 @@ class SpecDecoder:
             sub_tokens, sub_parents = _verify_inputs(tree, keep)
         rec.host_cpu_ms += (time.thread_time() - c0 - self._untimed_s) * 1e3  # (+ the learning's unhidden part)
         rec.predict_ms = self._predict_s * 1e3
+        shadow_host_ms = 0.0
+        if shadow is not None:  # the shadow's host work runs while the device computes the AR step (below)
+            shadow_host_ms, rec.host_cpu_ms, rec.hidden_host_ms = rec.host_cpu_ms + rec.hidden_host_ms, 0.0, 0.0
         drafted = self._drafted if selection is not None else None
         if selection is not None:
             rec.expected_tokens, rec.predicted_ms = selection.expected_tokens, selection.predicted_ms
@@ -690,7 +779,7 @@ class SpecDecoder:
             c0 = time.thread_time()  # inputs, from the tree and the cache its accounting used
             self._prepare_gate(tree, items.cache)
             learn_s += time.thread_time() - c0
-        if rec.decision == "ar":  # in the same slot after an AR step: the gate's next decision, its learning done
+        if rec.decision in ("ar", "shadow"):  # in the same slot after an AR step: the gate's next decision, its learning done
             c0 = time.thread_time()
             self.online.decide_ahead()
             learn_s += time.thread_time() - c0
@@ -698,6 +787,8 @@ class SpecDecoder:
         out = self.target.verify(torch.tensor(sub_tokens), sub_parents)
         logits = out.logits
         rec.verify_ms = (time.perf_counter() - t0) * 1e3
+        if ahead:
+            rec.speedup_estimate = speedup
         if learn_s:
             hidden = min(learn_s * 1e3, self._shortest_verify_ms())
             rec.host_cpu_ms += learn_s * 1e3 - hidden
@@ -742,8 +833,21 @@ class SpecDecoder:
         rec.nodes_verified = len(keep)
         rec.accepted = acc.accepted
         rec.committed = len(acc.new_tokens)
-        if rec.decision == "ar":  # T(AR) of its measured counts: what the rate mode's λ counts
+        if rec.decision in ("ar", "shadow"):  # T(AR) of its measured counts: what the rate mode's λ counts
             rec.predicted_ms = self.cost.cycle_ms(1, *self._uncached(rec))
+            if self._shadow_base:  # its H2D ms: what the next shadows' head forwards hide behind
+                self.online.observe_ar_h2d(rec.predicted_ms - self._shortest_verify_ms())
+                self._set_shadowing()
+        if shadow is not None:  # up to the AR step's modeled ms less what it already hides
+            hidden = min(shadow_host_ms, max(rec.predicted_ms - rec.hidden_host_ms, 0.0))
+            rec.hidden_host_ms += hidden
+            rec.host_cpu_ms += shadow_host_ms - hidden
+        if self._shadows or shadow is not None:  # the forwards and tokens the pending shadows are resolved by
+            if shadow is not None:
+                self._shadows.append(shadow)
+            for sh in self._shadows:
+                sh.routing.extend(routing[acc.path])
+                sh.tokens.extend(acc.new_tokens)
         if self.online is not None and self._cache is not None:  # learned during the next cycle's verify
             drafted_cycle = rec.decision != "ar" and rec.levels > 0 and self._root_new is not None
             if drafted_cycle:  # counted now: the gate's next decision reads it
@@ -769,6 +873,78 @@ class SpecDecoder:
         self.acceptance._learn_verify(drafted.q[old], drafted.depth[old], np.asarray(ok, dtype=bool), drafted.rank[old],
                                       drafted.cal[full[1:]], drafted.depth[full[1:]], acc.accepted)  # as update, _observe_paths
 
+    def _set_shadowing(self) -> None:
+        """Let AR steps carry shadow cycles (:attr:`OnlineModel.shadowing`) where the engine can resolve them
+        (``self._shadow_base``: the AR twin, a transfer-regime cost, a level-by-level method) and the recent
+        AR steps' modeled H2D ms hide a whole tree's head forwards (``depth * draft_level_ms``; before
+        any AR step, assumed to): where they copy too little, a shadow's levels would be paid as a real
+        cycle's, and learning drafts for real as before."""
+        mean = self.online.ar_h2d_ms()
+        need = self.tree.depth * (self.cost.draft_level_ms or 0.0)
+        self.online.shadowing = bool(self._shadow_base and (mean is None or mean >= need))
+
+    def _shadow_of(self, tree: DraftTree, selection, items, rec: CycleRecord) -> _Shadow:
+        """Keep this cycle's drafted tree and selection as a shadow cycle (``rec.decision == "shadow"``):
+        the cycle verifies the root alone, and what the selection would have committed and cost is learned
+        once decoding has committed the tokens after its root (:meth:`_resolve_shadow`). Its head forwards
+        move to ``rec.shadow_levels``: on a GPU they run while the AR step copies its experts."""
+        d, keep = self._drafted, np.asarray(selection.nodes, dtype=np.int64)
+        experts = tree.experts[keep] if tree.num_layers else np.zeros((keep.size, 0, 0), dtype=np.int64)
+        sh = _Shadow(d, d.full_ids[keep], np.array(experts), np.array(items.cache, dtype=bool), rec.levels,
+                     rec.levels_ahead)
+        rec.shadow_levels, rec.levels, rec.levels_ahead = rec.levels + rec.levels_ahead, 0, 0
+        self.online.observe_shadow_selection(keep.size - 1)
+        return sh
+
+    def _resolve_shadows(self) -> None:
+        """Learn every pending shadow cycle whose outcome is known now (oldest first); keep the others."""
+        self._shadows = [sh for sh in self._shadows if not self._resolve_shadow(sh)]
+
+    def _resolve_shadow(self, sh: _Shadow) -> bool:
+        """Learn one shadow cycle if decoding has committed enough tokens after its root; False if not yet.
+
+        Its outcome is the verify's (:func:`shadow_outcome`): the calibrator learns every drafted child of
+        an accepted node (:func:`greedy_trials` along the committed continuation) and the path correction
+        from the selection's nodes and the draft tokens it would have accepted. Its counterfactual T_d is
+        a drafted cycle's (:meth:`_drafted_cycle_ms`) with the verify priced on the true experts of the
+        forwards it would have committed (the committed ones: the same prefix routes the same way) and the
+        predicted experts of its other nodes against the cache its selection saw, each of those
+        charged the predictor's learned node correction; T_AR is the AR twin's for the same τ tokens.
+        Both go to Ŝ_sh (:meth:`OnlineModel.observe_shadow`)."""
+        d = sh.drafted
+        n = d.n
+        out = shadow_outcome(d.parents[:n], d.tokens[:n], sh.tokens)
+        if out is None:
+            return False
+        path, bonus = out
+        on_s = np.zeros(n, dtype=bool)
+        on_s[sh.selected] = True
+        tau = 1  # the selection's τ: its accepted draft tokens + the bonus token
+        while tau < len(path) and on_s[path[tau]]:
+            tau += 1
+        if len(sh.ar_ms) < tau:
+            return False
+        old, ok = greedy_trials(d.parents[:n], d.tokens[:n], path, bonus)
+        self.acceptance._learn_verify(d.q[old], d.depth[old], np.asarray(ok, dtype=bool), d.rank[old],
+                                      d.cal[sh.selected[1:]], d.depth[sh.selected[1:]], tau - 1)
+        needed = np.zeros_like(sh.cache)
+        rejected = ~np.isin(sh.selected, path[:tau])
+        if needed.size:
+            layer = np.arange(needed.shape[0])[:, None]
+            for r in sh.routing[:tau]:
+                needed[layer, r] = True
+            ex = sh.experts[rejected]
+            needed[np.broadcast_to(layer[None], ex.shape), ex] = True
+        counts = (needed & ~sh.cache).sum(axis=1)
+        extra, m = 0.0, self.online.node_correction()
+        if m is not None and rejected.any():
+            extra = int(rejected.sum()) * max(0.0, float(self.cost.per_expert_array(m.size) @ m))
+        cycle_ms = (self.cost.cycle_ms(int(sh.selected.size), counts) + extra + sh.levels * self._level_ms()
+                    + sh.levels_ahead * (self.cost.draft_level_ms or 0.0) + self.online.host_cycle_ms())
+        self.online.observe_shadow(draft_nodes=int(sh.selected.size) - 1, cycle_ms=cycle_ms,
+                                   ar_tokens_ms=float(sum(sh.ar_ms[:tau])))
+        return True
+
     def _learn_last_cycle(self) -> float:
         """Run the last cycle's :meth:`_learn` if it is still queued; its thread CPU seconds (0 if none).
 
@@ -781,6 +957,8 @@ class SpecDecoder:
         args, self._after_verify = self._after_verify, None
         c0 = time.thread_time()
         twin_ms = self._replay_twin()
+        if self._shadows:
+            self._resolve_shadows()
         if args is not None:
             self._learn(*args, twin_ms)
             online = self.online
@@ -830,7 +1008,11 @@ class SpecDecoder:
         if self._twin_path is None:
             return None
         path, self._twin_path = self._twin_path, None
-        return sum(self._ar_step_ms(self._twin.step(r)) for r in path)
+        ms = [self._ar_step_ms(self._twin.step(r)) for r in path]
+        for sh in self._shadows:  # each forward's AR ms, in order, for the shadows it continues
+            if len(sh.ar_ms) < len(sh.routing):
+                sh.ar_ms.extend(ms[:len(sh.routing) - len(sh.ar_ms)])
+        return sum(ms)
 
     def _shortest_verify_ms(self) -> float:
         """The cost model's shortest verify, ms: the root alone with every expert cached."""

@@ -48,6 +48,13 @@ Three things the cycle's objective needs and no datasheet gives (issue 9, SPECFI
   draft nodes verified, where an exploring cycle costs at most 5% of an AR step; an exploration's
   outcome sets the interval once its last cycle is learned, at the second decision after it): a
   bounded share of exploring cycles.
+* **Shadow cycles** (:attr:`OnlineModel.shadowing`, set by the engine where it has the AR twin): an AR
+  step that drafts and selects a tree without verifying it, whose outcome the engine learns from the
+  tokens decoding commits next (``SpecDecoder._resolve_shadow``): the calibrator's trials, and Ŝ_sh
+  (:attr:`OnlineModel.shadow_speedup`: the AR twin's ms for the tokens its selection would have committed
+  over the drafted cycle it would have been). The warm-up's first cycles and the explorations are shadow
+  cycles until Ŝ_sh clears real drafting (:attr:`OnlineModel.cleared`); a real exploration that backs
+  off sends the next ones to the shadow again (docs/SPECFIT.md §3, "Drafting in the AR step's shadow").
 
 * **The host's own cost, measured.** The predictor, the tree and the solver run on the host CPU every
   drafted cycle. The engine measures that CPU time (``time.thread_time``) per draft level and for the
@@ -122,6 +129,9 @@ class OnlineModel:
     EXPLORE_MARGIN = 0.95
     #: Drafted cycles over which the sound gate's cheapest-node expert bound is taken.
     GATE_WINDOW = 4
+    #: Shadow cycles after the first :attr:`WARMUP` (which only calibrate) that may clear real drafting
+    #: before the shadow warm-up's end: as soon as this many have measured Ŝ_sh > 1 with drafts verified.
+    SHADOW_EARLY = 4
 
     def __init__(self, depth: int):
         self.acceptance = AcceptanceCalibrator(max_depth=depth)
@@ -146,6 +156,22 @@ class OnlineModel:
         self.sound_said_draft = True
         self.min_expert_ms: deque = deque(maxlen=self.GATE_WINDOW)
         self.host_ms = [0.0, 0.0, 0.0, 0.0]  # decayed sums: level host ms, levels, rest-of-cycle host ms, cycles
+        #: Whether this deployment's AR steps can carry a shadow cycle (set by the engine per generation:
+        #: a calibrated method in the transfer regime with the AR twin, not every expert resident).
+        self.shadowing = False
+        self.shadows = 0  # shadow cycles drafted
+        self.shadow_resolved = 0  # shadow cycles whose outcome is known (observe_shadow)
+        self.shadow_pending = 0  # drafted, not yet resolved
+        self.shadow_gain_ms = 0.0  # decayed sum of T_AR over resolved shadow cycles (after the first WARMUP)
+        self.shadow_spent_ms = 0.0  # decayed sum of their counterfactual T_d
+        self.shadow_measured = 0  # resolved shadow cycles in those sums
+        self.shadow_selected_draft = False  # did the last shadow cycle's selection hold a draft node?
+        self.shadow_verified_draft = False  # ... the last resolved one's
+        #: None until judged; True while the shadows (or a real exploration near break-even) say real
+        #: drafting may pay: then the warm-up and explorations draft for real; False: they are shadows.
+        self.cleared: bool | None = None
+        self.burst_shadow = False  # the current or last exploration is a burst of shadow cycles
+        self.ar_h2d = [0.0, 0.0]  # decayed sums: AR steps' modeled H2D ms, AR steps
         #: Learning deferred to the next cycle's verify (:meth:`defer`), oldest first.
         self.deferred: list = []
 
@@ -170,6 +196,63 @@ class OnlineModel:
     def speedup(self) -> float | None:
         """Ŝ, the measured speedup of drafting over the AR step (module docstring); None before a drafted cycle."""
         return self.gain_ms / self.spent_ms if self.spent_ms > 0 else None
+
+    @property
+    def shadow_speedup(self) -> float | None:
+        """Ŝ_sh, the shadow cycles' measured speedup of drafting over the AR step (None before one is
+        measured): their T_AR over their counterfactual T_d, decayed like Ŝ (SPECFIT.md §3, "Drafting in
+        the AR step's shadow")."""
+        return self.shadow_gain_ms / self.shadow_spent_ms if self.shadow_spent_ms > 0 else None
+
+    def observe_shadow_selection(self, draft_nodes: int) -> None:
+        """Count one shadow cycle at its selection: ``draft_nodes`` the draft nodes its selection holds
+        (root excluded). Its outcome comes later (:meth:`observe_shadow`)."""
+        self.shadows += 1
+        self.shadow_pending += 1
+        self.shadow_selected_draft = draft_nodes > 0
+
+    def observe_shadow(self, *, draft_nodes: int, cycle_ms: float, ar_tokens_ms: float) -> None:
+        """Learn one resolved shadow cycle (SPECFIT.md §3, "Drafting in the AR step's shadow").
+
+        Parameters
+        ----------
+        draft_nodes : int
+            Draft nodes its selection held (root excluded).
+        cycle_ms : float
+            Its counterfactual T_d, ms: the selection's verify priced on the true experts of the
+            accepted path and the predicted experts of the others, its draft levels and host ms.
+        ar_tokens_ms : float
+            What plain AR decoding paid for the tokens the selection would have committed (the AR twin), ms.
+        """
+        self.shadow_pending = max(self.shadow_pending - 1, 0)
+        self.shadow_resolved += 1
+        self.shadow_verified_draft = draft_nodes > 0
+        if self.shadow_resolved <= self.WARMUP:  # calibrating: not what drafting will be worth
+            return
+        g = self.SPEEDUP_DECAY
+        self.shadow_gain_ms = g * self.shadow_gain_ms + float(ar_tokens_ms)
+        self.shadow_spent_ms = g * self.shadow_spent_ms + float(cycle_ms)
+        self.shadow_measured += 1
+
+    def observe_ar_h2d(self, ms: float) -> None:
+        """Record one AR step's modeled H2D ms (its copied experts' ms): what a shadow's head forwards hide behind."""
+        d = self.DECAY
+        self.ar_h2d = [d * self.ar_h2d[0] + float(ms), d * self.ar_h2d[1] + 1.0]
+
+    def ar_h2d_ms(self) -> float | None:
+        """Mean modeled H2D ms of the recent AR steps (decayed; None before one)."""
+        return self.ar_h2d[0] / self.ar_h2d[1] if self.ar_h2d[1] > 0 else None
+
+    def drop_shadows(self, count: int) -> None:
+        """Forget ``count`` pending shadow cycles whose outcome will never be known (a generation ended)."""
+        self.shadow_pending = max(self.shadow_pending - int(count), 0)
+
+    def _shadows_clear(self) -> bool:
+        """Whether the shadow cycles say real drafting may pay: Ŝ_sh >= :attr:`EXPLORE_MARGIN` and the last
+        resolved shadow's selection verified a draft node (a shadow whose exact selection kept the root
+        alone found nothing worth verifying)."""
+        s = self.shadow_speedup
+        return s is not None and s >= self.EXPLORE_MARGIN and self.shadow_verified_draft
 
     def root_correction(self) -> np.ndarray | None:
         """``e_l``, mean true minus predicted uncached root experts per layer (None before a verify)."""
@@ -358,44 +441,78 @@ class OnlineModel:
         str
             ``"draft"`` (Ŝ > 1, or fewer than :attr:`WARMUP` + :attr:`MIN_DRAFTED` drafted cycles), ``"explore"`` (a draft although the AR
             step is measured better: up to :attr:`EXPLORE_BURST` in a row after ``explore_after`` AR
-            steps) or ``"ar"``.
+            steps), ``"shadow"`` (an AR step that drafts and selects a tree in its shadow, to learn
+            without paying a verify: where :attr:`shadowing` holds and real drafting is not
+            :attr:`cleared`, in place of the warm-up's drafted cycles and of the explorations) or ``"ar"``.
         """
         if self.ahead is not None:
             decision, self.ahead = self.ahead, None
             return decision
         s = self.speedup
-        if s is None or self.drafted < self.WARMUP + self.MIN_DRAFTED:
+        warm = s is None or self.drafted < self.WARMUP + self.MIN_DRAFTED
+        shadow = self.shadowing and self.cleared is not True
+        if warm and not shadow:
             return "draft"
-        if self._asks_sound_bound():
+        if warm and self.cleared is None:  # the warm-up in the AR steps' shadow, not judged yet
+            early = (self.shadow_measured >= self.SHADOW_EARLY and self.shadow_verified_draft
+                     and self.shadow_speedup > 1.0)
+            if self.shadows < self.WARMUP + self.MIN_DRAFTED and not early:
+                return "shadow"
+            if not early and self.shadow_pending:  # its last cycles are not resolved yet
+                self.skips += 1
+                return "ar"
+            self.cleared = early or self._shadows_clear()
+            if self.cleared:
+                return "draft"  # the real warm-up
+            self.skips, self.explore_after, self.burst_left, self.burst_unjudged = 0, self.EXPLORE_FIRST, 0, False
+        if not warm and self._asks_sound_bound():
             self.sound_said_draft = bool(sound_can_draft())
             if self.sound_said_draft:
                 self.skips, self.explore_after, self.burst_left = 0, self.EXPLORE_FIRST, 0
                 self.burst_unjudged = False
                 return "draft"
-        if self.burst_left > 0 and self.verified_draft:  # an exploration goes on while it verifies drafts
+        going_on = self.shadow_selected_draft if self.burst_shadow else self.verified_draft
+        if self.burst_left > 0 and going_on:  # an exploration goes on while it verifies drafts
             self.burst_left -= 1
-            self.explorations += 1
-            return "explore"
+            return self._explore()
         self.burst_left = 0
-        if self.burst_unjudged and self.skips > 0:
+        if self.burst_unjudged and self.skips > 0 and not (self.burst_shadow and self.shadow_pending):
             # the burst is over and its last cycle learned (learning runs one cycle late, during the next
-            # cycle's verify: here from the second decision after the burst on): it sets the interval
+            # cycle's verify: here from the second decision after the burst on; a shadow burst's cycles
+            # once their outcomes are known): it sets the interval
             self.burst_unjudged = False
-            if s < self.EXPLORE_MARGIN or not self.verified_draft:
+            if self.burst_shadow:
+                if self._shadows_clear():  # drafting may pay: measure it for real, now
+                    self.cleared = True
+                    if warm:
+                        return "draft"  # the real warm-up
+                    self.skips = self.explore_after = self.EXPLORE_FIRST
+                else:
+                    self.explore_after = min(2 * self.explore_after, self.EXPLORE_MAX)
+            elif s < self.EXPLORE_MARGIN or not self.verified_draft:
                 # drafting measured clearly slower, or the burst's last cycle's own exact selection kept
-                # the root alone (the model found no draft worth verifying): explore ever more rarely
+                # the root alone (the model found no draft worth verifying): explore ever more rarely,
+                # in the AR steps' shadow where they can carry one
                 self.explore_after = min(2 * self.explore_after, self.EXPLORE_MAX)
+                self.cleared = False if self.shadowing else self.cleared
             else:  # nearly break-even with drafts verified: each exploring cycle costs at most 1 - Ŝ of a
                 # cycle; one burst per EXPLORE_FIRST * EXPLORE_BURST AR steps keeps one cycle in 5 exploring
                 self.explore_after = self.EXPLORE_FIRST * self.EXPLORE_BURST
         if self.skips >= self.explore_after:
+            self.burst_shadow = self.shadowing and self.cleared is not True
             self.burst_left = self.EXPLORE_BURST - 1
             self.skips = 0
             self.burst_unjudged = True
-            self.explorations += 1
-            return "explore"
+            return self._explore()
         self.skips += 1
         return "ar"
+
+    def _explore(self) -> str:
+        """One exploring cycle of the current burst: ``"shadow"`` in a shadow burst, else ``"explore"`` (counted)."""
+        if self.burst_shadow:
+            return "shadow"
+        self.explorations += 1
+        return "explore"
 
     def take_ar_ahead(self) -> bool:
         """True, consuming it, if the decision made ahead (:meth:`decide_ahead`) is an AR step: the engine

@@ -99,6 +99,7 @@ def decoder(ckpt, method, drafter, **kw):
     m = get_method(method)
     target = load(ckpt, slots=4 if m.uses_cache else 0)
     ref = load(ckpt, slots="all") if m.needs_reference else None
+    kw.setdefault("shadows", False)  # these tests drive real drafted cycles; tests/engine/test_shadow.py the shadows
     return SpecDecoder(target, drafter, m, cost=COST, predictor=FixedPredictor(), reference=ref, **kw)
 
 
@@ -178,8 +179,10 @@ def test_root_only_selections_are_plain_ar_steps(ckpt, ar_outputs):
     assert all(c.nodes_verified == 1 and c.committed == 1 for c in gen.cycles)
     assert gen.tau == 1.0
     # the stop rule ends drafting after the first level; once drafting is measured slower than AR (after
-    # OnlineModel.WARMUP + MIN_DRAFTED drafted cycles) the AR gate skips drafting altogether
-    assert all(c.levels == (0 if c.decision == "ar" else 1) for c in gen.cycles)
+    # OnlineModel.WARMUP + MIN_DRAFTED drafted cycles, here shadow cycles: AR steps that draft a tree they do
+    # not verify) the AR gate skips drafting altogether
+    assert all(c.levels + c.shadow_levels == (0 if c.decision == "ar" else 1) for c in gen.cycles)
+    assert {c.decision for c in gen.cycles} == {"shadow", "ar"}
     assert [c.decision for c in gen.cycles][dec.online.WARMUP + dec.online.MIN_DRAFTED] == "ar"
 
 
@@ -287,7 +290,7 @@ def test_online_state_carries_across_generations(ckpt, ar_outputs):
     first.generate(PROMPTS[1], 32)
     learned = first.online.drafted
     assert learned >= first.online.WARMUP + first.online.MIN_DRAFTED
-    second = SpecDecoder(load(ckpt), SelfDrafter(ckpt), "specfit", tree=TreeSettings(8, 3, 3), cost=COST,
+    second = SpecDecoder(load(ckpt), SelfDrafter(ckpt), "specfit", shadows=False, tree=TreeSettings(8, 3, 3), cost=COST,
                          predictor=FixedPredictor(), online=first.online)
     gen = second.generate(PROMPTS[1], 8)
     assert gen.output_ids == ar_outputs[1][:8]
@@ -316,7 +319,7 @@ def test_oracle_with_every_expert_resident_keeps_its_reference_in_step(ckpt):
     """With every expert cached the oracle needs no true routing, so its reference target has not verified
     the drafted tree: it must mirror the verify of the selected subtree (its node ids, not the tree's)."""
     target, ref = load(ckpt, slots="all"), load(ckpt, slots="all")
-    dec = SpecDecoder(target, SelfDrafter(ckpt), "oracle", cost=COST, reference=ref, tree=TreeSettings(8, 3, 3))
+    dec = SpecDecoder(target, SelfDrafter(ckpt), "oracle", shadows=False, cost=COST, reference=ref, tree=TreeSettings(8, 3, 3))
     expected = decoder(ckpt, "ar", None).generate(PROMPTS[1], 24).output_ids
     dec.generate(PROMPTS[0], 24)  # warms the cache
     from specfit.engine.decoder import _cache_mask
@@ -329,7 +332,7 @@ def test_oracle_with_every_expert_resident_keeps_its_reference_in_step(ckpt):
 def test_the_engine_bounds_each_solve_in_time(ckpt):
     """A branch and bound (host regime, budgets) can take seconds on rare trees; the engine's exact
     selector stops at SOLVE_TIME_LIMIT_S with the best selection found (cost-blind selectors take none)."""
-    spec = SpecDecoder(load(ckpt), SelfDrafter(ckpt), "specfit", cost=COST, predictor=FixedPredictor())
+    spec = SpecDecoder(load(ckpt), SelfDrafter(ckpt), "specfit", shadows=False, cost=COST, predictor=FixedPredictor())
     assert spec.solver.time_limit_s == SpecDecoder.SOLVE_TIME_LIMIT_S > 0
     eagle = SpecDecoder(load(ckpt), SelfDrafter(ckpt), "eagle3", cost=COST)
     assert not hasattr(eagle.solver, "time_limit_s")
@@ -398,7 +401,7 @@ def test_the_engine_observes_and_predicts_in_one_call_where_the_predictor_can(ck
 
     runs = []
     for predictor in (Recording(), Fused()):
-        dec = SpecDecoder(load(ckpt, slots=4), SelfDrafter(ckpt), "specfit", cost=COST, predictor=predictor,
+        dec = SpecDecoder(load(ckpt, slots=4), SelfDrafter(ckpt), "specfit", shadows=False, cost=COST, predictor=predictor,
                           tree=TreeSettings(8, 3, 3))
         gen = dec.generate(PROMPTS[1], 16)
         runs.append((gen.output_ids, [c.nodes_verified for c in gen.cycles], predictor))
@@ -438,7 +441,7 @@ def test_only_a_predictor_that_declares_valid_output_goes_unchecked(ckpt, monkey
     monkeypatch.setattr(decoder_module, "check_experts", lambda *a, **k: checked.append(1) or real(*a, **k))
     predictor = FixedPredictor()
     predictor.valid_output = declared
-    dec = SpecDecoder(load(ckpt), SelfDrafter(ckpt), "specfit", cost=COST, predictor=predictor,
+    dec = SpecDecoder(load(ckpt), SelfDrafter(ckpt), "specfit", shadows=False, cost=COST, predictor=predictor,
                       tree=TreeSettings(8, 3, 3))
     gen = dec.generate(PROMPTS[0], 16)
     assert any(c.levels for c in gen.cycles)  # drafted cycles predicted
@@ -475,7 +478,7 @@ def test_predict_ms_is_the_predictors_own_time(ckpt):
 
     SLEEP_MS = 20.0  # per call: far above what the cycle does around it, even on a loaded machine (2 ms
     # was not: a newcomer's run beside another test run measured 12 ms of tree_ms against a 10 ms bound)
-    dec = SpecDecoder(load(ckpt), SelfDrafter(ckpt), "specfit", tree=TreeSettings(8, 3, 3), cost=COST,
+    dec = SpecDecoder(load(ckpt), SelfDrafter(ckpt), "specfit", shadows=False, tree=TreeSettings(8, 3, 3), cost=COST,
                       predictor=SlowPredictor())
     gen = dec.generate(PROMPTS[0], 6)
     predict, tree = sum(c.predict_ms for c in gen.cycles), sum(c.tree_ms for c in gen.cycles)
@@ -496,7 +499,7 @@ def test_kept_levels_are_predicted_once_per_solve_not_per_level(ckpt):
             return super().predict(tokens, hidden)
 
     predictor = CountingPredictor()
-    dec = SpecDecoder(load(ckpt), SelfDrafter(ckpt), "specfit", tree=TreeSettings(16, 4, 3), cost=COST,
+    dec = SpecDecoder(load(ckpt), SelfDrafter(ckpt), "specfit", shadows=False, tree=TreeSettings(16, 4, 3), cost=COST,
                       predictor=predictor)
     solves = []
     solve = dec.solver.solve_tree  # the engine's per-cycle solve
@@ -529,7 +532,7 @@ def test_levels_with_and_without_hidden_states_each_reach_the_predictor(ckpt, ar
             return super().predict(tokens, hidden)
 
     predictor = Recording()
-    dec = SpecDecoder(load(ckpt), HalfHidden(ckpt), "specfit", tree=TreeSettings(16, 4, 3), cost=COST,
+    dec = SpecDecoder(load(ckpt), HalfHidden(ckpt), "specfit", shadows=False, tree=TreeSettings(16, 4, 3), cost=COST,
                       predictor=predictor)
     gen = dec.generate(PROMPTS[1], 16)
     assert gen.output_ids == ar_outputs[1]
@@ -537,7 +540,7 @@ def test_levels_with_and_without_hidden_states_each_reach_the_predictor(ckpt, ar
     assert 2.0 not in predictor.rows and 4.0 not in predictor.rows
     blind = Recording()  # a predictor that says it never reads them is given none
     blind.uses_hidden = False
-    dec = SpecDecoder(load(ckpt), HalfHidden(ckpt), "specfit", tree=TreeSettings(16, 4, 3), cost=COST, predictor=blind)
+    dec = SpecDecoder(load(ckpt), HalfHidden(ckpt), "specfit", shadows=False, tree=TreeSettings(16, 4, 3), cost=COST, predictor=blind)
     gen = dec.generate(PROMPTS[1], 16)
     assert gen.output_ids == ar_outputs[1]
     assert blind.rows and set(blind.rows) == {None}
@@ -554,7 +557,7 @@ def test_acceptance_learning_runs_while_the_next_verify_is_computed(ckpt, ar_out
     import time as _time
 
     cost = CostModel(6.0, 0.1, 0.05, draft_level_ms=2.0)
-    dec = SpecDecoder(load(ckpt), SelfDrafter(ckpt), "specfit", tree=TreeSettings(8, 3, 3), cost=cost,
+    dec = SpecDecoder(load(ckpt), SelfDrafter(ckpt), "specfit", shadows=False, tree=TreeSettings(8, 3, 3), cost=cost,
                       predictor=FixedPredictor())
     learn, add_calibrated, pending_at_use = dec._learn_acceptance, _Drafted.add_calibrated, []
     learned_in = []  # the cycle whose verify slot ran each learning
@@ -640,7 +643,7 @@ def test_a_drafter_that_launches_ahead_has_each_level_hide_its_host_work(ckpt, a
     cost = CostModel(6.0, 0.1, 0.05, draft_level_ms=0.5)
     hidden = {}
     for drafter in (AheadDrafter, SelfDrafter):
-        dec = SpecDecoder(load(ckpt), drafter(ckpt), "specfit", tree=TreeSettings(8, 3, 3), cost=cost,
+        dec = SpecDecoder(load(ckpt), drafter(ckpt), "specfit", shadows=False, tree=TreeSettings(8, 3, 3), cost=cost,
                           predictor=FixedPredictor())
         dec._shortest_verify_ms = lambda: 0.0  # no learning hidden behind a verify: only the levels' share
         dec._hide_behind_first_level = lambda rec, start: None  # nor behind the first level
@@ -676,7 +679,7 @@ def test_a_cycles_online_learning_runs_during_the_next_verify(ckpt, ar_outputs):
     import time as _time
 
     cost = CostModel(6.0, 0.1, 0.05, draft_level_ms=0.0)
-    dec = SpecDecoder(load(ckpt), SelfDrafter(ckpt), "specfit", tree=TreeSettings(8, 3, 3), cost=cost,
+    dec = SpecDecoder(load(ckpt), SelfDrafter(ckpt), "specfit", shadows=False, tree=TreeSettings(8, 3, 3), cost=cost,
                       predictor=FixedPredictor())
     learn, calls = dec._learn, []
 

@@ -234,12 +234,12 @@ def test_each_dataset_learns_afresh(tiny, tmp_path, monkeypatch):
     nothing learned: a dataset's rows do not depend on the dataset run before it."""
     from specfit.pipeline import SpecFit
 
-    seen = []  # (method, drafted cycles the decoder's online model already learned from)
+    seen = []  # (method, drafted and shadow cycles the decoder's online model already learned from)
     decoder = SpecFit.decoder
 
     def spy(self, method="specfit", **kw):
         dec = decoder(self, method, **kw)
-        seen.append((dec.method.name, dec.online.drafted if dec.online is not None else None))
+        seen.append((dec.method.name, dec.online.drafted + dec.online.shadows if dec.online is not None else None))
         return dec
 
     monkeypatch.setattr(SpecFit, "decoder", spy)
