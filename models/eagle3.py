@@ -834,8 +834,9 @@ class Eagle3Drafter:
     def reset(self) -> None:
         """Forget all committed tokens."""
         self.k, self.v = self.head.empty_kv(1)
-        self.pending: torch.Tensor | None = None  # fused target feature of the last committed token
-        self.n_committed = 0
+        self.pending: torch.Tensor | None = None  # fused target feature of the last token in the KV cache
+        self.n_committed = 0  # committed tokens, queued ones included
+        self.queued: list[tuple[torch.Tensor, torch.Tensor]] = []  # committed, not yet in the KV cache (commit)
 
     @torch.no_grad()
     def prefill(self, token_ids: torch.Tensor, target_aux_hidden: torch.Tensor) -> None:
@@ -850,12 +851,19 @@ class Eagle3Drafter:
         """
         self.reset()
         self.commit(token_ids, target_aux_hidden)
+        self._apply_queued()  # the prompt's head forward belongs to the prefill, not to the first draft
 
-    @torch.no_grad()
     def commit(self, accepted_tokens: torch.Tensor, target_aux_hidden: torch.Tensor) -> None:
         """Append tokens the target accepted, with the target's own features for them.
 
-        After ``commit`` the state equals a fresh :meth:`prefill` of the whole committed prefix.
+        The head's forward over them is deferred: the next :meth:`draft_levels` (or :meth:`state`) runs
+        one forward over every token committed since the last one. Decoding that takes AR steps between
+        drafts (:class:`specfit.engine.SpecDecoder`'s AR gate) thus launches no head forward per step,
+        and the catch-up is the first work of the next draft, as in EAGLE's reference code, whose first
+        draft forward after a verify takes the accepted tokens' features (SafeAILab/EAGLE,
+        ``eagle/model/utils.py``, ``update_inference_inputs`` calling ``ea_layer.topK_genrate``).
+        After ``commit`` the state (:meth:`state`) equals a fresh :meth:`prefill` of the whole
+        committed prefix.
 
         Parameters
         ----------
@@ -868,7 +876,8 @@ class Eagle3Drafter:
         Raises
         ------
         SpecFitInputError
-            If the shapes disagree or the features have the wrong width.
+            If the shapes disagree or the features have the wrong width (checked here, not when the
+            forward runs).
         """
         dev = self.head.fc.weight.device
         tokens = torch.as_tensor(accepted_tokens, device=dev).long()
@@ -877,15 +886,33 @@ class Eagle3Drafter:
         aux = torch.as_tensor(target_aux_hidden, device=dev)
         if aux.dim() != 2 or aux.shape[0] != tokens.shape[0]:
             raise SpecFitInputError("target_aux_hidden", f"must be (m, 3H) with m = {tokens.shape[0]} tokens, got {tuple(aux.shape)}")
+        width = 3 * self.head.cfg.target_hidden_size
+        if aux.shape[1] != width:  # as Eagle3Head.fuse checks it, before anything is queued
+            raise SpecFitInputError("target_aux_hidden", f"last dimension must be 3 * {width // 3}, got shape {tuple(aux.shape)}")
         if tokens.numel() == 0:
             return
-        feats = self.head.fuse(aux)
-        if self.pending is None:
-            slot_tokens, slot_hidden, first_pos = tokens[1:], feats[:-1], 1
+        self.queued.append((tokens, aux))
+        self.n_committed += tokens.shape[0]
+
+    @torch.no_grad()
+    def _apply_queued(self) -> None:
+        """Run the head over the queued committed tokens (one forward) into the KV cache."""
+        if not self.queued:
+            return
+        if len(self.queued) == 1:
+            tokens, aux = self.queued[0]
         else:
-            slot_tokens, slot_hidden, first_pos = tokens, torch.cat([self.pending[None], feats[:-1]]), self.n_committed
+            tokens, aux = torch.cat([t for t, _ in self.queued]), torch.cat([a for _, a in self.queued])
+        self.queued = []
+        feats = self.head.fuse(aux)
+        start = self.n_committed - tokens.shape[0]  # position of tokens[0]
+        if self.pending is None:
+            slot_tokens, slot_hidden, first_pos = tokens[1:], feats[:-1], start + 1
+        else:
+            slot_tokens, slot_hidden, first_pos = tokens, torch.cat([self.pending[None], feats[:-1]]), start
         n = slot_tokens.shape[0]
         if n:
+            dev = tokens.device
             past = self.k.shape[1]
             mask = torch.ones(n, past + n, dtype=torch.bool, device=dev)
             mask[:, past:] = torch.ones(n, n, dtype=torch.bool, device=dev).tril()
@@ -893,7 +920,6 @@ class Eagle3Drafter:
             _, _, k, v = self.head.step(slot_tokens[None], slot_hidden[None], pos, self.k, self.v, mask)
             self.k, self.v = torch.cat([self.k, k], 1), torch.cat([self.v, v], 1)
         self.pending = feats[-1]
-        self.n_committed += tokens.shape[0]
 
     @torch.no_grad()
     def draft_levels(self, root_token: int, top_k: int, max_depth: int) -> Iterator[DraftLevel]:
@@ -932,6 +958,7 @@ class Eagle3Drafter:
             Bad ``top_k``/``max_depth``/``root_token``, or nothing committed yet.
         """
         head = self.head
+        self._apply_queued()  # the tokens committed since the last draft (commit)
         if self.pending is None:
             raise SpecFitInputError("drafter", "prefill the drafter with the prompt before drafting")
         if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= head.cfg.draft_vocab_size:
@@ -992,5 +1019,7 @@ class Eagle3Drafter:
         return level, visible, (torch.cat([tree_k, k], 1), torch.cat([tree_v, v], 1), next_id + m)
 
     def state(self) -> dict[str, torch.Tensor | int | None]:
-        """The committed state (keys, values, pending feature, committed count), for checks."""
+        """The committed state (keys, values, pending feature, committed count), for checks; queued
+        commits are applied first."""
+        self._apply_queued()
         return {"k": self.k, "v": self.v, "pending": self.pending, "n_committed": self.n_committed}

@@ -336,3 +336,40 @@ def test_host_arrays_of_a_level_built_by_hand():
     parents, toks, p = lv.host_arrays()
     assert parents.tolist() == [0, 0] and toks.tolist() == [5, 9]
     assert p.dtype == np.float64 and p.tolist() == [0.5, 0.25]
+
+
+def test_commits_queue_until_the_next_draft():
+    """commit runs no head forward: the next draft (or state) runs one over every token committed since, and
+    the state and the draft are those of a drafter that committed eagerly (a fresh prefill)."""
+    head = random_head(11)
+    tokens, aux = prompt(12, n=14)
+    d = Eagle3Drafter(head)
+    d.prefill(tokens[:6], aux[:6])
+    calls = []
+    step = head.step
+    head.step = lambda *a: calls.append(a[0].shape[1]) or step(*a)
+    try:
+        for s in range(6, 10):  # four AR steps: one token each
+            d.commit(tokens[s:s + 1], aux[s:s + 1])
+        assert calls == [] and d.n_committed == 10
+        levels = list(d.draft_levels(int(tokens[10]), 3, 2))
+        assert calls[0] == 4 and len(calls) == 1 + len(levels)  # one catch-up over the 4 slots, then the levels
+    finally:
+        head.step = step
+    fresh = Eagle3Drafter(head)
+    fresh.prefill(tokens[:10], aux[:10])
+    assert_same_state(d, fresh)
+    b = list(fresh.draft_levels(int(tokens[10]), 3, 2))
+    for x, y in zip(levels, b):
+        assert torch.equal(x.tokens, y.tokens)
+        torch.testing.assert_close(x.q, y.q, rtol=1e-4, atol=1e-6)
+
+
+def test_commit_checks_the_feature_width_before_queueing():
+    head = random_head(13)
+    tokens, aux = prompt(14)
+    d = Eagle3Drafter(head)
+    d.prefill(tokens[:4], aux[:4])
+    with pytest.raises(SpecFitInputError, match="target_aux_hidden"):
+        d.commit(tokens[4:6], aux[4:6, :-1])
+    assert d.n_committed == 4 and d.queued == []
