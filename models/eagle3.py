@@ -891,7 +891,7 @@ class Eagle3Drafter:
             raise SpecFitInputError("target_aux_hidden", f"last dimension must be 3 * {width // 3}, got shape {tuple(aux.shape)}")
         if tokens.numel() == 0:
             return
-        self.queued.append((tokens, aux))
+        self.queued.append((tokens.clone(), aux.clone()))  # copies: the caller may reuse its tensors before the catch-up
         self.n_committed += tokens.shape[0]
 
     @torch.no_grad()

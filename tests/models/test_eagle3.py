@@ -373,3 +373,18 @@ def test_commit_checks_the_feature_width_before_queueing():
     with pytest.raises(SpecFitInputError, match="target_aux_hidden"):
         d.commit(tokens[4:6], aux[4:6, :-1])
     assert d.n_committed == 4 and d.queued == []
+
+
+def test_queued_commit_keeps_its_own_copy():
+    """A caller that reuses its tensors after commit does not change what the catch-up reads."""
+    head = random_head(15)
+    tokens, aux = prompt(16, n=10)
+    d = Eagle3Drafter(head)
+    d.prefill(tokens[:5], aux[:5])
+    buf_t, buf_a = tokens[5:8].clone(), aux[5:8].clone()
+    d.commit(buf_t, buf_a)
+    buf_t.zero_()
+    buf_a.zero_()
+    fresh = Eagle3Drafter(head)
+    fresh.prefill(tokens[:8], aux[:8])
+    assert_same_state(d, fresh)
