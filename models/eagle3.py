@@ -853,6 +853,7 @@ class Eagle3Drafter:
         self.commit(token_ids, target_aux_hidden)
         self._apply_queued()  # the prompt's head forward belongs to the prefill, not to the first draft
 
+    @torch.no_grad()
     def commit(self, accepted_tokens: torch.Tensor, target_aux_hidden: torch.Tensor) -> None:
         """Append tokens the target accepted, with the target's own features for them.
 
@@ -876,8 +877,8 @@ class Eagle3Drafter:
         Raises
         ------
         SpecFitInputError
-            If the shapes disagree or the features have the wrong width (checked here, not when the
-            forward runs).
+            If the shapes disagree, the features have the wrong width or a token id lies outside the
+            target's vocabulary (checked here, not when the forward runs; nothing is queued then).
         """
         dev = self.head.fc.weight.device
         tokens = torch.as_tensor(accepted_tokens, device=dev).long()
@@ -891,6 +892,8 @@ class Eagle3Drafter:
             raise SpecFitInputError("target_aux_hidden", f"last dimension must be 3 * {width // 3}, got shape {tuple(aux.shape)}")
         if tokens.numel() == 0:
             return
+        if int(tokens.min()) < 0 or int(tokens.max()) >= self.head.cfg.vocab_size:
+            raise SpecFitInputError("accepted_tokens", f"must be target ids in [0, {self.head.cfg.vocab_size})")
         self.queued.append((tokens.clone(), aux.clone()))  # copies: the caller may reuse its tensors before the catch-up
         self.n_committed += tokens.shape[0]
 
@@ -903,7 +906,6 @@ class Eagle3Drafter:
             tokens, aux = self.queued[0]
         else:
             tokens, aux = torch.cat([t for t, _ in self.queued]), torch.cat([a for _, a in self.queued])
-        self.queued = []
         feats = self.head.fuse(aux)
         start = self.n_committed - tokens.shape[0]  # position of tokens[0]
         if self.pending is None:
@@ -920,6 +922,7 @@ class Eagle3Drafter:
             _, _, k, v = self.head.step(slot_tokens[None], slot_hidden[None], pos, self.k, self.v, mask)
             self.k, self.v = torch.cat([self.k, k], 1), torch.cat([self.v, v], 1)
         self.pending = feats[-1]
+        self.queued = []  # only once the step succeeded: a failure leaves the queue to apply again
 
     @torch.no_grad()
     def draft_levels(self, root_token: int, top_k: int, max_depth: int) -> Iterator[DraftLevel]:

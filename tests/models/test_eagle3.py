@@ -388,3 +388,13 @@ def test_queued_commit_keeps_its_own_copy():
     fresh = Eagle3Drafter(head)
     fresh.prefill(tokens[:8], aux[:8])
     assert_same_state(d, fresh)
+
+
+def test_commit_rejects_bad_ids_before_queueing():
+    head = random_head(17)
+    tokens, aux = prompt(18)
+    d = Eagle3Drafter(head)
+    d.prefill(tokens[:4], aux[:4])
+    with pytest.raises(SpecFitInputError, match="accepted_tokens"):
+        d.commit(torch.tensor([head.cfg.vocab_size]), aux[4:5])
+    assert d.n_committed == 4 and d.queued == []
