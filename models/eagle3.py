@@ -388,11 +388,21 @@ class Eagle3Head(nn.Module):
         SpecFitInputError
             If the last dimension is not ``3 * target_hidden_size``.
         """
+        self.check_features(aux_hidden)
+        return self.fc(aux_hidden.to(self.fc.weight.dtype))
+
+    def check_features(self, aux_hidden: torch.Tensor) -> None:
+        """Check that target features (..., 3·H_target) have the width :meth:`fuse` reads.
+
+        Raises
+        ------
+        SpecFitInputError
+            If the last dimension is not ``3 * target_hidden_size`` (field ``target_aux_hidden``).
+        """
         if aux_hidden.shape[-1] != 3 * self.cfg.target_hidden_size:
             raise SpecFitInputError(
                 "target_aux_hidden", f"last dimension must be 3 * {self.cfg.target_hidden_size}, got shape {tuple(aux_hidden.shape)}"
             )
-        return self.fc(aux_hidden.to(self.fc.weight.dtype))
 
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Map draft-vocabulary ids to target ids with ``d2t``."""
@@ -887,9 +897,7 @@ class Eagle3Drafter:
         aux = torch.as_tensor(target_aux_hidden, device=dev)
         if aux.dim() != 2 or aux.shape[0] != tokens.shape[0]:
             raise SpecFitInputError("target_aux_hidden", f"must be (m, 3H) with m = {tokens.shape[0]} tokens, got {tuple(aux.shape)}")
-        width = 3 * self.head.cfg.target_hidden_size
-        if aux.shape[1] != width:  # as Eagle3Head.fuse checks it, before anything is queued
-            raise SpecFitInputError("target_aux_hidden", f"last dimension must be 3 * {width // 3}, got shape {tuple(aux.shape)}")
+        self.head.check_features(aux)  # before anything is queued
         if tokens.numel() == 0:
             return
         if int(tokens.min()) < 0 or int(tokens.max()) >= self.head.cfg.vocab_size:
@@ -902,10 +910,7 @@ class Eagle3Drafter:
         """Run the head over the queued committed tokens (one forward) into the KV cache."""
         if not self.queued:
             return
-        if len(self.queued) == 1:
-            tokens, aux = self.queued[0]
-        else:
-            tokens, aux = torch.cat([t for t, _ in self.queued]), torch.cat([a for _, a in self.queued])
+        tokens, aux = torch.cat([t for t, _ in self.queued]), torch.cat([a for _, a in self.queued])
         feats = self.head.fuse(aux)
         start = self.n_committed - tokens.shape[0]  # position of tokens[0]
         if self.pending is None:

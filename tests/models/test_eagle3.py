@@ -365,13 +365,18 @@ def test_commits_queue_until_the_next_draft():
         torch.testing.assert_close(x.q, y.q, rtol=1e-4, atol=1e-6)
 
 
-def test_commit_checks_the_feature_width_before_queueing():
+@pytest.mark.parametrize("bad", ["width", "id"])
+def test_commit_checks_before_queueing(bad):
+    """A bad feature width or an id outside the vocabulary raises at commit, and nothing is queued."""
     head = random_head(13)
     tokens, aux = prompt(14)
     d = Eagle3Drafter(head)
     d.prefill(tokens[:4], aux[:4])
-    with pytest.raises(SpecFitInputError, match="target_aux_hidden"):
-        d.commit(tokens[4:6], aux[4:6, :-1])
+    with pytest.raises(SpecFitInputError, match="target_aux_hidden" if bad == "width" else "accepted_tokens"):
+        if bad == "width":
+            d.commit(tokens[4:6], aux[4:6, :-1])
+        else:
+            d.commit(torch.tensor([head.cfg.vocab_size]), aux[4:5])
     assert d.n_committed == 4 and d.queued == []
 
 
@@ -389,12 +394,3 @@ def test_queued_commit_keeps_its_own_copy():
     fresh.prefill(tokens[:8], aux[:8])
     assert_same_state(d, fresh)
 
-
-def test_commit_rejects_bad_ids_before_queueing():
-    head = random_head(17)
-    tokens, aux = prompt(18)
-    d = Eagle3Drafter(head)
-    d.prefill(tokens[:4], aux[:4])
-    with pytest.raises(SpecFitInputError, match="accepted_tokens"):
-        d.commit(torch.tensor([head.cfg.vocab_size]), aux[4:5])
-    assert d.n_committed == 4 and d.queued == []
