@@ -408,13 +408,14 @@ class Eagle3Head(nn.Module):
         """Map draft-vocabulary ids to target ids with ``d2t``."""
         return draft_ids + self.d2t[draft_ids]
 
-    def step(self, tokens, hidden, positions, past_k, past_v, mask):
-        """Run the layer for new slots and return (hidden (B,n,H), draft logits (B,n,Vd), k, v).
+    def step(self, tokens, hidden, positions, past_k, past_v, mask, logits_from: int = 0):
+        """Run the layer for new slots and return (hidden (B,n,H), draft logits (B,n-logits_from,Vd), k, v).
 
-        ``tokens`` are target ids (B, n); other arguments as :meth:`Eagle3Layer.forward`.
+        ``tokens`` are target ids (B, n); other arguments as :meth:`Eagle3Layer.forward`. The LM head
+        runs on slots ``logits_from:`` only (a catch-up's committed slots need no logits).
         """
         h, k, v = self.midlayer(self.embed_tokens(tokens), hidden, positions, past_k, past_v, mask)
-        return h, self.lm_head(self.norm(h)), k, v
+        return h, self.lm_head(self.norm(h[:, logits_from:])), k, v
 
     def empty_kv(self, batch: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
         """Empty key/value caches of shape (batch, 0, kv_heads, head_dim)."""
@@ -905,29 +906,39 @@ class Eagle3Drafter:
         self.queued.append((tokens.clone(), aux.clone()))  # copies: the caller may reuse its tensors before the catch-up
         self.n_committed += tokens.shape[0]
 
+    def _queued_slots(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The catch-up's slots for the queued commits: target ids (c,), fused features (c, H) at
+        positions ``n_committed - c ..``, and the feature that becomes :attr:`pending` (None: nothing
+        queued). EAGLE's shift pairs each token with the previous token's feature."""
+        if not self.queued:
+            return self.k.new_zeros(0, dtype=torch.long), self.k.new_zeros(0, self.head.cfg.hidden_size), None
+        tokens, aux = torch.cat([t for t, _ in self.queued]), torch.cat([a for _, a in self.queued])
+        feats = self.head.fuse(aux)
+        if self.pending is None:
+            return tokens[1:], feats[:-1], feats[-1]
+        return tokens, torch.cat([self.pending[None], feats[:-1]]), feats[-1]
+
+    def _take_queued(self, k: torch.Tensor, v: torch.Tensor, pending: torch.Tensor | None) -> None:
+        """Append the catch-up's keys and values (1, c, kv_heads, head_dim) to the committed cache and
+        empty the queue (only once its forward succeeded: a failure leaves the queue to apply again)."""
+        if pending is None:
+            return
+        self.k, self.v = torch.cat([self.k, k], 1), torch.cat([self.v, v], 1)
+        self.pending, self.queued = pending, []
+
     @torch.no_grad()
     def _apply_queued(self) -> None:
         """Run the head over the queued committed tokens (one forward) into the KV cache."""
-        if not self.queued:
-            return
-        tokens, aux = torch.cat([t for t, _ in self.queued]), torch.cat([a for _, a in self.queued])
-        feats = self.head.fuse(aux)
-        start = self.n_committed - tokens.shape[0]  # position of tokens[0]
-        if self.pending is None:
-            slot_tokens, slot_hidden, first_pos = tokens[1:], feats[:-1], start + 1
-        else:
-            slot_tokens, slot_hidden, first_pos = tokens, torch.cat([self.pending[None], feats[:-1]]), start
-        n = slot_tokens.shape[0]
+        tokens, hidden, pending = self._queued_slots()
+        k = v = self.k[:, :0]
+        n = tokens.shape[0]
         if n:
-            dev = tokens.device
             past = self.k.shape[1]
-            mask = torch.ones(n, past + n, dtype=torch.bool, device=dev)
-            mask[:, past:] = torch.ones(n, n, dtype=torch.bool, device=dev).tril()
-            pos = torch.arange(first_pos, first_pos + n, device=dev)
-            _, _, k, v = self.head.step(slot_tokens[None], slot_hidden[None], pos, self.k, self.v, mask)
-            self.k, self.v = torch.cat([self.k, k], 1), torch.cat([self.v, v], 1)
-        self.pending = feats[-1]
-        self.queued = []  # only once the step succeeded: a failure leaves the queue to apply again
+            mask = torch.ones(n, past + n, dtype=torch.bool, device=tokens.device)
+            mask[:, past:] = torch.ones(n, n, dtype=torch.bool, device=tokens.device).tril()
+            pos = torch.arange(self.n_committed - n, self.n_committed, device=tokens.device)
+            _, _, k, v = self.head.step(tokens[None], hidden[None], pos, self.k, self.v, mask, logits_from=n)
+        self._take_queued(k, v, pending)
 
     @torch.no_grad()
     def draft_levels(self, root_token: int, top_k: int, max_depth: int) -> Iterator[DraftLevel]:
@@ -966,25 +977,17 @@ class Eagle3Drafter:
             Bad ``top_k``/``max_depth``/``root_token``, or nothing committed yet.
         """
         head = self.head
-        self._apply_queued()  # the tokens committed since the last draft (commit)
-        if self.pending is None:
+        if self.pending is None and not self.queued:
             raise SpecFitInputError("drafter", "prefill the drafter with the prompt before drafting")
         if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= head.cfg.draft_vocab_size:
             raise SpecFitInputError("top_k", f"must be an integer in [1, {head.cfg.draft_vocab_size}], got {top_k!r}")
         check_positive_int("max_depth", max_depth)
         if not 0 <= int(root_token) < head.cfg.vocab_size:
             raise SpecFitInputError("root_token", f"must be a target id in [0, {head.cfg.vocab_size}), got {root_token}")
-        dev = head.fc.weight.device
+        level, tree = self._first_level(int(root_token), top_k)
         past = self.k.shape[1]
-        # Frontier: nodes to expand, with their token, the hidden state fed with it, path
-        # probability, global id and the tree slots (ancestors incl. itself after expansion) they see.
-        tokens = torch.tensor([int(root_token)], device=dev)
-        hidden = self.pending[None]
-        probs = torch.ones(1, device=dev)
-        ids = torch.zeros(1, dtype=torch.long, device=dev)
-        visible = torch.zeros(1, 0, dtype=torch.bool, device=dev)  # (frontier, tree slots)
-        tree = (self.k[:, :0], self.v[:, :0], 1)  # the tree's keys, values and next node id
-        level, visible, tree = self._expand(1, tokens, hidden, probs, ids, visible, tree, past, top_k)
+        # The frontier's visibility: the tree slots (ancestors incl. itself after expansion) each node sees.
+        visible = torch.ones(1, 1, dtype=torch.bool, device=level.tokens.device)
         for depth in range(1, max_depth + 1):
             ready = _with_host_copies(level)
             if depth < max_depth:
@@ -996,6 +999,26 @@ class Eagle3Drafter:
                                                     level.path_prob[keep], level.node_ids[keep], visible, tree, past,
                                                     top_k)
             yield ready
+
+    def _first_level(self, root_token: int, top_k: int) -> tuple[DraftLevel, tuple]:
+        """The root's children, with the catch-up over the queued commits fused into the same head
+        forward (slots: the c queued tokens, then the root at position ``n_committed``; causal), as
+        EAGLE's first draft forward after a verify takes the accepted tokens (:meth:`commit`). The LM
+        head runs on the root's slot only. Returns level 1 and the tree ``(keys, values, next id)``."""
+        tokens, hidden, pending = self._queued_slots()
+        c = tokens.shape[0]
+        dev = self.k.device
+        tokens = torch.cat([tokens.to(dev), torch.tensor([root_token], device=dev)])
+        hidden = torch.cat([hidden, (self.pending if pending is None else pending)[None]])
+        past = self.k.shape[1]
+        mask = torch.ones(c + 1, past + c + 1, dtype=torch.bool, device=dev)
+        mask[:, past:] = torch.ones(c + 1, c + 1, dtype=torch.bool, device=dev).tril()
+        pos = torch.arange(self.n_committed - c, self.n_committed + 1, device=dev)
+        h, logits, k, v = self.head.step(tokens[None], hidden[None], pos, self.k, self.v, mask, logits_from=c)
+        self._take_queued(k[:, :c], v[:, :c], pending)
+        ones, root = torch.ones(1, device=dev), torch.zeros(1, dtype=torch.long, device=dev)
+        level = self._level(1, h[0, c:], logits[0], ones, root, 1, top_k)
+        return level, (k[:, c:], v[:, c:], 1 + level.node_ids.numel())
 
     def _expand(self, depth, tokens, hidden, probs, ids, visible, tree, past, top_k):
         """One head forward over the frontier (``tokens``, ``hidden``, path ``probs``, node ``ids``
@@ -1010,21 +1033,26 @@ class Eagle3Drafter:
         pos = torch.full((n,), self.n_committed + depth - 1, device=dev)
         h, logits, k, v = head.step(tokens[None], hidden[None], pos, torch.cat([self.k, tree_k], 1),
                                     torch.cat([self.v, tree_v], 1), mask)
-        h, logits = h[0], logits[0]
         visible = torch.cat([visible, torch.zeros(n, n, dtype=torch.bool, device=dev)], 1)
         visible[:, s:] = torch.eye(n, dtype=torch.bool, device=dev)
+        level = self._level(depth, h[0], logits[0], probs, ids, next_id, top_k)
+        return level, visible, (torch.cat([tree_k, k], 1), torch.cat([tree_v, v], 1), next_id + level.node_ids.numel())
+
+    def _level(self, depth, h, logits, probs, ids, next_id, top_k) -> DraftLevel:
+        """The level a head forward proposes: each of the n frontier nodes (output ``h`` (n, H),
+        ``logits`` (n, Vd), path ``probs`` and ``ids`` (n,)) gets its ``top_k`` most likely children,
+        numbered from ``next_id``."""
         q, draft_ids = torch.softmax(logits.float(), dim=-1).topk(top_k, dim=-1)  # (n, top_k)
-        m = n * top_k
-        level = DraftLevel(
+        m = h.shape[0] * top_k
+        return DraftLevel(
             depth=depth,
-            node_ids=torch.arange(next_id, next_id + m, device=dev),
+            node_ids=torch.arange(next_id, next_id + m, device=h.device),
             parents=ids.repeat_interleave(top_k),
-            tokens=head.draft_to_target(draft_ids).reshape(-1),
+            tokens=self.head.draft_to_target(draft_ids).reshape(-1),
             q=q.reshape(-1),
             path_prob=(probs[:, None] * q).reshape(-1),
             hidden=h.repeat_interleave(top_k, dim=0),
         )
-        return level, visible, (torch.cat([tree_k, k], 1), torch.cat([tree_v, v], 1), next_id + m)
 
     def state(self) -> dict[str, torch.Tensor | int | None]:
         """The committed state (keys, values, pending feature, committed count), for checks; queued

@@ -227,7 +227,7 @@ def test_each_level_is_launched_before_the_level_above_it_is_yielded(depth):
     d = Eagle3Drafter(head)
     d.prefill(tokens, aux)
     steps, step = [], head.step
-    head.step = lambda *a: steps.append(1) or step(*a)  # counts the head forwards
+    head.step = lambda *a, **kw: steps.append(1) or step(*a, **kw)  # counts the head forwards
     assert Eagle3Drafter.launches_ahead
     for j, lv in enumerate(d.draft_levels(7, 3, depth), start=1):
         assert len(steps) == min(j + 1, depth)
@@ -339,21 +339,23 @@ def test_host_arrays_of_a_level_built_by_hand():
 
 
 def test_commits_queue_until_the_next_draft():
-    """commit runs no head forward: the next draft (or state) runs one over every token committed since, and
-    the state and the draft are those of a drafter that committed eagerly (a fresh prefill)."""
+    """commit runs no head forward: the next draft runs every token committed since in its first level's
+    forward (no forward of its own), and the state and the draft are those of a drafter that committed
+    eagerly (a fresh prefill)."""
     head = random_head(11)
     tokens, aux = prompt(12, n=14)
     d = Eagle3Drafter(head)
     d.prefill(tokens[:6], aux[:6])
     calls = []
     step = head.step
-    head.step = lambda *a: calls.append(a[0].shape[1]) or step(*a)
+    head.step = lambda *a, **kw: calls.append((a[0].shape[1], kw.get("logits_from", 0))) or step(*a, **kw)
     try:
         for s in range(6, 10):  # four AR steps: one token each
             d.commit(tokens[s:s + 1], aux[s:s + 1])
         assert calls == [] and d.n_committed == 10
         levels = list(d.draft_levels(int(tokens[10]), 3, 2))
-        assert calls[0] == 4 and len(calls) == 1 + len(levels)  # one catch-up over the 4 slots, then the levels
+        # one forward per level; the first over the 4 queued slots and the root, the LM head on the root only
+        assert calls[0] == (5, 4) and len(calls) == len(levels) and d.queued == []
     finally:
         head.step = step
     fresh = Eagle3Drafter(head)
@@ -394,3 +396,30 @@ def test_queued_commit_keeps_its_own_copy():
     fresh.prefill(tokens[:8], aux[:8])
     assert_same_state(d, fresh)
 
+
+def test_a_failed_draft_keeps_the_queue():
+    """If the fused first forward fails, the queued commits stay queued and the committed cache unchanged:
+    the next draft catches up as if the failed one had not run."""
+    head = random_head(17)
+    tokens, aux = prompt(18, n=10)
+    d = Eagle3Drafter(head)
+    d.prefill(tokens[:5], aux[:5])
+    d.commit(tokens[5:8], aux[5:8])
+    step = head.step
+
+    def broken(*a, **kw):
+        raise RuntimeError("device lost")
+
+    head.step = broken
+    try:
+        with pytest.raises(RuntimeError, match="device lost"):
+            next(d.draft_levels(int(tokens[8]), 3, 2))
+    finally:
+        head.step = step
+    assert len(d.queued) == 1 and d.k.shape[1] == 4  # the prompt's 4 slots only (EAGLE's shift)
+    fresh = Eagle3Drafter(head)
+    fresh.prefill(tokens[:8], aux[:8])
+    a, b = list(d.draft_levels(int(tokens[8]), 3, 2)), list(fresh.draft_levels(int(tokens[8]), 3, 2))
+    for x, y in zip(a, b):
+        assert torch.equal(x.tokens, y.tokens)
+        torch.testing.assert_close(x.q, y.q, rtol=1e-4, atol=1e-6)
