@@ -630,6 +630,7 @@ class SpecDecoder:
         self._selected_depth = 0  # this cycle's deepest verified node (0: the root alone)
         self._unobserved: list = []  # committed (tokens, routing) the predictor has not observed yet
         self._after_verify = None  # the last cycle's _learn arguments, run during the next verify
+        self._ar_next = None  # (Ŝ,) when the next cycle is an AR step decided ahead (OnlineModel.decide_ahead)
         self._twin = None  # the AR twin's cache (specfit.engine.twin), made at the first generation
         self._twin_key = None  # the runtime cache it replays: (id, slots, policy)
         self._twin_path = None  # the last cycle's committed forwards' routing (τ, L, k), not yet replayed
@@ -744,10 +745,9 @@ class SpecDecoder:
         self._predict_s = 0.0  # this cycle's wall seconds in the expert predictor (_predict)
         self._drafted, self._selected_depth = None, 0
         c0 = time.thread_time()
-        ahead = m.drafts and drafter_ready and self.online is not None and self.online.take_ar_ahead()
+        ahead = self._ar_next is not None and drafter_ready  # an AR step decided in the last learning slot
         if ahead:
-            rec.decision = "ar"  # decided in the last learning slot (its Ŝ then, recorded after the launch)
-            speedup = self.online.speedup
+            rec.decision = "ar"  # (consumed, with its Ŝ then recorded, in the learning slot below)
         elif m.drafts and drafter_ready:
             tree, selection, items = self._draft_and_select(root, None, rec)
         shadow = None
@@ -781,14 +781,16 @@ class SpecDecoder:
             learn_s += time.thread_time() - c0
         if rec.decision in ("ar", "shadow"):  # in the same slot after an AR step: the gate's next decision, its learning done
             c0 = time.thread_time()
-            self.online.decide_ahead()
+            if ahead:  # this AR step, decided in the last slot: consumed now that it is launched
+                rec.speedup_estimate = self._ar_next[0]
+                self.online.take_ar_ahead()
+            self.online.decide_ahead()  # an AR step next: the next cycle's start reads a flag, as ar's start does
+            self._ar_next = (self.online.speedup,) if self.online.ahead == "ar" else None
             learn_s += time.thread_time() - c0
         t0 = time.perf_counter()
         out = self.target.verify(torch.tensor(sub_tokens), sub_parents)
         logits = out.logits
         rec.verify_ms = (time.perf_counter() - t0) * 1e3
-        if ahead:
-            rec.speedup_estimate = speedup
         if learn_s:
             hidden = min(learn_s * 1e3, self._shortest_verify_ms())
             rec.host_cpu_ms += learn_s * 1e3 - hidden
