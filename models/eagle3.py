@@ -926,18 +926,23 @@ class Eagle3Drafter:
         self.k, self.v = torch.cat([self.k, k], 1), torch.cat([self.v, v], 1)
         self.pending, self.queued = pending, []
 
+    def _causal_step(self, tokens: torch.Tensor, hidden: torch.Tensor, logits_from: int):
+        """One head forward over n new slots (``tokens`` (n,), ``hidden`` (n, H)) after the committed cache,
+        causal among themselves, at positions from ``n_committed - logits_from`` (the queued slots come
+        first); returns :meth:`Eagle3Head.step`'s outputs, logits for slots ``logits_from:`` only."""
+        n, past, dev = tokens.shape[0], self.k.shape[1], tokens.device
+        mask = torch.ones(n, past + n, dtype=torch.bool, device=dev)
+        mask[:, past:] = torch.ones(n, n, dtype=torch.bool, device=dev).tril()
+        pos = torch.arange(self.n_committed - logits_from, self.n_committed - logits_from + n, device=dev)
+        return self.head.step(tokens[None], hidden[None], pos, self.k, self.v, mask, logits_from=logits_from)
+
     @torch.no_grad()
     def _apply_queued(self) -> None:
         """Run the head over the queued committed tokens (one forward) into the KV cache."""
         tokens, hidden, pending = self._queued_slots()
         k = v = self.k[:, :0]
-        n = tokens.shape[0]
-        if n:
-            past = self.k.shape[1]
-            mask = torch.ones(n, past + n, dtype=torch.bool, device=tokens.device)
-            mask[:, past:] = torch.ones(n, n, dtype=torch.bool, device=tokens.device).tril()
-            pos = torch.arange(self.n_committed - n, self.n_committed, device=tokens.device)
-            _, _, k, v = self.head.step(tokens[None], hidden[None], pos, self.k, self.v, mask, logits_from=n)
+        if tokens.shape[0]:
+            _, _, k, v = self._causal_step(tokens, hidden, logits_from=tokens.shape[0])
         self._take_queued(k, v, pending)
 
     @torch.no_grad()
@@ -1008,13 +1013,9 @@ class Eagle3Drafter:
         tokens, hidden, pending = self._queued_slots()
         c = tokens.shape[0]
         dev = self.k.device
-        tokens = torch.cat([tokens.to(dev), torch.tensor([root_token], device=dev)])
+        tokens = torch.cat([tokens, torch.tensor([root_token], device=dev)])
         hidden = torch.cat([hidden, (self.pending if pending is None else pending)[None]])
-        past = self.k.shape[1]
-        mask = torch.ones(c + 1, past + c + 1, dtype=torch.bool, device=dev)
-        mask[:, past:] = torch.ones(c + 1, c + 1, dtype=torch.bool, device=dev).tril()
-        pos = torch.arange(self.n_committed - c, self.n_committed + 1, device=dev)
-        h, logits, k, v = self.head.step(tokens[None], hidden[None], pos, self.k, self.v, mask, logits_from=c)
+        h, logits, k, v = self._causal_step(tokens, hidden, logits_from=c)
         self._take_queued(k[:, :c], v[:, :c], pending)
         ones, root = torch.ones(1, device=dev), torch.zeros(1, dtype=torch.long, device=dev)
         level = self._level(1, h[0, c:], logits[0], ones, root, 1, top_k)
