@@ -80,6 +80,21 @@ class Selection:
         return out
 
 
+def selection(solver: str, nodes: tuple, expected_tokens: float, predicted_ms: float, solve_ms: float,
+              rate: float | None) -> Selection:
+    """An ``"optimal"`` :class:`Selection` of ``nodes`` (a tuple of int) with A(S) ``expected_tokens`` and
+    T(S) ``predicted_ms``, in ratio mode (``rate`` None) or rate mode; its throughput ``1000 A / T``
+    (inf when T = 0). Equal to ``Selection(...)`` of the same fields, made without the frozen dataclass's
+    ``__init__`` (one ``object.__setattr__`` per field): the engine makes one per solve, right after a
+    forward has evicted the host's caches, where those calls cost several µs (BENCHMARKS.md, issue 9,
+    thirty-fourth round)."""
+    s = object.__new__(Selection)
+    s.__dict__.update(solver=solver, nodes=nodes, expected_tokens=expected_tokens, predicted_ms=predicted_ms,
+                      throughput=1000.0 * expected_tokens / predicted_ms if predicted_ms > 0 else float("inf"),
+                      solve_ms=solve_ms, status="optimal", mode="ratio" if rate is None else "rate", rate=rate)
+    return s
+
+
 def check_rate(rate: float | None) -> float | None:
     """Validate a long-run rate in tokens/s (None = ratio mode).
 

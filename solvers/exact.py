@@ -53,7 +53,7 @@ from specfit.core.coverage import Coverage, at_least_twice, coverage
 from specfit.core.instance import Instance
 from specfit.core.objective import evaluate_uncovered, evaluation
 from specfit.core.cost import check_ms
-from specfit.solvers.base import Selection, Solver, check_rate
+from specfit.solvers.base import Selection, Solver, check_rate, selection
 from specfit.solvers.exact_host import select_host
 from specfit.solvers.greedy import _scan_prefix, linear_prefix
 
@@ -320,13 +320,16 @@ class ExactSolver(Solver):
         self.compiled = compiled
         if compiled:  # compiled (or loaded from numba's cache) here: no solve pays it
             from specfit.core.kernels import item_words_kernel
-            from specfit.solvers.exact_compiled import (exact_kernel, linear_prefix_kernel, linear_prefix_selection,
-                                                        select_unbudgeted)
+            from specfit.solvers.exact_compiled import (exact_kernel, exact_nodes_kernel, linear_prefix_kernel,
+                                                        linear_prefix_selection, select_unbudgeted,
+                                                        select_unbudgeted_nodes)
 
             exact_kernel()
+            exact_nodes_kernel()  # solve_tree's
             linear_prefix_kernel()
             item_words_kernel()  # an instance's coverage accounting (ItemSets.extend)
-            self._compiled = (select_unbudgeted, linear_prefix_selection)  # solve_tree's, without an import per call
+            # without an import per call: select's, solve_tree's
+            self._compiled = (select_unbudgeted, linear_prefix_selection, select_unbudgeted_nodes)
 
     def solve_tree(self, tree, cost, cache=None, *, rate: float | None = None, sunk_ms: float = 0.0,
                    max_nodes: int | None = None) -> Selection:
@@ -347,20 +350,20 @@ class ExactSolver(Solver):
         if (not self.compiled or cost.regime != "transfer" or max_nodes is not None or cache is None
                 or cache.shape != (L, E)):  # the instance's path (and its errors)
             return super().solve_tree(tree, cost, cache, rate=rate, sunk_ms=sunk_ms, max_nodes=max_nodes)
-        rate = check_rate(rate)
+        if rate is not None:
+            rate = check_rate(rate)
         fixed_ms = cost.fixed_ms + check_ms("ms", sunk_ms) if sunk_ms else cost.fixed_ms  # as cost.plus_ms
-        cost.check_layers(L)
+        per_expert = cost.per_expert_array(L)  # checks the layers (cost.check_layers)
         t0 = time.perf_counter()
         items = tree.items(cache)
         lam = None if rate is None else rate / 1000.0
-        select_unbudgeted, linear_prefix_selection = self._compiled
         if L and items.any_uncached():
-            nodes, _, a, t = select_unbudgeted(tree, items, cost, lam, self.tol, fixed_ms)
+            nodes, a, t = self._compiled[2](tree, items, cost, lam, self.tol, fixed_ms, per_expert)
         else:  # no uncached expert: T linear in |S|, a prefix is optimal (select)
-            nodes, a, t = linear_prefix_selection(tree, fixed_ms, cost.per_node_ms, None, lam)
+            nodes, a, t = self._compiled[1](tree, fixed_ms, cost.per_node_ms, None, lam)
+            nodes = tuple(nodes.tolist())
         solve_ms = (time.perf_counter() - t0) * 1e3
-        return Selection(self.name, tuple(nodes.tolist()), a, t, 1000.0 * a / t if t > 0 else float("inf"), solve_ms,
-                         "optimal", "ratio" if rate is None else "rate", rate)
+        return selection(self.name, nodes, a, t, solve_ms, rate)
 
     def select(self, instance: Instance, rate: float | None):
         deadline = None if self.time_limit_s is None else time.perf_counter() + self.time_limit_s

@@ -535,6 +535,19 @@ def _select(parents, pp, own, num_experts, fixed_ms, per_node_ms, layer_ms, seg_
     return nodes, counts, a, t
 
 
+@numba.njit(cache=True, error_model="numpy")
+def _select_nodes(parents, pp, own, num_experts, fixed_ms, per_node_ms, layer_ms, seg_word, seg_mask, seg_layer,
+                  lam_rate, tol, out):
+    """:func:`_select`'s node ids written into ``out`` (n,) int64, made by the caller; returns ``(size, a,
+    t)``, the ids in ``out[:size]``. A compiled call that returns arrays it made pays their boxing, whose
+    code a forward has evicted (BENCHMARKS.md, issue 9, thirty-fourth round)."""
+    nodes, _, a, t = _select(parents, pp, own, num_experts, fixed_ms, per_node_ms, layer_ms, seg_word, seg_mask,
+                             seg_layer, lam_rate, tol)
+    for i in range(nodes.shape[0]):
+        out[i] = nodes[i]
+    return nodes.shape[0], a, t
+
+
 def _segments(num_layers: int, num_experts: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per (word, layer) overlap of the item ids ``l * E + e`` in 64-bit words: ``(word, mask, layer)``."""
     words, masks, layers = [], [], []
@@ -560,7 +573,8 @@ def _layout(num_layers: int, num_experts: int) -> tuple[int, np.ndarray, np.ndar
 
 
 def select_unbudgeted(tree, items, cost, rate_lam: float | None, tol: float,
-                      fixed_ms: float | None = None) -> tuple[np.ndarray, np.ndarray, float, float]:
+                      fixed_ms: float | None = None, per_expert: np.ndarray | None = None
+                      ) -> tuple[np.ndarray, np.ndarray, float, float]:
     """The exact selection of a transfer-regime instance without budgets, as one compiled call.
 
     Parameters
@@ -577,6 +591,8 @@ def select_unbudgeted(tree, items, cost, rate_lam: float | None, tol: float,
     fixed_ms : float, optional
         T's constant term in ms in place of ``cost.fixed_ms`` (the engine's: the cost's, plus the ms of the
         cycle already paid, as :meth:`~specfit.core.cost.CostModel.plus_ms` adds them).
+    per_expert : numpy.ndarray, optional
+        ``cost.per_expert_array(L)`` when the caller already has it (read-only float64 (L,)).
 
     Returns
     -------
@@ -593,8 +609,25 @@ def select_unbudgeted(tree, items, cost, rate_lam: float | None, tol: float,
     _, seg_word, seg_mask, seg_layer = _layout(L, E)
     return exact_kernel()(kernel_array(tree.parents, np.int64), kernel_array(tree.path_prob, np.float64),
                           items.words(copy=False), E, float(cost.fixed_ms if fixed_ms is None else fixed_ms),
-                          float(cost.per_node_ms), cost.per_expert_array(L), seg_word, seg_mask, seg_layer,
+                          float(cost.per_node_ms), cost.per_expert_array(L) if per_expert is None else per_expert,
+                          seg_word, seg_mask, seg_layer,
                           -1.0 if rate_lam is None else float(rate_lam), float(tol))
+
+
+def select_unbudgeted_nodes(tree, items, cost, rate_lam: float | None, tol: float, fixed_ms: float,
+                            per_expert: np.ndarray) -> tuple[tuple, float, float]:
+    """:func:`select_unbudgeted`'s nodes (a tuple of int), A and T, without the experts per layer: the
+    engine's solve (:meth:`~specfit.solvers.exact.ExactSolver.solve_tree`), by one compiled call
+    (:func:`_select_nodes`) that writes the ids into an array made here. ``fixed_ms`` and ``per_expert``
+    as there (both required)."""
+    L, E = tree.num_layers, tree.num_experts or 0
+    _, seg_word, seg_mask, seg_layer = _layout(L, E)
+    parents = kernel_array(tree.parents, np.int64)
+    out = np.empty(parents.shape[0], np.int64)
+    size, a, t = exact_nodes_kernel()(parents, kernel_array(tree.path_prob, np.float64), items.words(copy=False), E,
+                                      float(fixed_ms), float(cost.per_node_ms), per_expert, seg_word, seg_mask,
+                                      seg_layer, -1.0 if rate_lam is None else float(rate_lam), float(tol), out)
+    return tuple(out[:size].tolist()), a, t
 
 
 def linear_prefix_selection(tree, fixed_ms: float, per_node_ms: float, max_nodes: int | None,
@@ -645,4 +678,19 @@ def exact_kernel():
     layer_ms.setflags(write=False)  # as CostModel.per_expert_array
     for lam in (-1.0, 0.1):
         kernel = entry_point(_select, parents, pp, own, 64, 1.0, 0.1, layer_ms, *seg, lam, 1e-12)
+    return kernel
+
+
+@functools.cache
+def exact_nodes_kernel():
+    """The compiled :func:`_select_nodes` (its :func:`~specfit.core.kernels.entry_point`), compiled or loaded
+    from numba's cache on the first call in a process (the exact solver asks for it when it is built)."""
+    parents, pp = np.array([-1, 0, 0], np.int64), np.array([1.0, 0.5, 0.4])
+    own = np.array([[4], [3], [1]], np.uint64)
+    seg = _layout(1, 64)[1:]  # read-only, as select_unbudgeted_nodes passes them
+    layer_ms = np.ones(1)
+    layer_ms.setflags(write=False)  # as CostModel.per_expert_array
+    for lam in (-1.0, 0.1):
+        kernel = entry_point(_select_nodes, parents, pp, own, 64, 1.0, 0.1, layer_ms, *seg, lam, 1e-12,
+                             np.empty(3, np.int64))
     return kernel

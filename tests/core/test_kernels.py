@@ -6,7 +6,7 @@ import pytest
 
 from specfit.core.kernels import (entry_point, frequency_observe_top_k_kernel, frequency_predict_kernel,
                                   item_words_kernel)
-from specfit.solvers.exact_compiled import exact_kernel, linear_prefix_kernel
+from specfit.solvers.exact_compiled import exact_kernel, exact_nodes_kernel, linear_prefix_kernel
 
 
 @numba.njit(cache=False)
@@ -26,7 +26,7 @@ def test_entry_point_gives_the_dispatchers_results_and_refuses_another_item_size
 
 
 @pytest.mark.parametrize("factory", [item_words_kernel, frequency_observe_top_k_kernel, frequency_predict_kernel,
-                                     exact_kernel, linear_prefix_kernel])
+                                     exact_kernel, exact_nodes_kernel, linear_prefix_kernel])
 def test_the_hot_kernels_are_entry_points(factory):
     """The kernels a drafted cycle enters several times skip the dispatch (BENCHMARKS.md, issue 9,
     twenty-seventh round); a numba that dropped the entry point would hand out the dispatcher."""
