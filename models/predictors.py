@@ -346,21 +346,33 @@ class FrequencyPredictor:
         for field, v in (("smoothing", smoothing), ("recency_weight", recency_weight)):
             if not np.isfinite(v) or v < 0:
                 raise SpecFitInputError(field, f"must be a finite number >= 0, got {v!r}")
-        self.g, self.table = g, table
+        self.table = table
         self.n = np.array(token_counts, dtype=np.float64)
         if self.n.shape != (len(ids),) or not (np.isfinite(self.n).all() and (self.n >= 0).all()):
             raise SpecFitInputError("token_counts", f"must be {len(ids)} finite counts >= 0, one per token id")
         self.a, self.beta = float(smoothing), float(recency_weight)
         self._row = np.full(int(ids.max()) + 1 if len(ids) else 0, -1, np.int64)
         self._row[ids] = np.arange(len(ids))
-        self._tiebreak = np.argsort(np.argsort(g, axis=1, kind="stable"), axis=1) / (self.E * 1e6)
-        self._pseudo = self.a * g  # (L, E), the smoothing's pseudo-shares
+        # the (L, E) terms of the scores, as one array the compiled calls take (each is a view of it): the
+        # smoothing's pseudo-shares a g, g, the tie-break, and the recency blend and an unseen token's scores
+        # (both made by the compiled calls)
+        self._terms = np.zeros((5, self.L, self.E))
+        self._pseudo, self.g, self._tiebreak, self._blend, self._unseen = self._terms
+        self.g[:] = g
+        self._tiebreak[:] = np.argsort(np.argsort(g, axis=1, kind="stable"), axis=1) / (self.E * 1e6)
+        np.multiply(self.a, g, out=self._pseudo)
         self.window = _Window(self.L, self.E, self.k, window)
         self._context = None  # (β w, the unseen token's scores), both (L, E), until the next observe
         # the compiled calls' copy of the same two terms, valid while _fresh (made by the last compiled call
         # since the last observe): the predictions after a cycle's first reuse them
-        self._blend, self._unseen, self._fresh = np.zeros((self.L, self.E)), np.zeros((self.L, self.E)), False
-        from specfit.core.kernels import frequency_observe_top_k_kernel, frequency_predict_kernel
+        self._fresh = False  # whether _blend and _unseen hold the current window's terms
+        from specfit.core.kernels import frequency_observe_top_k_kernel, frequency_order, frequency_predict_kernel
+
+        # the compiled ranking's threshold algorithm: each row's experts by their static score, and per layer the
+        # largest blend (made with _blend) and tie-break that bound the rest of a score
+        self._order = frequency_order(table, self._pseudo, self.k)
+        self._bounds = np.zeros((2, self.L))
+        self._bounds[1] = self._tiebreak.max(axis=1)
 
         # compiled (or loaded from numba's cache) here: no decoding cycle pays it, nor looks them up
         self._predict_kernel, self._observe_predict_kernel = frequency_predict_kernel(), frequency_observe_top_k_kernel()
@@ -436,14 +448,32 @@ class FrequencyPredictor:
             from specfit.core.kernels import kernel_array
 
             r = kernel_array(routing_array(routing, copy=False), np.int64)
+        return self.observe_and_predict_ids(o, r, t)
+
+    def observe_and_predict_ids(self, observed: np.ndarray, routing: np.ndarray, tokens: np.ndarray,
+                                draft_hidden=None) -> np.ndarray:
+        """:meth:`observe_and_predict` of arrays already in the compiled call's form: ``observed`` (T,) and
+        ``tokens`` (m,) int64, ``routing`` (T, L, k) int64, each a C-contiguous numpy array (what the engine
+        passes: arrays it made). Their type, dimensions and layout are not checked (an array of another dtype
+        of 8-byte items, or another layout, is misread); their values and shapes are, in the compiled call,
+        which spares the engine's drafted cycle the Python-level checks on caches a forward has evicted
+        (BENCHMARKS.md, issue 9, thirty-fourth round).
+
+        Raises
+        ------
+        SpecFitInputError
+            As :meth:`observe_and_predict` does on the values and shapes; nothing is observed then.
+        """
         w = self.window
-        if r.shape[1:] != (w.L, w.k):
-            raise SpecFitInputError("routing", f"must have shape (T, {w.L}, {w.k}), got {r.shape}")
-        if o.shape[0] != r.shape[0]:
-            raise SpecFitInputError("observed", f"must have one entry per routing row ({r.shape[0]}), got {o.shape[0]}")
-        w.size, w.head, w.step, error, out = self._observe_predict_kernel(
-            w.counts, w.last, w.ring, w.size, w.head, w.step, r, w.E, o, self.table, self._row, self.n, self.a,
-            self.k, self._pseudo, self.g, self._tiebreak, self.beta, self._blend, self._unseen, t)
+        out = np.empty((tokens.shape[0], self.L, self.k), np.int64)  # made here: boxing a kernel's own costs more
+        w.size, w.head, w.step, error = self._observe_predict_kernel(
+            w.counts, w.last, w.ring, w.size, w.head, w.step, routing, w.E, observed, self.table, self._row, self.n,
+            self.a, self.k, self._terms, self.beta, tokens, out, self._order, self._bounds)
+        if error == 5:
+            raise SpecFitInputError("routing", f"must have shape (T, {w.L}, {w.k}), got {routing.shape}")
+        if error == 6:
+            raise SpecFitInputError("observed", f"must have one entry per routing row ({routing.shape[0]}), "
+                                                f"got {observed.shape[0]}")
         if error:
             raise SpecFitInputError(*_OBSERVE_ERRORS[error](w.E))
         self._context, self._fresh = None, True
@@ -460,11 +490,22 @@ class FrequencyPredictor:
         SpecFitInputError
             On ``tokens``: not a 1-D array of non-negative integer ids.
         """
-        t = _token_ids(tokens, "tokens")  # its signs: checked in the call
+        return self.predict_ids(_token_ids(tokens, "tokens"))  # its signs: checked in the call
+
+    def predict_ids(self, tokens: np.ndarray, draft_hidden=None) -> np.ndarray:
+        """:meth:`predict` of ``tokens`` already in the compiled call's form: a C-contiguous (m,) int64 numpy
+        array (what the engine passes). Its type, dimensions and layout are not checked (as
+        :meth:`observe_and_predict_ids`); the ids' signs are, in the compiled call.
+
+        Raises
+        ------
+        SpecFitInputError
+            On ``tokens``: a negative id.
+        """
         w = self.window
-        error, out = self._predict_kernel(self.table, self._row, self.n, self.a, self.k, self._pseudo, self.g,
-                                          self._tiebreak, w.counts, w.size * w.k, self.beta, self._fresh,
-                                          self._blend, self._unseen, t)
+        out = np.empty((tokens.shape[0], self.L, self.k), np.int64)  # made here: boxing a kernel's own costs more
+        error = self._predict_kernel(self.table, self._row, self.n, self.a, self.k, self._terms, w.counts,
+                                     w.size * w.k, self.beta, self._fresh, tokens, out, self._order, self._bounds)
         if error:
             raise SpecFitInputError(*_OBSERVE_ERRORS[error](w.E))
         self._fresh = True

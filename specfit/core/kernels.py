@@ -23,15 +23,19 @@ module is imported on that first use, not by ``import specfit``. A call with arg
 the engine's (e.g. float32 or non-contiguous arrays) compiles once more, on that call.
 
 The kernels a drafted cycle calls several times (the coverage accounting's, the frequency predictor's two,
-the exact solver's two: :func:`item_words_kernel`, :func:`frequency_observe_top_k_kernel`,
+the exact solver's three: :func:`item_words_kernel`, :func:`frequency_observe_top_k_kernel`,
 :func:`frequency_predict_kernel`, :func:`specfit.solvers.exact_compiled.exact_kernel`,
+:func:`~specfit.solvers.exact_compiled.exact_nodes_kernel`,
 :func:`~specfit.solvers.exact_compiled.linear_prefix_kernel`) are handed out as the native entry point of
 their one compiled overload (:func:`entry_point`), not as the dispatcher: a call then skips numba's type
 dispatch, ~7-11 µs per call on the caches a forward has just evicted (BENCHMARKS.md, issue 9,
 twenty-seventh round). Such an entry point takes only the engine's argument types: it refuses an array
 whose items have another size (TypeError), but reinterprets one of the same item size (uint64 or float64
 for int64) and reads one of another dimension or layout wrongly, so its callers pass arrays of fixed
-dimensions through :func:`kernel_array` (or build them C-contiguous of the right dtype).
+dimensions through :func:`kernel_array` (or build them C-contiguous of the right dtype). The engine's
+predictor and solver kernels write their arrays into ones the caller made rather than return new ones:
+after a forward, boxing a compiled call's own array cost more than making it in Python (BENCHMARKS.md,
+issue 9, thirty-fourth round).
 """
 
 from __future__ import annotations
@@ -314,41 +318,56 @@ def _top_k_row_nan(s, k, vals, ids):
 
 
 @numba.njit(cache=True, error_model="numpy")
-def _frequency_context(g, tiebreak, counts, slots, beta, blend, unseen):
+def _frequency_context(g, tiebreak, counts, slots, beta, blend, unseen, bounds):
     """The token-independent terms of ``FrequencyPredictor.scores``, written into ``blend`` and ``unseen``
     (L, E) float64: the recency blend ``beta * (counts / slots)`` (0 when ``slots`` is 0: an empty window;
     left untouched when ``beta`` is 0) and an unseen token's scores ``(g + blend) + tiebreak`` (``g +
     tiebreak`` when ``beta`` is 0). ``g``, ``tiebreak`` (L, E) float64, ``counts`` (L, E) int64 (the recency
-    window's uses per expert), ``slots`` the window's token slots (tokens x k)."""
+    window's uses per expert), ``slots`` the window's token slots (tokens x k). ``bounds[0, l]`` becomes the
+    layer's largest blend (0 when ``beta`` is 0), the bound :func:`_frequency_rank`'s early stop reads."""
     L, E = g.shape
     has_blend = beta != 0.0
     for l in range(L):
+        top = 0.0
         for e in range(E):
             if has_blend:
                 blend[l, e] = beta * (counts[l, e] / slots if slots else 0.0)
                 unseen[l, e] = g[l, e] + blend[l, e]
+                top = max(top, blend[l, e])
             else:
                 unseen[l, e] = g[l, e]
             unseen[l, e] += tiebreak[l, e]
+        bounds[0, l] = top
 
 
 @numba.njit(cache=True, error_model="numpy")
-def _frequency_rank(table, row_of, n, a, k, pseudo, tiebreak, blend, has_blend, unseen, tokens):
+def _frequency_rank(table, row_of, n, a, k, pseudo, tiebreak, blend, has_blend, unseen, tokens, out, order, bounds):
     """For each token (m,) and layer, the k experts of the largest scores, best first, ties to the lower id
     (``np.argsort(-scores, kind="stable")[..., :k]``), from the scores ``FrequencyPredictor.scores``
     computes, operation for operation: ``(table[row] / k + pseudo) / (n[row] + a) + blend + tiebreak``
     (float32 division, then float64; the blend left out unless ``has_blend``) for a token with a table row,
     ``unseen`` for one without (:func:`_frequency_context` makes ``blend`` and ``unseen``). ``table`` (rows,
     L, E) float32, ``row_of`` (V,) int64 (-1: no row), ``n`` (rows,), ``pseudo``, ``tiebreak`` (L, E)
-    float64. A row of scores without NaN is ranked by :func:`_top_k_row`, one with NaN by
-    :func:`_top_k_row_nan`; a token that appeared earlier in ``tokens`` gets that one's experts, copied."""
+    float64. Writes them into ``out`` (m, L, k) int64, made by the caller: a kernel that returns an array it
+    made costs its boxing, whose code a forward has evicted (BENCHMARKS.md, issue 9, thirty-fourth round). A
+    token that appeared earlier in ``tokens`` gets that one's experts, copied.
+
+    A token with a table row and ``n[row] + a > 0`` is ranked by the threshold algorithm (Fagin, Lotem and
+    Naor 2003) when ``order`` has rows (:func:`frequency_order`: each row's experts by ``table[row] / k +
+    pseudo``, largest first, which for a positive divisor is the order of the static part ``st = (table[row]
+    / k + pseudo) / (n[row] + a)``): it visits the experts in that order and stops once ``(st + bounds[0, l])
+    + bounds[1, l]`` (the layer's largest blend and tie-break; rounding is monotone, so no later expert's
+    score exceeds it) is below the k-th score kept, so a later expert can neither beat nor tie it. The same
+    floats are compared, ties to the lower id, so the experts are those of the full scan; on the proxy's
+    table about a tenth of the experts are visited. Every other row of scores (no table row, no ``order``,
+    a divisor of 0) is scanned whole: :func:`_top_k_row`, or :func:`_top_k_row_nan` if it holds NaN."""
     m = tokens.shape[0]
     L, E = pseudo.shape
-    out = np.empty((m, L, k), np.int64)
     s = np.empty(E)
     vals = np.empty(k)
     ids = np.empty(k, np.int64)
     kf = np.float32(k)
+    threshold = order.shape[0] > 0
     for i in range(m):
         t = tokens[i]
         seen = -1  # a draft tree repeats tokens across its branches (a third of the nodes on the proxy)
@@ -362,44 +381,91 @@ def _frequency_rank(table, row_of, n, a, k, pseudo, tiebreak, blend, has_blend, 
                     out[i, l, j] = out[seen, l, j]
             continue
         r = row_of[t] if 0 <= t < row_of.shape[0] else -1
+        den = n[r] + a if r >= 0 else 0.0
         for l in range(L):
-            if r >= 0:
-                den = n[r] + a
-                for e in range(E):
-                    v = np.float64(table[r, l, e] / kf) + pseudo[l, e]
-                    v /= den
-                    if has_blend:
-                        v += blend[l, e]
-                    v += tiebreak[l, e]
-                    s[e] = v
+            if r >= 0 and threshold and den > 0.0:
+                _threshold_top_k(table, r, l, kf, pseudo, den, tiebreak, blend, has_blend, order,
+                                 bounds[0, l] if has_blend else 0.0, bounds[1, l], k, vals, ids)
             else:
+                if r >= 0:
+                    for e in range(E):
+                        v = np.float64(table[r, l, e] / kf) + pseudo[l, e]
+                        v /= den
+                        if has_blend:
+                            v += blend[l, e]
+                        v += tiebreak[l, e]
+                        s[e] = v
+                else:
+                    for e in range(E):
+                        s[e] = unseen[l, e]
+                nan = False
                 for e in range(E):
-                    s[e] = unseen[l, e]
-            nan = False
-            for e in range(E):
-                nan |= s[e] != s[e]
-            if nan:
-                _top_k_row_nan(s, k, vals, ids)
-            else:
-                _top_k_row(s, k, vals, ids)
+                    nan |= s[e] != s[e]
+                if nan:
+                    _top_k_row_nan(s, k, vals, ids)
+                else:
+                    _top_k_row(s, k, vals, ids)
             for j in range(k):
                 out[i, l, j] = ids[j]
-    return out
 
 
 @numba.njit(cache=True, error_model="numpy")
-def _frequency_predict(table, row_of, n, a, k, pseudo, g, tiebreak, counts, slots, beta, fresh, blend, unseen,
-                       tokens):
+def _threshold_top_k(table, r, l, kf, pseudo, den, tiebreak, blend, has_blend, order, blend_max, tie_max, k, vals,
+                     ids):
+    """:func:`_frequency_rank`'s threshold algorithm for table row ``r``, layer ``l`` (divisor ``den`` > 0):
+    the k best experts into ``ids[:k]`` (``vals[:k]`` their scores), best first, ties to the lower id."""
+    filled = 0
+    for q in range(order.shape[2]):
+        e = np.int64(order[r, l, q])
+        st = (np.float64(table[r, l, e] / kf) + pseudo[l, e]) / den
+        if filled == k and (st + blend_max) + tie_max < vals[k - 1]:
+            break  # every later expert scores at most this bound: below the k-th kept
+        v = st
+        if has_blend:
+            v += blend[l, e]
+        v += tiebreak[l, e]
+        if filled < k:
+            j = filled
+            filled += 1
+        elif v > vals[k - 1] or (v == vals[k - 1] and e < ids[k - 1]):
+            j = k - 1
+        else:
+            continue
+        while j > 0 and (v > vals[j - 1] or (v == vals[j - 1] and e < ids[j - 1])):
+            vals[j], ids[j] = vals[j - 1], ids[j - 1]
+            j -= 1
+        vals[j], ids[j] = v, e
+
+
+def frequency_order(table: np.ndarray, pseudo: np.ndarray, k: int) -> np.ndarray:
+    """The experts of each table row and layer by ``table / k + pseudo`` (the float32 division, then float64,
+    as :func:`_frequency_rank` computes it), largest first: (rows, L, E) uint8, the order its threshold
+    algorithm visits them in; a (0, L, E) array (the full scan) when E > 256 (ids do not fit a uint8) or
+    the table or ``pseudo`` holds a value that is not finite (the order would not bound the scores)."""
+    rows, L, E = table.shape
+    if E > 256 or not (np.isfinite(table).all() and np.isfinite(pseudo).all()):
+        return np.zeros((0, L, E), np.uint8)
+    key = (table / np.float32(k)).astype(np.float64)
+    key += pseudo
+    return np.argsort(-key, axis=2, kind="stable").astype(np.uint8)
+
+
+@numba.njit(cache=True, error_model="numpy")
+def _frequency_predict(table, row_of, n, a, k, terms, counts, slots, beta, fresh, tokens, out, order, bounds):
     """``FrequencyPredictor.predict`` in one call: checks that every token id is >= 0, then, unless ``fresh``
     (``blend`` and ``unseen`` already hold this window's context, :func:`_frequency_context`), makes the
-    context in place, and ranks (:func:`_frequency_rank`). Returns ``(error, experts)``: error 0, or 4 (a
-    negative token: nothing is changed, ``experts`` empty); ``experts`` (m, L, k) int64."""
+    context in place, and ranks (:func:`_frequency_rank`) into ``out`` (m, L, k) int64. Returns the error: 0,
+    or 4 (a negative token: nothing is changed). ``terms`` (5, L, E) float64 holds ``pseudo``, ``g``,
+    ``tiebreak``, ``blend`` and ``unseen`` (one argument for five: each array argument of a compiled call costs
+    its unboxing on the caches a forward has evicted)."""
     for i in range(tokens.shape[0]):
         if tokens[i] < 0:
-            return 4, np.empty((0, 0, 0), np.int64)
+            return 4
+    pseudo, g, tiebreak, blend, unseen = terms[0], terms[1], terms[2], terms[3], terms[4]
     if not fresh:
-        _frequency_context(g, tiebreak, counts, slots, beta, blend, unseen)
-    return 0, _frequency_rank(table, row_of, n, a, k, pseudo, tiebreak, blend, beta != 0.0, unseen, tokens)
+        _frequency_context(g, tiebreak, counts, slots, beta, blend, unseen, bounds)
+    _frequency_rank(table, row_of, n, a, k, pseudo, tiebreak, blend, beta != 0.0, unseen, tokens, out, order, bounds)
+    return 0
 
 
 @numba.njit(cache=True, error_model="numpy")
@@ -441,26 +507,33 @@ def _window_push(counts, last, ring, size, head, step, routing, num_experts):
 
 @numba.njit(cache=True, error_model="numpy")
 def _frequency_observe_top_k(counts, last, ring, size, head, step, routing, num_experts, observed, table, row_of, n, a,
-                             k, pseudo, g, tiebreak, beta, blend, unseen, tokens):
+                             k, terms, beta, tokens, out, order, bounds):
     """``FrequencyPredictor.observe_and_predict``: :func:`_window_push` of the committed tokens' routing
     (``observed`` (T,) their ids, ``routing`` (T, L, k)), then the window's new context into ``blend`` and
-    ``unseen`` (:func:`_frequency_context`) and :func:`_frequency_rank` of ``tokens`` (m,), in one call.
-    Checks first and changes nothing unless every token id (both arrays) is >= 0 and the routing passes the
-    push's checks. Returns ``(size, head, step, error, experts)``: error 0, 1 or 2 (the push's: an id out of
-    range, a repeated id), 3 (a negative observed token) or 4 (a negative token to predict); ``experts``
-    (m, L, k) int64, empty on an error."""
+    ``unseen`` (:func:`_frequency_context`) and :func:`_frequency_rank` of ``tokens`` (m,) into ``out`` (m, L,
+    k) int64, in one call. Checks first and changes nothing unless the routing has the window's (L, k) and one
+    row per observed token, every token id (both arrays) is >= 0 and the routing passes the push's checks.
+    Returns ``(size, head, step, error)``: error 0, 5 (the routing's (L, k) is not the window's), 6 (not one
+    observed token per routing row), 3 (a negative observed token), 4 (a negative token to predict), 1 or 2
+    (the push's: an id out of range, a repeated id); on an error ``out`` is left as it was. ``terms`` as in
+    :func:`_frequency_predict`."""
+    if routing.shape[1] != counts.shape[0] or routing.shape[2] != ring.shape[2]:
+        return size, head, step, 5
+    if observed.shape[0] != routing.shape[0]:
+        return size, head, step, 6
     for i in range(observed.shape[0]):
         if observed[i] < 0:
-            return size, head, step, 3, np.empty((0, 0, 0), np.int64)
+            return size, head, step, 3
     for i in range(tokens.shape[0]):
         if tokens[i] < 0:
-            return size, head, step, 4, np.empty((0, 0, 0), np.int64)
+            return size, head, step, 4
     size, head, step, error = _window_push(counts, last, ring, size, head, step, routing, num_experts)
     if error:
-        return size, head, step, error, np.empty((0, 0, 0), np.int64)
-    _frequency_context(g, tiebreak, counts, size * routing.shape[2], beta, blend, unseen)
-    out = _frequency_rank(table, row_of, n, a, k, pseudo, tiebreak, blend, beta != 0.0, unseen, tokens)
-    return size, head, step, 0, out
+        return size, head, step, error
+    pseudo, g, tiebreak, blend, unseen = terms[0], terms[1], terms[2], terms[3], terms[4]
+    _frequency_context(g, tiebreak, counts, size * routing.shape[2], beta, blend, unseen, bounds)
+    _frequency_rank(table, row_of, n, a, k, pseudo, tiebreak, blend, beta != 0.0, unseen, tokens, out, order, bounds)
+    return size, head, step, 0
 
 
 @numba.njit(cache=True, error_model="numpy")
@@ -611,11 +684,11 @@ def frequency_observe_top_k_kernel():
     """The compiled :func:`_frequency_observe_top_k` (its :func:`entry_point`; arguments, shapes and return
     value as there), compiled or loaded from numba's cache for the predictor's argument types on the first
     call in a process."""
-    table, le, ids = np.zeros((1, 1, 2), np.float32), np.zeros((1, 2)), np.zeros(1, np.int64)
+    table, ids = np.zeros((1, 1, 2), np.float32), np.zeros(1, np.int64)
     c = np.zeros((1, 2), np.int64)
     return entry_point(_frequency_observe_top_k, c, c.copy(), np.zeros((1, 1, 1), np.int64), 0, 0, 0,
-                       np.zeros((1, 1, 1), np.int64), 2, ids, table, ids, np.ones(1), 1.0, 1, le, le, le, 0.5,
-                       le.copy(), le.copy(), ids)
+                       np.zeros((1, 1, 1), np.int64), 2, ids, table, ids, np.ones(1), 1.0, 1, np.zeros((5, 1, 2)), 0.5,
+                       ids, np.zeros((1, 1, 1), np.int64), np.zeros((1, 1, 2), np.uint8), np.zeros((2, 1)))
 
 
 @functools.cache
@@ -623,10 +696,11 @@ def frequency_predict_kernel():
     """The compiled :func:`_frequency_predict` (its :func:`entry_point`; arguments, shapes and return value
     as there), compiled or loaded from numba's cache for the predictor's argument types on the first call in
     a process."""
-    table, le = np.zeros((1, 1, 2), np.float32), np.zeros((1, 2))
+    table = np.zeros((1, 1, 2), np.float32)
     for fresh in (False, True):
-        kernel = entry_point(_frequency_predict, table, np.zeros(1, np.int64), np.ones(1), 1.0, 1, le, le, le,
-                             np.zeros((1, 2), np.int64), 0, 0.5, fresh, le.copy(), le.copy(), np.zeros(1, np.int64))
+        kernel = entry_point(_frequency_predict, table, np.zeros(1, np.int64), np.ones(1), 1.0, 1, np.zeros((5, 1, 2)),
+                             np.zeros((1, 2), np.int64), 0, 0.5, fresh, np.zeros(1, np.int64),
+                             np.zeros((1, 1, 1), np.int64), np.zeros((1, 1, 2), np.uint8), np.zeros((2, 1)))
     return kernel
 
 

@@ -628,7 +628,8 @@ class SpecDecoder:
         self._drafted = None  # this cycle's whole drafted tree (_Drafted)
         self._level_host_ms = 0.0  # this cycle's host CPU ms in its draft levels
         self._selected_depth = 0  # this cycle's deepest verified node (0: the root alone)
-        self._unobserved: list = []  # committed (tokens, routing) the predictor has not observed yet
+        self._unobserved: list = []  # committed (tokens, routing) the predictor has not observed yet (int64 arrays)
+        self._calls = (None,)  # the predictor's calls (_predictor_calls), made on the first prediction
         self._after_verify = None  # the last cycle's _learn arguments, run during the next verify
         self._ar_next = None  # (Ŝ,) when the next cycle is an AR step decided ahead (OnlineModel.decide_ahead)
         self._twin = None  # the AR twin's cache (specfit.engine.twin), made at the first generation
@@ -821,7 +822,8 @@ class SpecDecoder:
         rec.accept_ms = (time.perf_counter() - t0) * 1e3
         routing = out.routing.numpy()
         if self.predictor is not None:  # observed when next predicted (an AR step predicts nothing)
-            self._unobserved.append((np.asarray([sub_tokens[v] for v in acc.path]), routing[acc.path]))
+            self._unobserved.append((np.array([sub_tokens[v] for v in acc.path], np.int64),
+                                     np.ascontiguousarray(routing[acc.path], np.int64)))
         if self._twin is not None:  # replayed with the next learning, during the next verify
             self._twin_path = routing[acc.path]
         stats1 = self.target.cache.stats()
@@ -1317,9 +1319,15 @@ class SpecDecoder:
         """The predictor's experts (m, L, k) for ``tokens`` (m,), after it observed every committed token
         (its wall time is the cycle's ``predict_ms``); checked (:func:`check_experts`) unless the predictor
         declares ``valid_output`` (the built-in ones). The committed tokens not yet observed are observed
-        first, in the same call where the predictor has ``observe_and_predict``."""
+        first, in the same call where the predictor has ``observe_and_predict``. ``tokens`` and the committed
+        tokens and routing are int64 C-contiguous arrays the engine made, so a predictor that takes them as
+        they are (``predict_ids``, ``observe_and_predict_ids``: the frequency predictor) is called without its
+        per-call checks of type and layout (:meth:`_predictor_calls`)."""
         t0 = time.perf_counter()
-        fused = getattr(self.predictor, "observe_and_predict", None)  # one call instead of two (optional)
+        calls = self._calls
+        if calls[0] is not self.predictor:
+            calls = self._calls = self._predictor_calls()
+        _, fused, predict, valid = calls
         observed = None
         if self._unobserved:
             toks, rows = zip(*self._unobserved)
@@ -1330,17 +1338,26 @@ class SpecDecoder:
         else:
             if observed is not None:
                 self.predictor.observe(*observed, None)
-            experts = self.predictor.predict(tokens, hidden)
-        if getattr(self.predictor, "valid_output", False) is not True:
+            experts = predict(tokens, hidden)
+        if not valid:
             experts = check_experts(experts, len(tokens), self.num_experts, copy=False)
         self._predict_s += time.perf_counter() - t0
         return experts
+
+    def _predictor_calls(self) -> tuple:
+        """``(predictor, fused, predict, valid)`` for :meth:`_predict`, kept until ``self.predictor`` is
+        replaced: its fused observe-and-predict (None without one) and its predict, each the ``*_ids``
+        variant where it has one; ``valid`` its ``valid_output`` flag."""
+        p = self.predictor
+        fused = getattr(p, "observe_and_predict_ids", None) or getattr(p, "observe_and_predict", None)
+        predict = getattr(p, "predict_ids", None) or p.predict
+        return p, fused, predict, getattr(p, "valid_output", False) is True
 
     def _root_tree(self, root: int, cache: np.ndarray) -> tuple[DraftTree, CostModel]:
         """This cycle's root-only draft tree with the root's predicted experts, and the cycle's cost
         model (:meth:`_cycle_cost`); built once per cycle, shared by the AR gate and the drafting."""
         if self._root is None:
-            experts = self._predict(np.asarray([root]), None)[:1]
+            experts = self._predict(np.array([root], np.int64), None)[:1]
             tree = _root_only(root, experts, self.num_experts)
             self._root = (tree, self._cycle_cost(tree, cache))
         return self._root

@@ -548,6 +548,54 @@ def test_levels_with_and_without_hidden_states_each_reach_the_predictor(ckpt, ar
     assert (FrequencyPredictor.uses_hidden, RecencyPredictor.uses_hidden, ProbePredictor.uses_hidden) == (False, False, True)
 
 
+def test_the_frequency_predictor_is_given_its_compiled_calls_arrays(ckpt, ar_outputs):
+    """The engine calls the frequency predictor's unchecked variants (``observe_and_predict_ids``,
+    ``predict_ids``), which read their arguments as int64 C-contiguous arrays without checking: every
+    array it passes is one, its predictions are those of the checked calls, and the output is ar's."""
+    from specfit.models.predictors import FrequencyPredictor
+
+    rng = np.random.default_rng(0)
+    layers = load(ckpt).spec
+    L, E, k = len(layers.moe_layers), layers.num_experts, layers.top_k
+    table = rng.integers(0, 3, (VOCAB, L, E))
+    args = (np.arange(VOCAB), table, np.full(VOCAB, 2), np.full((L, E), 1.0 / E), k)
+    seen = []
+
+    class Checked(FrequencyPredictor):
+        def _check(self, *arrays):
+            for a in arrays:
+                assert type(a) is np.ndarray and a.dtype == np.int64 and a.flags.c_contiguous
+            seen.append(tuple(a.ndim for a in arrays))
+
+        def reset(self):
+            super().reset()
+            twin.reset()
+
+        def observe(self, tokens, routing, draft_hidden=None):  # the prompt's routing: observed by both
+            super().observe(tokens, routing)
+            twin.observe(tokens, routing)
+
+        def observe_and_predict_ids(self, observed, routing, tokens, draft_hidden=None):
+            self._check(observed, routing, tokens)
+            twin.observe(observed.tolist(), routing.tolist())  # the checked calls, on lists
+            got = super().observe_and_predict_ids(observed, routing, tokens)
+            np.testing.assert_array_equal(got, twin.predict(tokens.tolist()))
+            return got
+
+        def predict_ids(self, tokens, draft_hidden=None):
+            self._check(tokens)
+            got = super().predict_ids(tokens)
+            np.testing.assert_array_equal(got, twin.predict(tokens.tolist()))
+            return got
+
+    twin = FrequencyPredictor(*args)
+    dec = SpecDecoder(load(ckpt), SelfDrafter(ckpt), "specfit", shadows=False, tree=TreeSettings(8, 3, 3), cost=COST,
+                      predictor=Checked(*args))
+    gen = dec.generate(PROMPTS[1], 16)
+    assert gen.output_ids == ar_outputs[1]
+    assert (1, 3, 1) in seen and (1,) in seen
+
+
 def test_acceptance_learning_runs_while_the_next_verify_is_computed(ckpt, ar_outputs, monkeypatch):
     """A verify's acceptance learning waits for the next cycle's verify (on a GPU it runs while the target
     computes it): every calibrated probability is computed with every verify but the last one learned, its

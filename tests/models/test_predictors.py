@@ -540,9 +540,11 @@ def test_compiled_frequency_top_k_ranks_any_scores_as_the_stable_sort(data):
     if kind == "nan":
         s[rng.random((L, E)) < 0.3] = np.nan
     z = np.zeros((L, E))  # no table rows, no blend, no tie-break: every token's scores are g = s
-    error, got = frequency_predict_kernel()(np.zeros((0, L, E), np.float32), np.zeros(0, np.int64), np.zeros(0), 1.0,
-                                            k, z, s, z, np.zeros((L, E), np.int64), 0, 0.0, False, np.zeros((L, E)),
-                                            np.zeros((L, E)), np.array([0, 5], np.int64))
+    got = np.full((2, L, k), -1, np.int64)
+    terms = np.stack([z, s, z, z, z])  # pseudo, g, tie-break, blend, unseen (made by the call)
+    error = frequency_predict_kernel()(np.zeros((0, L, E), np.float32), np.zeros(0, np.int64), np.zeros(0), 1.0,
+                                       k, terms, np.zeros((L, E), np.int64), 0, 0.0, False,
+                                       np.array([0, 5], np.int64), got, np.zeros((0, L, E), np.uint8), np.zeros((2, L)))
     assert error == 0
     want = np.argsort(-s, axis=-1, kind="stable")[..., :k]
     np.testing.assert_array_equal(got, np.stack([want, want]))
@@ -569,3 +571,37 @@ def test_a_fortran_ordered_global_share_predicts_as_a_c_ordered_one(beta):
     for got, fused in preds[1:]:
         np.testing.assert_array_equal(got, preds[0][0])
         np.testing.assert_array_equal(fused, preds[0][1])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_the_threshold_ranking_picks_the_full_scans_experts(data):
+    """The compiled ranking's threshold algorithm (kernels._threshold_top_k: experts visited by static score,
+    stopped by the blend and tie-break bounds) gives exactly the experts of the full scan it replaces (the
+    same predictor with no visiting order), ties (integer counts, equal shares) included; a table with a
+    value that is not finite keeps the full scan."""
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    L, E = data.draw(st.integers(1, 3)), data.draw(st.integers(2, 80))
+    k = data.draw(st.integers(1, min(E, 10)))
+    ids = np.sort(rng.choice(40, data.draw(st.integers(1, 10)), replace=False))
+    table = rng.integers(0, data.draw(st.sampled_from([2, 5, 50])), (len(ids), L, E)).astype(np.float64)
+    g = rng.random((L, E)) if data.draw(st.booleans()) else np.full((L, E), 1.0)  # equal shares: ties
+    g /= g.sum(axis=1, keepdims=True)
+    options = dict(smoothing=data.draw(st.sampled_from([0.0, 0.5, 3.0])),
+                   recency_weight=data.draw(st.sampled_from([0.0, 0.5, 4.0])), window=data.draw(st.integers(1, 5)))
+    counts = rng.integers(1, 9, len(ids))
+    fast, full = (FrequencyPredictor(ids, table, counts, g, k, **options) for _ in range(2))
+    assert fast._order.shape == (len(ids), L, E)
+    full._order = np.zeros((0, L, E), np.uint8)
+    for _ in range(data.draw(st.integers(1, 4))):
+        T = data.draw(st.integers(0, 3))
+        observed = rng.integers(0, 40, T)
+        routing = np.stack([np.stack([rng.choice(E, k, replace=False) for _ in range(L)]) for _ in range(T)]) \
+            if T else np.zeros((0, L, k), np.int64)
+        tokens = rng.choice(np.concatenate([ids, [40, 41]]), data.draw(st.integers(0, 8)))
+        got = fast.observe_and_predict(observed, routing, tokens)
+        np.testing.assert_array_equal(got, full.observe_and_predict(observed, routing, tokens))
+        np.testing.assert_array_equal(got, np.argsort(-full.scores(tokens), axis=-1, kind="stable")[..., :k])
+        np.testing.assert_array_equal(fast.predict(tokens[::-1]), full.predict(tokens[::-1]))
+    table[0, 0, 0] = np.inf
+    assert FrequencyPredictor(ids, table, counts, g, k, **options)._order.shape[0] == 0
