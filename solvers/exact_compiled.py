@@ -24,8 +24,8 @@ tests/solvers/test_exact_compiled.py checks it against the Python path (the same
 a tie to round-off) and brute force on generated instances; tests/solvers/test_solvers.py checks the
 default, compiled, solver against CP-SAT and brute force. The kernels avoid numpy array expressions and
 numba's argsort, which multiply the compile time (first use in a fresh checkout: 5.5 s for both kernels
-on this project's 2-vCPU VM, 7–13 s on a slower one; all ten of the project's kernels then load from numba's disk
-cache in 0.5–2 s).
+on this project's 2-vCPU VM, 7–13 s on a slower one; :func:`_select_nodes`, the engine's, adds its own; the
+project's kernels then load from numba's disk cache in 0.5–2 s).
 
 References
 ----------
@@ -605,13 +605,17 @@ def select_unbudgeted(tree, items, cost, rate_lam: float | None, tol: float,
         A(S) (tokens) and T(S) (ms) of the selection: :func:`specfit.core.objective.evaluate`'s floats, bit
         for bit (SPECFIT.md §3).
     """
+    return exact_kernel()(*_kernel_args(tree, items, cost, rate_lam, tol, fixed_ms, per_expert))
+
+
+def _kernel_args(tree, items, cost, rate_lam, tol, fixed_ms, per_expert) -> tuple:
+    """:func:`_select`'s arguments for :func:`select_unbudgeted`'s parameters (the same names)."""
     L, E = tree.num_layers, tree.num_experts or 0
     _, seg_word, seg_mask, seg_layer = _layout(L, E)
-    return exact_kernel()(kernel_array(tree.parents, np.int64), kernel_array(tree.path_prob, np.float64),
-                          items.words(copy=False), E, float(cost.fixed_ms if fixed_ms is None else fixed_ms),
-                          float(cost.per_node_ms), cost.per_expert_array(L) if per_expert is None else per_expert,
-                          seg_word, seg_mask, seg_layer,
-                          -1.0 if rate_lam is None else float(rate_lam), float(tol))
+    return (kernel_array(tree.parents, np.int64), kernel_array(tree.path_prob, np.float64), items.words(copy=False), E,
+            float(cost.fixed_ms if fixed_ms is None else fixed_ms), float(cost.per_node_ms),
+            cost.per_expert_array(L) if per_expert is None else per_expert, seg_word, seg_mask, seg_layer,
+            -1.0 if rate_lam is None else float(rate_lam), float(tol))
 
 
 def select_unbudgeted_nodes(tree, items, cost, rate_lam: float | None, tol: float, fixed_ms: float,
@@ -620,13 +624,8 @@ def select_unbudgeted_nodes(tree, items, cost, rate_lam: float | None, tol: floa
     engine's solve (:meth:`~specfit.solvers.exact.ExactSolver.solve_tree`), by one compiled call
     (:func:`_select_nodes`) that writes the ids into an array made here. ``fixed_ms`` and ``per_expert``
     as there (both required)."""
-    L, E = tree.num_layers, tree.num_experts or 0
-    _, seg_word, seg_mask, seg_layer = _layout(L, E)
-    parents = kernel_array(tree.parents, np.int64)
-    out = np.empty(parents.shape[0], np.int64)
-    size, a, t = exact_nodes_kernel()(parents, kernel_array(tree.path_prob, np.float64), items.words(copy=False), E,
-                                      float(fixed_ms), float(cost.per_node_ms), per_expert, seg_word, seg_mask,
-                                      seg_layer, -1.0 if rate_lam is None else float(rate_lam), float(tol), out)
+    out = np.empty(tree.n, np.int64)
+    size, a, t = exact_nodes_kernel()(*_kernel_args(tree, items, cost, rate_lam, tol, fixed_ms, per_expert), out)
     return tuple(out[:size].tolist()), a, t
 
 
@@ -671,26 +670,25 @@ def linear_prefix_kernel():
 def exact_kernel():
     """The compiled :func:`_select` (its :func:`~specfit.core.kernels.entry_point`), compiled or loaded
     from numba's cache on the first call in a process (the exact solver asks for it when it is built)."""
+    for lam in (-1.0, 0.1):
+        kernel = entry_point(_select, *_example_args(lam))
+    return kernel
+
+
+def _example_args(lam: float) -> tuple:
+    """Arguments of :func:`_select` of the types the engine passes (a 3-node tree, one 64-expert layer)."""
     parents, pp = np.array([-1, 0, 0], np.int64), np.array([1.0, 0.5, 0.4])
     own = np.array([[4], [3], [1]], np.uint64)
     seg = _layout(1, 64)[1:]  # read-only, as select_unbudgeted passes them
     layer_ms = np.ones(1)
     layer_ms.setflags(write=False)  # as CostModel.per_expert_array
-    for lam in (-1.0, 0.1):
-        kernel = entry_point(_select, parents, pp, own, 64, 1.0, 0.1, layer_ms, *seg, lam, 1e-12)
-    return kernel
+    return (parents, pp, own, 64, 1.0, 0.1, layer_ms, *seg, lam, 1e-12)
 
 
 @functools.cache
 def exact_nodes_kernel():
     """The compiled :func:`_select_nodes` (its :func:`~specfit.core.kernels.entry_point`), compiled or loaded
     from numba's cache on the first call in a process (the exact solver asks for it when it is built)."""
-    parents, pp = np.array([-1, 0, 0], np.int64), np.array([1.0, 0.5, 0.4])
-    own = np.array([[4], [3], [1]], np.uint64)
-    seg = _layout(1, 64)[1:]  # read-only, as select_unbudgeted_nodes passes them
-    layer_ms = np.ones(1)
-    layer_ms.setflags(write=False)  # as CostModel.per_expert_array
     for lam in (-1.0, 0.1):
-        kernel = entry_point(_select_nodes, parents, pp, own, 64, 1.0, 0.1, layer_ms, *seg, lam, 1e-12,
-                             np.empty(3, np.int64))
+        kernel = entry_point(_select_nodes, *_example_args(lam), np.empty(3, np.int64))
     return kernel

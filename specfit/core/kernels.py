@@ -445,9 +445,12 @@ def frequency_order(table: np.ndarray, pseudo: np.ndarray, k: int) -> np.ndarray
     rows, L, E = table.shape
     if E > 256 or not (np.isfinite(table).all() and np.isfinite(pseudo).all()):
         return np.zeros((0, L, E), np.uint8)
-    key = (table / np.float32(k)).astype(np.float64)
-    key += pseudo
-    return np.argsort(-key, axis=2, kind="stable").astype(np.uint8)
+    order = np.empty((rows, L, E), np.uint8)
+    for lo in range(0, rows, 4096):  # a float64 key and int64 ids per chunk of rows, not per table
+        key = (table[lo:lo + 4096] / np.float32(k)).astype(np.float64)
+        key += pseudo
+        order[lo:lo + 4096] = np.argsort(-key, axis=2, kind="stable")
+    return order
 
 
 @numba.njit(cache=True, error_model="numpy")

@@ -605,3 +605,18 @@ def test_the_threshold_ranking_picks_the_full_scans_experts(data):
         np.testing.assert_array_equal(fast.predict(tokens[::-1]), full.predict(tokens[::-1]))
     table[0, 0, 0] = np.inf
     assert FrequencyPredictor(ids, table, counts, g, k, **options)._order.shape[0] == 0
+
+
+def test_the_visiting_order_of_a_table_longer_than_one_chunk():
+    """frequency_order sorts a table in chunks of rows: every row's order, past the first chunk too, is its
+    experts by ``table / k + pseudo``, largest first; E > 256 keeps the full scan (no order)."""
+    from specfit.core.kernels import frequency_order
+
+    rng = np.random.default_rng(5)
+    table = rng.integers(0, 9, (5000, 2, 6)).astype(np.float32)
+    pseudo = rng.random((2, 6))
+    order = frequency_order(table, pseudo, 3)
+    key = (table / np.float32(3)).astype(np.float64) + pseudo
+    assert order.dtype == np.uint8 and order.shape == table.shape
+    assert (np.diff(np.take_along_axis(key, order.astype(np.int64), axis=2), axis=2) <= 0).all()
+    assert frequency_order(np.zeros((2, 1, 257), np.float32), np.zeros((1, 257)), 3).shape == (0, 1, 257)
