@@ -87,7 +87,8 @@ def selection(solver: str, nodes: tuple, expected_tokens: float, predicted_ms: f
     (inf when T = 0). Equal to ``Selection(...)`` of the same fields, made without the frozen dataclass's
     ``__init__`` (one ``object.__setattr__`` per field): the engine makes one per solve, right after a
     forward has evicted the host's caches, where those calls cost several µs (BENCHMARKS.md, issue 9,
-    thirty-fourth round)."""
+    thirty-fourth round). Units: A in tokens, T and ``solve_ms`` in ms, ``rate`` in tokens/s; the fields are
+    not checked (the caller's solver made them; :class:`Selection` documents them, A and T per SPECFIT.md §3)."""
     s = object.__new__(Selection)
     s.__dict__.update(solver=solver, nodes=nodes, expected_tokens=expected_tokens, predicted_ms=predicted_ms,
                       throughput=1000.0 * expected_tokens / predicted_ms if predicted_ms > 0 else float("inf"),

@@ -623,7 +623,9 @@ def select_unbudgeted_nodes(tree, items, cost, rate_lam: float | None, tol: floa
     """:func:`select_unbudgeted`'s nodes (a tuple of int), A and T, without the experts per layer: the
     engine's solve (:meth:`~specfit.solvers.exact.ExactSolver.solve_tree`), by one compiled call
     (:func:`_select_nodes`) that writes the ids into an array made here. ``fixed_ms`` and ``per_expert``
-    as there (both required)."""
+    as there (both required). Returns ``(nodes, a, t)``: node ids increasing, root first; A(S) in tokens and
+    T(S) in ms, the floats of :func:`specfit.core.objective.evaluate` (SPECFIT.md §3). Raises nothing itself
+    (the caller checks the cost and the tree's accounting)."""
     out = np.empty(tree.n, np.int64)
     size, a, t = exact_nodes_kernel()(*_kernel_args(tree, items, cost, rate_lam, tol, fixed_ms, per_expert), out)
     return tuple(out[:size].tolist()), a, t

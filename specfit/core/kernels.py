@@ -441,7 +441,10 @@ def frequency_order(table: np.ndarray, pseudo: np.ndarray, k: int) -> np.ndarray
     """The experts of each table row and layer by ``table / k + pseudo`` (the float32 division, then float64,
     as :func:`_frequency_rank` computes it), largest first: (rows, L, E) uint8, the order its threshold
     algorithm visits them in; a (0, L, E) array (the full scan) when E > 256 (ids do not fit a uint8) or
-    the table or ``pseudo`` holds a value that is not finite (the order would not bound the scores)."""
+    the table or ``pseudo`` holds a value that is not finite (the order would not bound the scores).
+    ``table`` (rows, L, E) float32 counts, ``pseudo`` (L, E) float64, ``k`` the experts per token. Raises
+    nothing. Source: the sorted access of the threshold algorithm (R. Fagin, A. Lotem, M. Naor, "Optimal
+    aggregation algorithms for middleware", J. Comput. Syst. Sci. 66(4), 2003)."""
     rows, L, E = table.shape
     if E > 256 or not (np.isfinite(table).all() and np.isfinite(pseudo).all()):
         return np.zeros((0, L, E), np.uint8)
