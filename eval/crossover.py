@@ -105,7 +105,7 @@ def plot_crossover(rows: list[dict], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from specfit.eval.report import _save
+    from specfit.eval.report import save_figure
 
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
     methods = list(dict.fromkeys(r["method"] for r in rows))
@@ -119,7 +119,7 @@ def plot_crossover(rows: list[dict], path: Path) -> Path:
         ax.set(xlabel="cached fraction of each layer's experts", ylabel="tokens/s (modeled)", title=d, xlim=(0, 1.05))
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
-    _save(fig, path)
+    save_figure(fig, path)
     return path
 
 

@@ -199,7 +199,7 @@ def reliability_plot(records: list[ResultRecord], out: Path) -> dict[str, Path]:
         if ax.get_legend_handles_labels()[0]:  # no drafted cycle in this panel: nothing to label
             ax.legend(fontsize=7)
     path = out / "reliability.png"
-    _save(fig, path)
+    save_figure(fig, path)
     return {"reliability_png": path}
 
 
@@ -286,7 +286,7 @@ def plot(rows: list[dict], out: Path) -> dict[str, Path]:
            title="Throughput vs tree size")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
-    _save(fig, paths["throughput_png"])
+    save_figure(fig, paths["throughput_png"])
 
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     width = 0.8 / max(len(methods), 1)
@@ -298,7 +298,7 @@ def plot(rows: list[dict], out: Path) -> dict[str, Path]:
     ax.set(ylabel="experts transferred per committed token", title="Expert transfers (H2D) per token")
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize=7)
-    _save(fig, paths["experts_png"])
+    save_figure(fig, paths["experts_png"])
 
     fig, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 4), squeeze=False)
     drafted = [m for m in methods if get_method(m).drafts]
@@ -316,11 +316,12 @@ def plot(rows: list[dict], out: Path) -> dict[str, Path]:
         ax.grid(True, alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
-    _save(fig, paths["acceptance_png"])
+    save_figure(fig, paths["acceptance_png"])
     return paths
 
 
-def _save(fig, path: Path) -> None:
+def save_figure(fig, path: Path) -> None:
+    """Write the matplotlib figure ``fig`` to ``path`` as a PNG (110 dpi, tight layout; atomically), then close it."""
     import matplotlib.pyplot as plt
 
     fig.tight_layout()

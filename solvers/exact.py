@@ -55,7 +55,7 @@ from specfit.core.objective import evaluate_uncovered, evaluation
 from specfit.core.cost import check_ms
 from specfit.solvers.base import Selection, Solver, check_rate, selection
 from specfit.solvers.exact_host import select_host
-from specfit.solvers.greedy import _scan_prefix, linear_prefix
+from specfit.solvers.greedy import linear_prefix, scan_prefix
 
 _INF = float("inf")
 
@@ -405,7 +405,7 @@ class ExactSolver(Solver):
                 status = "feasible"
             return nodes
 
-        start = _scan_prefix(instance)  # a cheap feasible starting point for Dinkelbach (best_prefix; the union is known non-empty)
+        start = scan_prefix(instance)  # a cheap feasible starting point for Dinkelbach (best_prefix; the union is known non-empty)
         if rate is not None:
             return best_for(rate / 1000.0, start), status
         nodes = start

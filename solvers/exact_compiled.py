@@ -442,7 +442,7 @@ def _select(parents, pp, own, num_experts, fixed_ms, per_node_ms, layer_ms, seg_
     (:meth:`specfit.core.coverage.ItemSets.words`).
 
     Ratio mode (``lam_rate < 0``): Dinkelbach from the best prefix of the path-probability order (as
-    ``_scan_prefix``); rate mode: one maximum closure at λ = ``lam_rate`` tokens/ms. Item costs: every
+    ``scan_prefix``); rate mode: one maximum closure at λ = ``lam_rate`` tokens/ms. Item costs: every
     layer's ``layer_ms`` the same (``uniform``) or per layer, as ``Coverage.bits_ms``."""
     n, W, L = pp.shape[0], own.shape[1], layer_ms.shape[0]
     uniform = layer_ms[0] if L else -1.0

@@ -53,10 +53,10 @@ def best_prefix(instance: Instance, lam: float | None = None) -> list[int]:
     """
     if instance.cost.regime != "host" and not instance.items.union(range(instance.n)):
         return linear_prefix(instance, lam)
-    return _scan_prefix(instance, lam)
+    return scan_prefix(instance, lam)
 
 
-def _scan_prefix(instance: Instance, lam: float | None = None) -> list[int]:
+def scan_prefix(instance: Instance, lam: float | None = None) -> list[int]:
     """:func:`best_prefix` by the node-by-node scan, without its check for the closed form (for callers
     that know some node needs an uncached expert, or whose cost is a host-regime profile)."""
     order = path_prob_order(instance)

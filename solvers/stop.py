@@ -189,10 +189,10 @@ def ratio_upper_bound(path_prob, root_ms: float, min_node_ms: float) -> float:
     t = check_ms("root_ms", root_ms)
     if t <= 0:
         raise SpecFitInputError("root_ms", f"must be > 0 (ms), got {t}")
-    return _ratio_upper_bound(np.ascontiguousarray(p, dtype=np.float64), t, check_ms("min_node_ms", min_node_ms))
+    return ratio_upper_bound_unchecked(np.ascontiguousarray(p, dtype=np.float64), t, check_ms("min_node_ms", min_node_ms))
 
 
-def _ratio_upper_bound(path_prob: np.ndarray, root_ms: float, min_node_ms: float) -> float:
+def ratio_upper_bound_unchecked(path_prob: np.ndarray, root_ms: float, min_node_ms: float) -> float:
     """:func:`ratio_upper_bound` of checked arguments (a C-contiguous float64 array of probabilities,
     ``root_ms`` > 0): the engine's, whose path probabilities come from its own levels and whose T(root alone)
     is a cost model's; one compiled call (:func:`specfit.core.kernels.ratio_bound_kernel`)."""

@@ -158,3 +158,62 @@ def test_the_checker_catches_an_upward_import(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text("def f():\n    from specfit.eval.run import run_eval\n")
     assert ("specfit.eval.run", 2, False) in _imports(probe, "specfit.solvers.probe")
+
+
+#: The engine's modules that decide and learn (no model runs in them): they never import the runtime.
+POLICY_MODULES = ("specfit.engine.policy", "specfit.engine.online", "specfit.engine.clock")
+
+
+@pytest.mark.parametrize("module", POLICY_MODULES)
+def test_the_engines_policies_do_not_import_the_runtime(module):
+    path = MODULES[module]
+    bad = [f"{path.relative_to(ROOT)}:{line} imports {target}" for target, line, _ in _imports(path, module)
+           if target.split(".")[0] in HEAVY or target == "specfit.models" or target.startswith("specfit.models.")]
+    assert not bad, "\n".join(bad)
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _private_imports(path: Path, module: str, root: Path = ROOT) -> list[str]:
+    """``from specfit.x import _name`` in ``path`` where specfit.x is another module."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "specfit":
+            if node.module == module:
+                continue
+            out += [f"{path.relative_to(root)}:{node.lineno} imports {node.module}.{a.name}"
+                    for a in node.names if _private(a.name)]
+    return out
+
+
+def _private_attributes(path: Path, root: Path = ROOT) -> list[str]:
+    """``x._name`` in ``path`` where ``x`` is not ``self`` or ``cls``: a private member of another object."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                out.append(f"{path.relative_to(root)}:{node.lineno} reads {ast.unparse(node)}")
+    return out
+
+
+def test_nothing_imports_a_private_name_across_modules():
+    bad = [line for module, path in MODULES.items() for line in _private_imports(path, module)]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_engine_reads_no_private_member_of_another_object():
+    bad = [line for module, path in MODULES.items() if module.startswith("specfit.engine")
+           for line in _private_attributes(path)]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_private_name_checks_catch_a_violation(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("from specfit.solvers.stop import _bound, ok\n\n\n"
+                     "def f(self, tree):\n    return tree._append(1), self._own, tree.__len__()\n")
+    imports = [line.split(" imports ")[1] for line in _private_imports(probe, "specfit.engine.probe", tmp_path)]
+    assert imports == ["specfit.solvers.stop._bound"]
+    reads = [line.split(" reads ")[1] for line in _private_attributes(probe, tmp_path)]
+    assert reads == ["tree._append"]

@@ -224,10 +224,10 @@ class AcceptanceCalibrator:
 
         if not isinstance(depth, np.ndarray):
             depth = np.full(parents.shape[0], depth, dtype=np.int64)
-        p_hat, pp, rank, ranked = level_probs_kernel()(*self._kernel_tables(), parent_cal, parent_pp, parents, q, depth)
+        p_hat, pp, rank, ranked = level_probs_kernel()(*self.kernel_tables(), parent_cal, parent_pp, parents, q, depth)
         return p_hat, pp, rank if ranked else None
 
-    def _kernel_tables(self) -> tuple:
+    def kernel_tables(self) -> tuple:
         """The calibrator's state as its kernels take it (:func:`specfit.core.kernels._level_probs`' first
         six arguments): rank classes, the flat ``alpha`` and ``beta`` tables, the q bins' edges, the
         per-depth path factors and the largest depth."""
@@ -310,8 +310,8 @@ class AcceptanceCalibrator:
         d = _depths(depth, cal.size)
         self._observe_paths(cal, d, check_nonnegative_int("accepted", accepted))
 
-    def _learn_verify(self, q: np.ndarray, depth: np.ndarray, ok: np.ndarray, rank: np.ndarray, cal: np.ndarray,
-                      cal_depth: np.ndarray, accepted: int) -> None:
+    def learn_verify(self, q: np.ndarray, depth: np.ndarray, ok: np.ndarray, rank: np.ndarray, cal: np.ndarray,
+                     cal_depth: np.ndarray, accepted: int) -> None:
         """:meth:`update` ``(q, depth, ok, rank)`` then :meth:`_observe_paths` ``(cal, cal_depth, accepted)`` in one
         compiled call (:func:`specfit.core.kernels.learn_verify_kernel`), the same floats as those methods
         give: the engine's learning of one verify. Unchecked, for the engine's own arrays: ``q`` float64,

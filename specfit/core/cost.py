@@ -186,9 +186,9 @@ class CostModel:
         SpecFitInputError
             If ``ms`` is not a finite number >= 0 (field ``ms``).
         """
-        return self._with_costs(self.fixed_ms + check_ms("ms", ms), self.per_node_ms)
+        return self.with_costs(self.fixed_ms + check_ms("ms", ms), self.per_node_ms)
 
-    def _with_costs(self, fixed_ms: float, per_node_ms: float) -> "CostModel":
+    def with_costs(self, fixed_ms: float, per_node_ms: float) -> "CostModel":
         """This model with ``fixed_ms`` and ``per_node_ms`` replaced, both already checked (finite, >= 0,
         their sum > 0): the engine prices every cycle anew, so no other field is re-checked (as
         ``dataclasses.replace`` would) and the per-layer expert array is kept."""

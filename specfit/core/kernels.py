@@ -12,7 +12,7 @@ bit-identical (tests/core/test_acceptance.py). The frequency predictor's top-k e
 (tests/models/test_predictors.py), and so is its recency window's update with a verify's committed
 routing (``_Window.observe``: the routing's checks and the push). One calibrated draft level's host steps in
 the engine (its path probabilities, the pruning test and the drafted tree's buffers, ``_draft_level``) and
-one verify's acceptance learning (``_learn_verify``) are one compiled call each, again operation for
+one verify's acceptance learning (``AcceptanceCalibrator.learn_verify``) are one compiled call each, again operation for
 operation as the numpy steps they replace (tests/engine/test_drafted.py, tests/core/test_acceptance.py).
 
 numba compiles a kernel on its first call in a process and keeps the machine code in its on-disk cache

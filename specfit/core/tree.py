@@ -244,10 +244,10 @@ class DraftTree:
             if exp.shape[1:] != self._experts.shape[1:]:
                 raise SpecFitInputError("experts", f"new nodes must have shape (L, k) = {self._experts.shape[1:]}, "
                                         f"got {exp.shape[1:]}")
-        return self._append_level(par, pp_new, tok, exp)
+        return self.append_level(par, pp_new, tok, exp)
 
-    def _append_level(self, parents: np.ndarray, path_prob: np.ndarray, tokens: np.ndarray | None,
-                      experts: np.ndarray | None) -> np.ndarray:
+    def append_level(self, parents: np.ndarray, path_prob: np.ndarray, tokens: np.ndarray | None,
+                     experts: np.ndarray | None) -> np.ndarray:
         """:meth:`add_level` of arrays already checked (int64 parents in the tree or earlier in these
         arrays, float64 P in [0, 1] at most the parent's, int64 tokens and experts iff the tree has
         them): the engine's path, whose levels come from its own arrays. Several levels may come in one
@@ -268,8 +268,8 @@ class DraftTree:
         return ids
 
     @classmethod
-    def _of_arrays(cls, parents: np.ndarray, path_prob: np.ndarray, tokens: np.ndarray | None,
-                   experts: np.ndarray | None, num_experts: int | None) -> "DraftTree":
+    def of_arrays(cls, parents: np.ndarray, path_prob: np.ndarray, tokens: np.ndarray | None,
+                  experts: np.ndarray | None, num_experts: int | None) -> "DraftTree":
         """A tree of arrays already in internal form and valid, without the constructor's checks
         (a subtree of a valid tree, the engine's root)."""
         tree = cls.__new__(cls)
@@ -422,7 +422,7 @@ class DraftTree:
         new_of = np.full(self.n, -1, dtype=np.int64)
         new_of[keep] = np.arange(keep.shape[0])
         par = np.concatenate([[-1], new_of[self._parents[keep[1:]]]])
-        sub = DraftTree._of_arrays(par.astype(np.int64, copy=False), self._path_prob[keep],
+        sub = DraftTree.of_arrays(par.astype(np.int64, copy=False), self._path_prob[keep],
                                    None if self._tokens is None else self._tokens[keep],
                                    None if self._experts is None else self._experts[keep], self.num_experts)
         if self.labels is not None:

@@ -31,23 +31,24 @@ The engine talks to three duck-typed parts:
 from __future__ import annotations
 
 import inspect
-import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
 import numpy as np
 import torch
 
 from specfit.core.acceptance import greedy_trials, verify_trials
-from specfit.core.cost import CostModel, HostProfile, calibrate
+from specfit.core.cost import CostModel, HostProfile
 from specfit.core.errors import SpecFitInputError, check_context, check_positive_int, check_single_sequence, lookup
 from specfit.core.tree import DraftTree, check_experts
+from specfit.engine.clock import Clock, MeasuredClock
 from specfit.engine.online import OnlineModel
+from specfit.engine.policy import DraftPolicy, make_policy
 from specfit.engine.twin import ARTwinCache
 from specfit.engine.verify import verify_greedy, verify_sampling
 from specfit.solvers import get_solver
 from specfit.solvers.base import solver_class
-from specfit.solvers.stop import _ratio_upper_bound, draft_can_beat_ar, selectable_threshold, stop_node_ms
+from specfit.solvers.stop import draft_can_beat_ar, ratio_upper_bound_unchecked, selectable_threshold, stop_node_ms
 
 
 @dataclass(frozen=True)
@@ -131,7 +132,7 @@ class TreeSettings:
     """Draft-tree settings (EAGLE's names): ``total_tokens`` draft nodes verified besides the root
     by the fixed-tree methods, ``depth`` draft levels at most, ``top_k`` children per expanded node
     and nodes expanded per level. Defaults: the Qwen3 EAGLE-3 scripts' 32 / 6 / 4 (SPECFIT.md §5,
-    depth 6 as the proxy's issue asks)."""
+    depth 6 for the proxy)."""
 
     total_tokens: int = 32
     depth: int = 6
@@ -161,51 +162,75 @@ def _verify_inputs(tree: DraftTree, keep: list) -> tuple[list, list]:
 
 @dataclass
 class CycleRecord:
-    """What one cycle did and cost.
+    """What one cycle did and cost. Counts are of this cycle; ms are wall-clock unless said otherwise.
 
-    Counts: ``levels`` drafted, ``levels_ahead`` launched and not used (1 when a drafter that launches
-    each level ahead, ``launches_ahead``, was stopped before the cycle's depth: that head forward is
-    paid; 1, or 2 with ``launches_ahead``, when the AR gate's sound bound, asked behind the first level,
-    took the AR step: ``levels`` is then 0), ``nodes_drafted`` by the head (root excluded), ``nodes_pruned`` of
-    them in no optimal selection (:func:`specfit.solvers.stop.selectable`; never predicted nor
-    priced), ``nodes_verified`` (root included), ``accepted`` draft tokens, ``committed`` tokens
-    (accepted + bonus; τ of this cycle).
-    Experts per MoE layer, lists of length L: ``predicted_new`` (uncached experts the selector
-    predicted for the verified subtree), ``true_experts`` (distinct experts the verified nodes
-    really routed to), ``transferred`` (experts the runtime copied host-to-device). Model terms:
-    ``expected_tokens`` A(S) (with calibrated acceptance for calibrated methods), ``expected_tokens_raw``
-    A(S) from the draft's raw path probabilities, ``predicted_ms`` T(S) (whole cycle for calibrated
-    methods: it includes the draft levels' ``level_ms`` and the cycle's measured host ms,
-    :meth:`SpecDecoder._level_ms`). ``decision``: ``"draft"``, or ``"ar"`` when
-    the AR gate skipped drafting (SPECFIT.md §3, "The AR step as a candidate"), ``"explore"`` when it
-    drafted only to measure drafting again. ``ar_step_ms``: the counterfactual AR step of this cycle,
-    T(root alone) with the root's true experts against the cache at the cycle's start (ms; calibrated
-    methods, else 0); ``speedup_estimate``: the gate's measured speedup of drafting over AR Ŝ when it
-    decided (None before any; :mod:`specfit.engine.online`). ``ar_tokens_ms``: what plain AR decoding
-    would have paid for this cycle's committed tokens, one step each with its own expert cache (the
-    AR twin, :mod:`specfit.engine.twin`; calibrated methods in the transfer regime with a runtime
-    cache, on the cycles the online model learns from, else 0). Measured wall-clock ms: ``draft_ms``,
-    ``predict_ms`` (the expert predictor's calls), ``tree_ms`` (the rest of each level's host work:
-    tree building, calibration, pruning), ``solve_ms``, ``verify_ms`` (whole target forward),
-    ``transfer_ms`` (H2D part of it, from the expert cache's timer), ``compute_ms``
-    (``verify_ms - transfer_ms``), ``accept_ms``. ``host_cpu_ms``: CPU ms of the engine's thread spent on the host side of the cycle (expert
-    predictor, tree building, calibration, gate, solver; the head and target forwards excluded), by
-    ``time.thread_time``: unlike wall-clock ms it does not grow with other processes' load.
-    ``hidden_host_ms``: host CPU ms that the device hides: this cycle's host work before its first draft
-    level is read (the root's prediction and cost, the AR gate's sound bound) while it computes that level
-    (:meth:`SpecDecoder._hide_behind_first_level`, at most the profile's ``draft_level_ms``), each level's host work while
-    it computes the next level (with a drafter that launches ahead, up to ``draft_level_ms`` per level:
-    :meth:`SpecDecoder._hide_behind_levels`) and the last cycle's online
-    learning and the earlier drafted cycles' acceptance learning (:meth:`OnlineModel.defer`) while it
-    verifies this cycle (:meth:`SpecDecoder._learn_last_cycle`, at most the shortest verify); not in
-    ``host_cpu_ms`` (what exceeds them is).
-    ``shadow_levels``: for ``decision == "shadow"`` (an AR step that drafted and selected a tree in its
-    shadow, :meth:`SpecDecoder._shadow_of`), the head forwards that tree took (its levels, and one launched
-    ahead and not used); they run while the device copies the AR step's experts, so the modeled time
-    charges only what exceeds the step's H2D ms (eval/modeled.py); ``levels`` and ``levels_ahead`` are 0.
-    ``host``: in the host and auto offload modes (``offload="host"``/``"auto"``), per MoE layer the
-    experts computed on the host (``"computed"``) and their (token, expert) rows (``"rows"``); empty
-    in the transfer mode (in the auto mode ``transferred`` counts the experts it chose to copy).
+    Attributes
+    ----------
+    levels : int
+        Draft levels drafted (0 for an AR step and a shadow cycle).
+    levels_ahead : int
+        Head forwards launched and not used: 1 when a drafter that launches each level ahead
+        (``launches_ahead``) stopped before the cycle's depth; 1, or 2 with ``launches_ahead``, when the
+        gate's sound bound, asked behind the first level, took the AR step. Paid in the modeled cycle.
+    shadow_levels : int
+        For ``decision == "shadow"``: the head forwards its tree took (its levels and one launched ahead);
+        they run while the device copies the AR step's experts, so the modeled time charges only what
+        exceeds the step's H2D ms (``eval/modeled.py``).
+    nodes_drafted : int
+        Nodes the head drafted (root excluded).
+    nodes_pruned : int
+        Drafted nodes in no optimal selection (:func:`specfit.solvers.stop.selectable`): never predicted
+        nor priced.
+    nodes_verified : int
+        Nodes verified (root included).
+    accepted : int
+        Draft tokens accepted.
+    committed : int
+        Tokens committed: accepted + the bonus token (this cycle's τ).
+    expected_tokens : float
+        A(S) of the selection (with calibrated acceptance for calibrated methods).
+    expected_tokens_raw : float
+        A(S) from the draft's raw path probabilities.
+    predicted_ms : float
+        T(S), ms: the whole cycle for calibrated methods (the draft levels' ``level_ms`` and the measured
+        host ms, :meth:`SpecDecoder._level_ms`); for an AR step T(AR) of its measured counts.
+    decision : str
+        The policy's decision (:data:`specfit.engine.policy.Decision`): ``"draft"``; ``"ar"`` when it
+        skipped drafting (SPECFIT.md §3, "The AR step as a candidate"); ``"explore"`` when it drafted only
+        to measure drafting again; ``"shadow"`` for an AR step that drafted and selected a tree in its
+        shadow (SPECFIT.md §3, "Drafting in the AR step's shadow").
+    ar_step_ms : float
+        The counterfactual AR step: T(root alone) with the root's true experts against the cache at the
+        cycle's start, ms (calibrated methods, else 0).
+    speedup_estimate : float or None
+        The gate's measured speedup of drafting over AR, Ŝ, when it decided (None before any).
+    predicted_new, true_experts, transferred : list of int, length L
+        Per MoE layer: uncached experts the selector predicted for the verified subtree; distinct experts
+        the verified nodes really routed to; experts the runtime copied host-to-device.
+    draft_ms, predict_ms, tree_ms, solve_ms : float
+        Measured ms: head forwards; the expert predictor's calls; the rest of each level's host work (tree
+        building, calibration, pruning); the selection.
+    verify_ms, transfer_ms, compute_ms, accept_ms : float
+        Measured ms: the whole target forward; its H2D part (the expert cache's timer); ``verify_ms -
+        transfer_ms``; acceptance and commit.
+    host_cpu_ms : float
+        CPU ms of the engine's thread on the host side of the cycle (predictor, tree, calibration, gate,
+        solver; head and target forwards excluded), from :meth:`specfit.engine.clock.Clock.cpu`: unlike
+        wall-clock ms it does not grow with other processes' load.
+    hidden_host_ms : float
+        Host CPU ms the device hides (not in ``host_cpu_ms``; what exceeds each slot is): the work before
+        the first draft level is read, while that level computes (up to the profile's ``draft_level_ms``);
+        each level's work while the next computes (a drafter that launches ahead); the last cycle's
+        learning while this cycle verifies (up to the shortest verify) (SPECFIT.md §3, "Host work hidden
+        by the device").
+    ar_tokens_ms : float
+        What plain AR decoding would have paid for this cycle's committed tokens, one step each in its own
+        expert cache (the AR twin, :mod:`specfit.engine.twin`; calibrated methods in the transfer regime
+        with a runtime cache, on the cycles the online model learns from, else 0).
+    host : dict
+        Host and auto offload modes: per MoE layer the experts computed on the host (``"computed"``) and
+        their (token, expert) rows (``"rows"``); empty in the transfer mode (in the auto mode
+        ``transferred`` counts the experts it chose to copy).
     """
 
     levels: int = 0
@@ -303,7 +328,7 @@ class _Drafted:
         n, m = self.n, len(parents)
         self._reserve(n + m)
         ok, kept, kept_parents, kept_pp, pp_sum, p_f = draft_level_kernel()(
-            *cal._kernel_tables(), self.parents, self.tokens, self.depth, self.raw, self.q, self.cal, self.pp,
+            *cal.kernel_tables(), self.parents, self.tokens, self.depth, self.raw, self.q, self.cal, self.pp,
             self.tree_ids, self.rank, n, parents, tokens, head_pp, threshold, first_tree_id, pp_sum)
         if not ok:
             raise SpecFitInputError("path_prob", "the drafter's path probabilities must lie in [0, 1]")
@@ -494,7 +519,7 @@ def _level_arrays(level) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def _root_only(root: int, experts: np.ndarray | None, num_experts: int) -> DraftTree:
     """The draft tree of the root alone (token ``root``, P = 1, ``experts`` (1, L, k) checked or None)."""
-    return DraftTree._of_arrays(np.full(1, -1, dtype=np.int64), np.ones(1), np.full(1, root, dtype=np.int64),
+    return DraftTree.of_arrays(np.full(1, -1, dtype=np.int64), np.ones(1), np.full(1, root, dtype=np.int64),
                                 experts, num_experts)
 
 
@@ -515,6 +540,99 @@ def _cache_mask(target, num_experts: int) -> np.ndarray:
 
 def _layer_counts(stats: dict, key: str) -> np.ndarray:
     return np.array([layer[key] for layer in stats["layers"]])
+
+
+@dataclass
+class CycleOutcome:
+    """What one cycle hands back to the generation: its ``record``, the ``committed`` token ids (accepted
+    draft tokens + bonus token), and for the drafter's commit the accepted path's target features
+    ``aux_hidden`` (τ, 3H) and its tokens ``path_tokens`` (the root first, τ of them)."""
+
+    record: CycleRecord
+    committed: list[int]
+    aux_hidden: "torch.Tensor"
+    path_tokens: list[int]
+
+
+@dataclass
+class _CycleState:
+    """What the running cycle knows; made anew at each cycle's start.
+
+    Attributes: ``cache`` the expert-cache mask (L, E) at the cycle's start (read once, None until
+    read); ``root_new`` the root's predicted uncached experts per layer (L,); ``root`` the root-only tree
+    with the cycle's cost model; ``untimed_s`` CPU s of head and reference forwards (not host work);
+    ``predict_s`` wall s in the expert predictor; ``drafted`` the whole drafted tree (:class:`_Drafted`);
+    ``level_host_ms`` host CPU ms in the draft levels; ``selected_depth`` the deepest verified node (0: the
+    root alone); ``reference_verified`` whether the oracle's reference verified this cycle's tree.
+    """
+
+    cache: np.ndarray | None = None
+    root_new: np.ndarray | None = None
+    root: tuple | None = None
+    untimed_s: float = 0.0
+    predict_s: float = 0.0
+    drafted: "_Drafted | None" = None
+    level_host_ms: float = 0.0
+    selected_depth: int = 0
+    reference_verified: bool = False
+
+
+@dataclass
+class _Learning:
+    """A cycle's outcome queued for the online model (:meth:`SpecDecoder._learn`, run while the next
+    cycle's verify is on the device): its ``record``, the ``cache`` (L, E) at its start, the verify's
+    ``routing`` (n, L, k), the root's predicted uncached experts ``root_new`` (L,) or None, the host CPU
+    ms of its levels ``level_host_ms`` and of the rest ``rest_ms``, its ``selected_depth``, and whether
+    it was a drafted cycle counted at its verify (``drafted_cycle``)."""
+
+    record: CycleRecord
+    cache: np.ndarray
+    routing: np.ndarray
+    root_new: np.ndarray | None
+    level_host_ms: float
+    selected_depth: int
+    rest_ms: float
+    drafted_cycle: bool
+
+
+@dataclass
+class _Growing:
+    """The draft tree one cycle grows: the priced ``tree``, the ``cache`` its accounting uses (no layer
+    axis when no expert is priced), the cycle's ``cost``, every ``drafted`` node, whether the kept nodes'
+    experts are ``predicted`` (and with the head's hidden states, ``with_hidden``), whether experts are
+    priced at all (``experts_known``), the kept levels ``pending`` until a selection needs their experts
+    (one predictor call per solve, not per level), the priced node count ``n_tree`` and ``pp_sum`` ΣP."""
+
+    tree: DraftTree
+    cache: np.ndarray
+    cost: CostModel
+    drafted: "_Drafted"
+    predicted: bool
+    experts_known: bool
+    with_hidden: bool
+    n_tree: int
+    pp_sum: float
+    pending: list = field(default_factory=list)
+
+
+@dataclass
+class _StopRule:
+    """The stop rule's and the pruning's terms for one cycle (ms; rates in tokens/s): the long-run
+    ``rate`` (rate mode, else None), a level's ``level_ms``, the cycle's ``host_ms``, the per-node bound
+    ``node_ms``, the rule's per-node ``stop_ms`` (:func:`specfit.solvers.stop.stop_node_ms`), T(root
+    alone) ``root_ms`` (known: ``root_known``), whether to ``prune``, ``max_sunk`` (host ms and every
+    level) and ``rate_lo`` the lower bound on R* the pruning uses."""
+
+    rate: float | None
+    level_ms: float
+    host_ms: float
+    node_ms: float | None
+    stop_ms: float | None
+    root_ms: float
+    prune: bool
+    max_sunk: float
+    root_known: bool
+    rate_lo: float = 0.0
 
 
 class SpecDecoder:
@@ -546,11 +664,6 @@ class SpecDecoder:
         the cycles so far) instead of A/T (SPECFIT.md §3, "per-cycle ratio vs long-run rate").
     max_nodes : int, optional
         Verify-width budget passed to the selector.
-    calibrate_every : int, optional
-        Online cost model: every this many cycles (once at least ``L + 2`` have run), refit
-        ``fixed_ms``, ``per_node_ms`` and ``per_expert_ms`` by NNLS (:func:`specfit.core.cost.calibrate`)
-        from this decoder's measured cycles (nodes verified, experts transferred per layer, measured
-        verify ms) and select with the fitted model; :attr:`calibration` holds the last fit.
     online : OnlineModel, optional
         Calibrated methods: what the engine has learned so far (calibrated acceptance, the
         predictor's priced error, the AR gate's measured utility; :mod:`specfit.engine.online`),
@@ -561,19 +674,27 @@ class SpecDecoder:
         decoding commits next, in place of the warm-up's and the explorations' drafted cycles until the
         shadows say drafting may pay (default True; used only where the gate has its AR twin;
         docs/SPECFIT.md §3, "Drafting in the AR step's shadow"). False: every learning cycle drafts.
+    policy : str or DraftPolicy, optional
+        Whether and how far each cycle drafts (:mod:`specfit.engine.policy`): ``"gate"`` (the calibrated
+        methods' default: the AR gate on measured utility), ``"always"`` (the other methods' default) or
+        ``"never"`` (every cycle an AR step). With ``online`` given, its policy is used and this must be None.
+    clock : Clock, optional
+        The clocks the engine reads (:mod:`specfit.engine.clock`; default the measured ones).
+        :class:`~specfit.engine.clock.FrozenClock` makes every decision independent of the machine's timing.
 
     Raises
     ------
     SpecFitInputError
         If the method needs a drafter, predictor or reference that is missing, or the drafter's
         ``aux_layer_ids`` differ from the target's ``aux_layers`` (the head would read the wrong
-        features), or ``calibrate_every`` is given with a host-regime profile.
+        features), or a ``policy`` the method cannot take.
     """
 
     def __init__(self, target, drafter=None, method: Method | str = "specfit", *, tree: TreeSettings = TreeSettings(),
                  cost: CostModel | None = None, predictor=None, reference=None, temperature: float = 0.0,
                  top_p: float = 1.0, seed: int = 0, rate_mode: bool = False, max_nodes: int | None = None,
-                 calibrate_every: int | None = None, online: OnlineModel | None = None, shadows: bool = True):
+                 online: OnlineModel | None = None, shadows: bool = True, policy: str | DraftPolicy | None = None,
+                 clock: Clock | None = None):
         self.method = get_method(method) if isinstance(method, str) else method
         m = self.method
         if m.drafts and drafter is None:
@@ -610,27 +731,22 @@ class SpecDecoder:
             ratio_bound_kernel()
         self._lam_tokens = 0.0
         self._lam_ms = 0.0
-        if calibrate_every is not None:
-            check_positive_int("calibrate_every", calibrate_every)
-            if isinstance(cost, HostProfile):
-                raise SpecFitInputError("calibrate_every", "fits a transfer-regime cost model (nodes, copied experts, "
-                                        "verify ms); it is not available with a host-regime profile")
-        self.calibrate_every = calibrate_every
-        self.calibration = None
-        self._measured: list[tuple[int, list[int], float]] = []
+        if online is not None and policy is not None:
+            raise SpecFitInputError("policy", "give it to the OnlineModel (OnlineModel(depth, policy)), not both")
+        if not m.calibrated and policy is not None and make_policy(policy).name == "gate":
+            raise SpecFitInputError("policy", f"the gate learns from calibrated methods; {m.name} takes "
+                                    "'always' or 'never'")
         #: What the engine learns online (calibrated methods only), and its calibrated acceptance.
-        self.online = (online if online is not None else OnlineModel(tree.depth)) if m.calibrated else None
+        self.online = ((online if online is not None else OnlineModel(tree.depth, policy or "gate"))
+                       if m.calibrated else None)
+        #: Whether and how far each cycle drafts (the online model's for a calibrated method).
+        self.policy = self.online.policy if self.online is not None else make_policy(policy or "always")
+        self.clock = clock if clock is not None else MeasuredClock()
         self.acceptance = self.online.acceptance if self.online is not None else None
-        self._root_new = None  # this cycle's predicted uncached root experts per layer (L,)
-        self._predict_s = 0.0  # this cycle's wall seconds in the expert predictor (_predict)
-        self._cache = self._root = None  # this cycle's cache mask, and its root tree with its cost model
-        self._untimed_s = 0.0  # this cycle's CPU s of head and reference forwards (not host work)
-        self._drafted = None  # this cycle's whole drafted tree (_Drafted)
-        self._level_host_ms = 0.0  # this cycle's host CPU ms in its draft levels
-        self._selected_depth = 0  # this cycle's deepest verified node (0: the root alone)
+        self._now = _CycleState()  # what the running cycle knows (made anew by each cycle)
         self._unobserved: list = []  # committed (tokens, routing) the predictor has not observed yet (int64 arrays)
         self._calls = (None,)  # the predictor's calls (_predictor_calls), made on the first prediction
-        self._after_verify = None  # the last cycle's _learn arguments, run during the next verify
+        self._after_verify: _Learning | None = None  # the last cycle's outcome, learned during the next verify
         self._ar_next = None  # (Ŝ,) when the next cycle is an AR step decided ahead (OnlineModel.decide_ahead)
         self._twin = None  # the AR twin's cache (specfit.engine.twin), made at the first generation
         self._twin_key = None  # the runtime cache it replays: (id, slots, policy)
@@ -674,7 +790,7 @@ class SpecDecoder:
         if context is not None:
             check_context("max_new_tokens", len(prompt), max_new_tokens, context)
         self._lam_tokens = self._lam_ms = 0.0
-        t0 = time.perf_counter()
+        t0 = self.clock.wall()
         for t in (self.target, self.reference):
             if t is not None:
                 t.reset()
@@ -698,134 +814,170 @@ class SpecDecoder:
             self._shadow_base = (self.shadows and self._twin is not None and self.drafter is not None
                                  and isinstance(self.cost, CostModel) and self.method.level_by_level)
             self._set_shadowing()
-        t1 = time.perf_counter()
+        t1 = self.clock.wall()
         root, new, cycles = prompt[-1], [], []
         while len(new) < max_new_tokens and not (eos_id is not None and eos_id in new):
-            rec, committed, aux, path_tokens = self._cycle(root, drafter_ready)
-            if self.drafter is not None:
+            out = self._cycle(root, drafter_ready)
+            if self.drafter is not None:  # the drafter's commit of the accepted path
                 if drafter_ready:
-                    self.drafter.commit(torch.tensor(path_tokens), aux)
+                    self.drafter.commit(torch.tensor(out.path_tokens), out.aux_hidden)
                 else:
-                    self.drafter.prefill(torch.tensor(path_tokens), aux)
+                    self.drafter.prefill(torch.tensor(out.path_tokens), out.aux_hidden)
                     drafter_ready = True
-            cycles.append(rec)
-            self._recalibrate(rec)
-            new += committed
-            root = committed[-1]
+            cycles.append(out.record)
+            new += out.committed
+            root = out.committed[-1]
         if self._after_verify is None:  # nothing reads the last cycle's AR twin ms; the next prefill syncs the twin
             self._twin_path = None
         if self.online is not None and (self.online.deferred or self._after_verify) and cycles:
-            c0 = time.thread_time()  # left to hide them behind
+            c0 = self.clock.cpu()  # left to hide them behind
             self.online.flush()
             self._learn_last_cycle()
-            cycles[-1].host_cpu_ms += (time.thread_time() - c0) * 1e3
+            cycles[-1].host_cpu_ms += (self.clock.cpu() - c0) * 1e3
         if self._shadows:  # their continuation ends here: never resolved
-            self.online.drop_shadows(len(self._shadows))
+            self.policy.drop_shadows(len(self._shadows))
             self._shadows.clear()
         if eos_id is not None and eos_id in new:
             new = new[:new.index(eos_id) + 1]
-        return Generation(new[:max_new_tokens], cycles, time.perf_counter() - t1, t1 - t0)
+        return Generation(new[:max_new_tokens], cycles, self.clock.wall() - t1, t1 - t0)
 
-    def _recalibrate(self, rec: CycleRecord) -> None:
-        if self.calibrate_every is None:
-            return
-        self._measured.append((rec.nodes_verified, rec.transferred, rec.verify_ms))
-        if len(self._measured) >= len(rec.transferred) + 2 and len(self._measured) % self.calibrate_every == 0:
-            nodes, misses, ms = zip(*self._measured)
-            fit = calibrate(nodes, misses, ms, name="online")  # keep the profile's draft and host level costs
-            self.calibration = replace(fit, cost=replace(fit.cost, draft_level_ms=self.cost.draft_level_ms,
-                                                         host_level_ms=self.cost.host_level_ms))
-            self.cost = self.calibration.cost
-
-    def _cycle(self, root: int, drafter_ready: bool):
-        m, rec = self.method, CycleRecord()
+    def _cycle(self, root: int, drafter_ready: bool) -> "CycleOutcome":
+        """One cycle, in the order things happen: decide, draft level by level with the stop rule
+        (predicting and selecting as the rule asks), verify the selection in one target forward (the
+        root alone for an AR step) with the last cycle's learning behind it, accept a root path and a
+        bonus token, commit, record. Returns the cycle's :class:`CycleOutcome`."""
+        rec, now = CycleRecord(), _CycleState()
+        self._now = now
         stats0 = self.target.cache.stats()
-        selection = None
-        self._reference_verified = False  # oracle: did the reference already verify this cycle's tree?
-        self._cache, self._root_new, self._root, self._untimed_s = None, None, None, 0.0
-        self._predict_s = 0.0  # this cycle's wall seconds in the expert predictor (_predict)
-        self._drafted, self._selected_depth = None, 0
-        c0 = time.thread_time()
-        ahead = self._ar_next is not None and drafter_ready  # an AR step decided in the last learning slot
+        c0 = self.clock.cpu()
+        # decide → draft → predict → select (an AR step decided in the last learning slot skips drafting)
+        ahead = self._ar_next is not None and drafter_ready
+        tree = selection = items = shadow = None
         if ahead:
             rec.decision = "ar"  # (consumed, with its Ŝ then recorded, in the learning slot below)
-        elif m.drafts and drafter_ready:
+        elif self.method.drafts and drafter_ready:
             tree, selection, items = self._draft_and_select(root, None, rec)
-        shadow = None
         if rec.decision == "shadow" and selection is not None:  # an AR step; the tree is learned from later
             shadow, selection = self._shadow_of(tree, selection, items, rec), None
-        # verify the selected subtree in one target forward (an AR step: the root alone); its tokens and
-        # parents are host work the verify's launch waits for
+        # the verify's inputs: the selected subtree, or the root alone (host work the verify's launch waits for)
         keep, sub_tokens, sub_parents = [0], [root], [-1]
         if selection is not None:
             keep = list(selection.nodes)
             sub_tokens, sub_parents = _verify_inputs(tree, keep)
-        rec.host_cpu_ms += (time.thread_time() - c0 - self._untimed_s) * 1e3  # (+ the learning's unhidden part)
-        rec.predict_ms = self._predict_s * 1e3
+        rec.host_cpu_ms += (self.clock.cpu() - c0 - now.untimed_s) * 1e3  # (+ the learning's unhidden part)
+        rec.predict_ms = now.predict_s * 1e3
         shadow_host_ms = 0.0
         if shadow is not None:  # the shadow's host work runs while the device computes the AR step (below)
             shadow_host_ms, rec.host_cpu_ms, rec.hidden_host_ms = rec.host_cpu_ms + rec.hidden_host_ms, 0.0, 0.0
-        drafted = self._drafted if selection is not None else None
+        drafted = now.drafted if selection is not None else None
         if selection is not None:
             rec.expected_tokens, rec.predicted_ms = selection.expected_tokens, selection.predicted_ms
             raw = drafted.raw[drafted.full_ids[keep[1:]]]  # the draft's own path probabilities
             rec.expected_tokens_raw = 1.0 + float(raw.sum())
             rec.predicted_new = items.new_per_layer(keep).tolist()
-        learn_s = self._learn_last_cycle()  # while the device verifies (on a GPU the verify is launched first)
-        if self.online is not None and self.online.deferred:  # in the same slot: earlier verifies' acceptance
-            c0 = time.thread_time()
-            self.online.flush()
-            learn_s += time.thread_time() - c0
-        if self.online is not None and selection is not None and tree.n > 1:  # in the same slot: the next gate's
-            c0 = time.thread_time()  # inputs, from the tree and the cache its accounting used
-            self._prepare_gate(tree, items.cache)
-            learn_s += time.thread_time() - c0
-        if rec.decision in ("ar", "shadow"):  # in the same slot after an AR step: the gate's next decision, its learning done
-            c0 = time.thread_time()
-            if ahead:  # this AR step, decided in the last slot: consumed now that it is launched
-                rec.speedup_estimate = self._ar_next[0]
-                self.online.take_ar_ahead()
-            self.online.decide_ahead()  # an AR step next: the next cycle's start reads a flag, as ar's start does
-            self._ar_next = (self.online.speedup,) if self.online.ahead == "ar" else None
-            learn_s += time.thread_time() - c0
-        t0 = time.perf_counter()
+        # verify, the last cycle's learning in its shadow (on a GPU the verify is launched first)
+        learn_s = self._learning_slot(rec, tree if selection is not None else None, items, ahead)
+        t0 = self.clock.wall()
         out = self.target.verify(torch.tensor(sub_tokens), sub_parents)
-        logits = out.logits
-        rec.verify_ms = (time.perf_counter() - t0) * 1e3
+        rec.verify_ms = (self.clock.wall() - t0) * 1e3
         if learn_s:
             hidden = min(learn_s * 1e3, self._shortest_verify_ms())
             rec.host_cpu_ms += learn_s * 1e3 - hidden
             rec.hidden_host_ms += hidden
-        t0 = time.perf_counter()
+        # accept a root path and a bonus token; commit
+        t0 = self.clock.wall()
+        acc = self._accept(sub_tokens, sub_parents, out.logits)
+        self.target.commit(acc.path)
+        if self.acceptance is not None and drafted is not None and drafted.n > 1:
+            self._queue_acceptance_learning(rec, drafted, keep, acc, sub_parents)
+        self._commit_reference(keep, acc, sub_tokens, sub_parents)
+        rec.accept_ms = (self.clock.wall() - t0) * 1e3
+        # record
+        routing = out.routing.numpy()
+        self._observe_committed(sub_tokens, acc, routing)
+        self._record_verify(rec, stats0, routing, keep, acc)
+        if rec.decision in ("ar", "shadow") and self.cost is not None:  # T(AR) of its counts: the rate mode's λ
+            rec.predicted_ms = self.cost.cycle_ms(1, *self._uncached(rec))
+            if self._shadow_base:  # its H2D ms: what the next shadows' head forwards hide behind
+                self.policy.observe_ar_h2d(rec.predicted_ms - self._shortest_verify_ms())
+                self._set_shadowing()
+        if shadow is not None:  # up to the AR step's modeled ms less what it already hides
+            hidden = min(shadow_host_ms, max(rec.predicted_ms - rec.hidden_host_ms, 0.0))
+            rec.hidden_host_ms += hidden
+            rec.host_cpu_ms += shadow_host_ms - hidden
+        self._continue_shadows(shadow, routing, acc)
+        self._queue_learning(rec, routing)
+        self._lam_tokens += rec.committed
+        self._lam_ms += rec.predicted_ms
+        return CycleOutcome(rec, acc.new_tokens, out.aux_hidden[acc.path], [sub_tokens[v] for v in acc.path])
+
+    def _learning_slot(self, rec: CycleRecord, tree: DraftTree | None, items, ahead: bool) -> float:
+        """The host work run while this cycle's verify is on the device, its thread CPU seconds: the last
+        cycle's learning (:meth:`_learn_last_cycle`), the earlier verifies' acceptance learning
+        (:meth:`OnlineModel.flush`), the next gate's inputs from this drafted ``tree`` (and the cache its
+        accounting used, ``items.cache``), and after an AR step the policy's next decision made ahead."""
+        learn_s = self._learn_last_cycle()
+        if self.online is not None and self.online.deferred:
+            c0 = self.clock.cpu()
+            self.online.flush()
+            learn_s += self.clock.cpu() - c0
+        if self.online is not None and tree is not None and tree.n > 1:
+            c0 = self.clock.cpu()
+            self._prepare_gate(tree, items.cache)
+            learn_s += self.clock.cpu() - c0
+        if rec.decision in ("ar", "shadow"):  # the policy's next decision, its learning done
+            c0 = self.clock.cpu()
+            if ahead:  # this AR step, decided in the last slot: consumed now that it is launched
+                rec.speedup_estimate = self._ar_next[0]
+                self.policy.take_ar_ahead()
+            self.policy.decide_ahead()  # an AR step next: the next cycle's start reads a flag, as ar's start does
+            self._ar_next = (self.policy.speedup,) if self.policy.decided_ahead() == "ar" else None
+            learn_s += self.clock.cpu() - c0
+        return learn_s
+
+    def _accept(self, sub_tokens: list, sub_parents: list, logits):
+        """The verify's acceptance (:mod:`specfit.engine.verify`): greedy, or lossless sampling when
+        ``temperature`` > 0."""
         if self.temperature > 0:
             if self.generator.device != logits.device:  # torch.multinomial needs both on one device
                 self.generator = torch.Generator(device=logits.device).manual_seed(self.seed)
-            acc = verify_sampling(sub_tokens, sub_parents, logits, temperature=self.temperature, top_p=self.top_p,
-                                  generator=self.generator)
-        else:
-            acc = verify_greedy(sub_tokens, sub_parents, logits)
-        self.target.commit(acc.path)
-        if self.acceptance is not None and drafted is not None and drafted.n > 1:
-            c0 = time.thread_time()  # host work of the cycle (host_cpu_ms), like the drafting's
-            # in the whole drafted tree's ids (pruned nodes too: they were drafted, only not priced)
-            full = drafted.full_ids[np.asarray(keep)]
-            self._selected_depth = int(drafted.depth[full].max())
-            # learned while the device computes the next cycle's verify (OnlineModel.defer)
-            self.online.defer(self._learn_acceptance, drafted, full, acc, sub_parents)
-            rec.host_cpu_ms += (time.thread_time() - c0) * 1e3
-        if self.reference is not None:
-            if self._reference_verified:  # it verified the whole drafted tree: commit in its node ids
-                self.reference.commit([keep[v] for v in acc.path])
-            else:  # an AR step, or every expert resident (no true routing needed): mirror the verify
-                self.reference.verify(torch.tensor(sub_tokens), sub_parents)
-                self.reference.commit(acc.path)
-        rec.accept_ms = (time.perf_counter() - t0) * 1e3
-        routing = out.routing.numpy()
-        if self.predictor is not None:  # observed when next predicted (an AR step predicts nothing)
+            return verify_sampling(sub_tokens, sub_parents, logits, temperature=self.temperature, top_p=self.top_p,
+                                   generator=self.generator)
+        return verify_greedy(sub_tokens, sub_parents, logits)
+
+    def _queue_acceptance_learning(self, rec: CycleRecord, drafted: "_Drafted", keep: list, acc,
+                                   sub_parents: list) -> None:
+        """Queue the verify's acceptance learning (:meth:`OnlineModel.defer`: it runs while the device
+        computes the next verify), in the whole drafted tree's ids (pruned nodes too: they were drafted,
+        only not priced); host work of the cycle, like the drafting's."""
+        c0 = self.clock.cpu()
+        full = drafted.full_ids[np.asarray(keep)]
+        self._now.selected_depth = int(drafted.depth[full].max())
+        self.online.defer(self._learn_acceptance, drafted, full, acc, sub_parents)
+        rec.host_cpu_ms += (self.clock.cpu() - c0) * 1e3
+
+    def _commit_reference(self, keep: list, acc, sub_tokens: list, sub_parents: list) -> None:
+        """Keep the oracle's reference target's KV equal to the target's."""
+        if self.reference is None:
+            return
+        if self._now.reference_verified:  # it verified the whole drafted tree: commit in its node ids
+            self.reference.commit([keep[v] for v in acc.path])
+        else:  # an AR step, or every expert resident (no true routing needed): mirror the verify
+            self.reference.verify(torch.tensor(sub_tokens), sub_parents)
+            self.reference.commit(acc.path)
+
+    def _observe_committed(self, sub_tokens: list, acc, routing: np.ndarray) -> None:
+        """Hand the committed tokens and their routing to the predictor (observed when it next predicts)
+        and to the AR twin (replayed with the next learning, during the next verify)."""
+        if self.predictor is not None:
             self._unobserved.append((np.array([sub_tokens[v] for v in acc.path], np.int64),
                                      np.ascontiguousarray(routing[acc.path], np.int64)))
-        if self._twin is not None:  # replayed with the next learning, during the next verify
+        if self._twin is not None:
             self._twin_path = routing[acc.path]
+
+    def _record_verify(self, rec: CycleRecord, stats0: dict, routing: np.ndarray, keep: list, acc) -> None:
+        """The verify's counts into ``rec``: experts copied (and computed on the host), its H2D ms, the
+        verified nodes' true experts, nodes verified, tokens accepted and committed."""
         stats1 = self.target.cache.stats()
         rec.transferred = (_layer_counts(stats1, "misses") - _layer_counts(stats0, "misses")).tolist()
         rec.transfer_ms = stats1["total"]["transfer_ms"] - stats0["total"]["transfer_ms"]
@@ -837,31 +989,27 @@ class SpecDecoder:
         rec.nodes_verified = len(keep)
         rec.accepted = acc.accepted
         rec.committed = len(acc.new_tokens)
-        if rec.decision in ("ar", "shadow"):  # T(AR) of its measured counts: what the rate mode's λ counts
-            rec.predicted_ms = self.cost.cycle_ms(1, *self._uncached(rec))
-            if self._shadow_base:  # its H2D ms: what the next shadows' head forwards hide behind
-                self.online.observe_ar_h2d(rec.predicted_ms - self._shortest_verify_ms())
-                self._set_shadowing()
-        if shadow is not None:  # up to the AR step's modeled ms less what it already hides
-            hidden = min(shadow_host_ms, max(rec.predicted_ms - rec.hidden_host_ms, 0.0))
-            rec.hidden_host_ms += hidden
-            rec.host_cpu_ms += shadow_host_ms - hidden
-        if self._shadows or shadow is not None:  # the forwards and tokens the pending shadows are resolved by
-            if shadow is not None:
-                self._shadows.append(shadow)
-            for sh in self._shadows:
-                sh.routing.extend(routing[acc.path])
-                sh.tokens.extend(acc.new_tokens)
-        if self.online is not None and self._cache is not None:  # learned during the next cycle's verify
-            drafted_cycle = rec.decision != "ar" and rec.levels > 0 and self._root_new is not None
-            if drafted_cycle:  # counted now: the gate's next decision reads it
-                self.online.observe_selection(rec.nodes_verified - 1, self._selected_depth)
-            self._after_verify = (rec, self._cache, routing, self._root_new, self._level_host_ms, self._selected_depth,
-                                  rec.host_cpu_ms - self._level_host_ms, drafted_cycle)
-        self._lam_tokens += rec.committed
-        self._lam_ms += rec.predicted_ms
-        path_tokens = [sub_tokens[v] for v in acc.path]
-        return rec, acc.new_tokens, out.aux_hidden[acc.path], path_tokens
+
+    def _continue_shadows(self, shadow: "_Shadow | None", routing: np.ndarray, acc) -> None:
+        """Add this cycle's ``shadow`` to the pending ones and give each the committed forwards and tokens
+        its outcome is resolved by."""
+        if shadow is not None:
+            self._shadows.append(shadow)
+        for sh in self._shadows:
+            sh.routing.extend(routing[acc.path])
+            sh.tokens.extend(acc.new_tokens)
+
+    def _queue_learning(self, rec: CycleRecord, routing: np.ndarray) -> None:
+        """Queue this cycle's outcome for the online model (:meth:`_learn`, run during the next verify);
+        a drafted cycle is counted by the policy now: its next decision reads it."""
+        now = self._now
+        if self.online is None or now.cache is None:
+            return
+        drafted_cycle = rec.decision != "ar" and rec.levels > 0 and now.root_new is not None
+        if drafted_cycle:
+            self.policy.observe_selection(rec.nodes_verified - 1, now.selected_depth)
+        self._after_verify = _Learning(rec, now.cache, routing, now.root_new, now.level_host_ms, now.selected_depth,
+                                       rec.host_cpu_ms - now.level_host_ms, drafted_cycle)
 
     def _learn_acceptance(self, drafted: "_Drafted", full: np.ndarray, acc, sub_parents: list) -> None:
         """Teach the acceptance calibrator one verify: its Bernoulli trials (under greedy verification
@@ -874,7 +1022,7 @@ class SpecDecoder:
         else:
             nodes, ok = verify_trials(sub_parents, acc.path)
             old = full[nodes]
-        self.acceptance._learn_verify(drafted.q[old], drafted.depth[old], np.asarray(ok, dtype=bool), drafted.rank[old],
+        self.acceptance.learn_verify(drafted.q[old], drafted.depth[old], np.asarray(ok, dtype=bool), drafted.rank[old],
                                       drafted.cal[full[1:]], drafted.depth[full[1:]], acc.accepted)  # as update, _observe_paths
 
     def _set_shadowing(self) -> None:
@@ -883,21 +1031,21 @@ class SpecDecoder:
         AR steps' modeled H2D ms hide a whole tree's head forwards (``depth * draft_level_ms``; before
         any AR step, assumed to): where they copy too little, a shadow's levels would be paid as a real
         cycle's, and learning drafts for real as before."""
-        mean = self.online.ar_h2d_ms()
+        mean = self.policy.ar_h2d_ms()
         need = self.tree.depth * (self.cost.draft_level_ms or 0.0)
-        self.online.shadowing = bool(self._shadow_base and (mean is None or mean >= need))
+        self.policy.set_shadowing(bool(self._shadow_base and (mean is None or mean >= need)))
 
     def _shadow_of(self, tree: DraftTree, selection, items, rec: CycleRecord) -> _Shadow:
         """Keep this cycle's drafted tree and selection as a shadow cycle (``rec.decision == "shadow"``):
         the cycle verifies the root alone, and what the selection would have committed and cost is learned
         once decoding has committed the tokens after its root (:meth:`_resolve_shadow`). Its head forwards
         move to ``rec.shadow_levels``: on a GPU they run while the AR step copies its experts."""
-        d, keep = self._drafted, np.asarray(selection.nodes, dtype=np.int64)
+        d, keep = self._now.drafted, np.asarray(selection.nodes, dtype=np.int64)
         experts = tree.experts[keep] if tree.num_layers else np.zeros((keep.size, 0, 0), dtype=np.int64)
         sh = _Shadow(d, d.full_ids[keep], np.array(experts), np.array(items.cache, dtype=bool), rec.levels,
                      rec.levels_ahead)
         rec.shadow_levels, rec.levels, rec.levels_ahead = rec.levels + rec.levels_ahead, 0, 0
-        self.online.observe_shadow_selection(keep.size - 1)
+        self.policy.observe_shadow_selection(keep.size - 1)
         return sh
 
     def _resolve_shadows(self) -> None:
@@ -929,7 +1077,7 @@ class SpecDecoder:
         if len(sh.ar_ms) < tau:
             return False
         old, ok = greedy_trials(d.parents[:n], d.tokens[:n], path, bonus)
-        self.acceptance._learn_verify(d.q[old], d.depth[old], np.asarray(ok, dtype=bool), d.rank[old],
+        self.acceptance.learn_verify(d.q[old], d.depth[old], np.asarray(ok, dtype=bool), d.rank[old],
                                       d.cal[sh.selected[1:]], d.depth[sh.selected[1:]], tau - 1)
         needed = np.zeros_like(sh.cache)
         rejected = ~np.isin(sh.selected, path[:tau])
@@ -945,7 +1093,7 @@ class SpecDecoder:
             extra = int(rejected.sum()) * max(0.0, float(self.cost.per_expert_array(m.size) @ m))
         cycle_ms = (self.cost.cycle_ms(int(sh.selected.size), counts) + extra + sh.levels * self._level_ms()
                     + sh.levels_ahead * (self.cost.draft_level_ms or 0.0) + self.online.host_cycle_ms())
-        self.online.observe_shadow(draft_nodes=int(sh.selected.size) - 1, cycle_ms=cycle_ms,
+        self.policy.observe_shadow(draft_nodes=int(sh.selected.size) - 1, cycle_ms=cycle_ms,
                                    ar_tokens_ms=float(sum(sh.ar_ms[:tau])))
         return True
 
@@ -959,16 +1107,16 @@ class SpecDecoder:
         if self._after_verify is None and self._twin_path is None:
             return 0.0
         args, self._after_verify = self._after_verify, None
-        c0 = time.thread_time()
+        c0 = self.clock.cpu()
         twin_ms = self._replay_twin()
         if self._shadows:
             self._resolve_shadows()
         if args is not None:
-            self._learn(*args, twin_ms)
+            self._learn(args, twin_ms)
             online = self.online
             if online.root_weight and isinstance(self.cost, CostModel):  # the next corrected cost's terms, here
                 online.weighted_corrections(self.cost.per_expert_array(online.root_error.size))
-        return time.thread_time() - c0
+        return self.clock.cpu() - c0
 
     def _sync_twin(self) -> None:
         """After a prefill: give the AR twin the runtime cache's state (made, or made again, for the
@@ -1022,26 +1170,23 @@ class SpecDecoder:
         """The cost model's shortest verify, ms: the root alone with every expert cached."""
         return float(self.cost.cycle_ms(1, ()))
 
-    def _learn(self, rec: CycleRecord, cache: np.ndarray, routing: np.ndarray, root_new, level_host_ms: float,
-               selected_depth: int, rest_ms: float, drafted_cycle: bool, ar_tokens_ms: float | None = None) -> None:
-        """Teach the online model one cycle's outcome: the root's true against predicted uncached
+    def _learn(self, c: "_Learning", ar_tokens_ms: float | None = None) -> None:
+        """Teach the online model one cycle's outcome ``c``: the root's true against predicted uncached
         experts, and for a drafted cycle its time (:meth:`_drafted_cycle_ms`) against plain AR decoding's
-        for its committed tokens (:meth:`OnlineModel.observe`). ``cache``, ``root_new`` (the root's predicted uncached experts per
-        layer, None if not predicted), ``level_host_ms`` and ``selected_depth``: the cycle's, as it left
-        them; ``rest_ms``: its host CPU ms outside its levels; ``drafted_cycle``: whether it was a drafted
-        cycle with predicted root experts, counted at its verify (:meth:`OnlineModel.observe_selection`);
-        ``ar_tokens_ms``: AR decoding's ms for the committed tokens in the AR twin's cache
-        (:meth:`_replay_twin`), None without a twin: then τ AR steps of the root in the engine's cache."""
+        for its committed tokens (:meth:`OnlineModel.observe`). ``ar_tokens_ms``: AR decoding's ms for the
+        committed tokens in the AR twin's cache (:meth:`_replay_twin`), None without a twin: then τ AR
+        steps of the root in the engine's cache."""
+        rec, cache, routing, root_new = c.record, c.cache, c.routing, c.root_new
         layer = np.arange(cache.shape[0])[:, None]
         root_true = (~cache[layer, routing[0]]).sum(axis=1)  # (L,) the root's true uncached experts
         rec.ar_step_ms = self._ar_step_ms(root_true)
         if ar_tokens_ms is not None:
             rec.ar_tokens_ms = ar_tokens_ms
         if rec.decision != "ar" and rec.levels:
-            self.online.observe_host(rec.levels, level_host_ms, rest_ms)
+            self.online.observe_host(rec.levels, c.level_host_ms, c.rest_ms)
         if root_new is None:
             return
-        if not drafted_cycle:
+        if not c.drafted_cycle:
             self.online.observe(root_predicted_new=root_new, root_true_new=root_true)
             return
         predicted = rec.predicted_new if len(rec.predicted_new) == root_true.size else np.zeros(root_true.size)
@@ -1051,7 +1196,7 @@ class SpecDecoder:
                             selected_predicted_new=predicted, transferred=uncached,
                             draft_nodes=rec.nodes_verified - 1, committed=rec.committed,
                             cycle_ms=self._drafted_cycle_ms(rec, counts), ar_ms=rec.ar_step_ms,
-                            ar_tokens_ms=ar_tokens_ms, selected_depth=selected_depth, counted=True)
+                            ar_tokens_ms=ar_tokens_ms, selected_depth=c.selected_depth, counted=True)
 
     def _drafted_cycle_ms(self, rec: CycleRecord, counts: tuple) -> float:
         """T_d of a drafted cycle for Ŝ, ms: its verify priced on the measured ``counts``, its draft
@@ -1081,159 +1226,192 @@ class SpecDecoder:
             return self.cost.split_cycle_ms(1, [[1] * int(u) for u in root_true])
         return self.cost.cycle_ms(1, root_true)
 
-    def _draft_and_select(self, root: int, cache: np.ndarray, rec: CycleRecord):
-        """Grow the draft tree level by level and select its verified subtree.
+    def _draft_and_select(self, root: int, cache: np.ndarray | None, rec: CycleRecord):
+        """Decide, then grow the draft tree level by level and select its verified subtree.
 
         For a calibrated method the tree carries calibrated path probabilities (the raw ones, and
-        every drafted node, are kept in ``self._drafted``), the levels drafted so far are a cost of the
-        cycle (whole-cycle objective) and the AR gate may skip drafting (SPECFIT.md §3). For a
-        level-by-level method with an exact selector the tree holds only the drafted nodes that can
+        every drafted node, are kept in the cycle's :class:`_Drafted`), the levels drafted so far are a
+        cost of the cycle (whole-cycle objective) and the policy may skip drafting (SPECFIT.md §3). For
+        a level-by-level method with an exact selector the tree holds only the drafted nodes that can
         belong to an optimal selection (:func:`specfit.solvers.stop.selectable`).
 
         Returns ``(tree, selection, items)``: the :class:`DraftTree` drafted, the
         :class:`~specfit.solvers.Selection` and the tree's coverage accounting against ``cache``;
-        ``(None, None, None)`` when the AR gate skipped drafting.
+        ``(None, None, None)`` when the policy took the AR step.
         """
-        m, ts, online = self.method, self.tree, self.online
-        self._root = None  # built at most once in this call (_root_tree)
-        depth = online.draft_depth(ts.depth) if online is not None else ts.depth  # warm-up cap
-        # The first level is launched before the cycle's host work (the root's prediction, its cost, the
-        # AR gate's sound bound), which then runs while the device computes it (_hide_behind_first_level).
-        # The gate decides first where it may take the AR step: on measured utility alone (cheap, no root
-        # needed), or where the sound bound last said no draft can beat the AR step.
-        speculate = (online is not None and online.ahead is None and online._asks_sound_bound()
-                     and online.sound_said_draft)
-
-        def gate() -> str:  # the AR gate's decision, recorded
-            rec.speedup_estimate = online.speedup
-            rec.decision = online.decide(lambda: self._sound_gate(root, self._cache_now(cache)))
-            return rec.decision
-
-        if online is not None and not speculate and gate() == "ar":
+        self._now.root = None  # built at most once in this call (_root_tree)
+        depth = self.policy.draft_depth(self.tree.depth)  # the warm-up's cap
+        launched = self._decide_and_launch(root, cache, rec, depth)
+        if launched is None:
             return None, None, None
-        levels = self.drafter.draft_levels(root, ts.top_k, depth)
-        first = self._next_level(levels, rec)  # launched: on a GPU its forward (and the one after it) runs now
-        behind = (time.thread_time(), self._untimed_s)  # the host work behind the first level starts here
-        if speculate and gate() == "ar":  # asked behind the level (the root predicted there): the launch is paid
-            self._hide_behind_first_level(rec, behind)
-            levels.close()
-            rec.levels_ahead = min(depth, 2) if getattr(self.drafter, "launches_ahead", False) else 1
-            return None, None, None
-        cache = self._cache_now(cache)
-        rate = None
-        if self.rate_mode and self._lam_ms > 0:
-            rate = 1000.0 * self._lam_tokens / self._lam_ms
-        # every expert resident: no node brings an expert, so none is predicted (T(S) has no expert term)
-        experts_known = m.needs_experts and not cache.all()  # predicted, or (oracle) the true routing
-        predicted = m.needs_predictor and experts_known
-        with_hidden = predicted and getattr(self.predictor, "uses_hidden", True)  # gathered only for a reader
-        predict_s0 = self._predict_s  # the predictor's calls below are predict_ms, not tree_ms
-        t0 = time.perf_counter()
-        if predicted:  # the AR gate may have built it already
-            tree, cost = self._root_tree(root, cache)
-        else:  # the oracle's experts: a placeholder until the true routing is known
-            experts = np.zeros((1, cache.shape[0], int(self.target.spec.top_k)), dtype=np.int64) if experts_known else None
-            tree = _root_only(root, experts, self.num_experts)
-            cost = self._cycle_cost(tree, cache) if experts_known else self.cost
-        rec.tree_ms += (time.perf_counter() - t0) * 1e3
-        d = self._drafted = _Drafted.of_root(root, 1 + sum(ts.level_width(j) for j in range(1, ts.depth + 1)))
-        if not experts_known:  # no expert term: an empty layer axis
-            if m.needs_experts:  # all resident: the root brings none either
-                self._root_new = np.zeros(cache.shape[0], dtype=np.int64)
-            cache = np.zeros((0, self.num_experts), dtype=bool)
-        cal = self.acceptance
-        level_ms = self._level_ms() if m.calibrated else 0.0
-        host_ms = self.online.host_cycle_ms() if m.calibrated else 0.0  # paid by any drafted cycle
-        width = ts.level_width(ts.depth) if m.calibrated else None  # most nodes a further level adds
-        node_ms = cost.min_node_ms_for(cache) if m.level_by_level else None  # per-node bound of T this cycle
-        # the stop rule (solvers.stop.should_stop) stops iff P_f <= stop_ms * R* / 1000: its per-node ms, once per cycle
-        stop_ms = stop_node_ms(cost, level_ms=level_ms, level_width=width, min_node_ms=node_ms) if m.level_by_level else None
-        root_ms = cost.cycle_ms(1, tree.items(cache).root_new_per_layer)  # T(root alone) = T(AR)
-        # Nodes in no optimal selection are dropped before they are predicted or priced (solvers.stop.selectable)
-        # against R_lo <= R*: the root alone with every level paid, or a selection found so far. The oracle's
-        # T(root alone) is known once the reference has routed the first level.
-        prune = m.level_by_level and self.solver.exact
-        max_sunk, rate_lo, root_known = host_ms + depth * level_ms, 0.0, not (m.oracle and experts_known)
-        selection = None
-        # kept levels wait in `pending` until a selection needs their experts: one predictor call per solve,
-        # not per level (the stop rule and the pruning read only P and the cost)
-        pending, n_tree, pp_sum = [], tree.n, float(tree.path_prob.sum())
+        levels, first, behind = launched
+        predict_s0 = self._now.predict_s  # the predictor's calls below are predict_ms, not tree_ms
+        g, rule = self._start_drafting(root, cache, rec, depth)
         self._hide_behind_first_level(rec, behind)
-        u_levels, untimed0 = time.thread_time(), self._untimed_s  # the levels' host work, for the online model
+        now = self._now
+        u_levels, untimed0 = self.clock.cpu(), now.untimed_s  # the levels' host work, for the online model
         # a drafter that launches each level before the one above it is read (Eagle3Drafter.launches_ahead):
         # each level's host work runs while the next level's forward is on the device (_hide_behind_levels)
-        level_host, body = [], None  # host CPU s of each level's work; (thread time, untimed s) at its start
+        level_host, body, selection = [], None, None  # host CPU s of each level's work; (cpu s, untimed s) at its start
         while True:
             if body is not None:
-                level_host.append(time.thread_time() - body[0] - (self._untimed_s - body[1]))
+                level_host.append(self.clock.cpu() - body[0] - (now.untimed_s - body[1]))
                 body = None
             level = self._next_level(levels, rec) if rec.levels else first
             if level is None:  # the levels ended: a selection of this level's tree and sunk ms, if any, stands
                 break
             selection = None  # a new level was paid: an earlier selection's sunk ms is stale
             rec.levels += 1
-            body = (time.thread_time(), self._untimed_s)
-            t0 = time.perf_counter()
-            parents, tokens, head_pp = _level_arrays(level)
-            if prune:
-                if rate is not None:
-                    rate_lo = rate
-                elif root_known:
-                    rate_lo = max(rate_lo, 1000.0 / (root_ms + max_sunk))
-            threshold = selectable_threshold(node_ms, rate_lo) if prune else -np.inf
-            if cal is not None and parents.size:  # calibrated conditionals along the path, corrected per depth
-                kept, kept_parents, pp_kept, pp_sum, p_f = d.add_calibrated(cal, parents, tokens, head_pp, threshold,
-                                                                            n_tree, pp_sum)
-            else:
-                kept, kept_parents, pp_kept, pp_sum, p_f = d.add_raw(parents, tokens, head_pp, threshold, n_tree, pp_sum)
-            if kept.size:  # an index tensor copies: the drafter may reuse its hidden buffer
-                hidden = level.hidden[torch.from_numpy(kept)] if with_hidden and level.hidden is not None else None
-                pending.append((kept_parents, pp_kept, tokens[kept], hidden))
-            n_tree += kept.size
-            rec.tree_ms += (time.perf_counter() - t0) * 1e3
-            if not kept.size:  # every deeper node descends from a dropped one: in no optimal selection either
+            body = (self.clock.cpu(), now.untimed_s)
+            p_f = self._add_level(level, g, rule, rec)
+            if p_f is None:  # every deeper node descends from a dropped one: in no optimal selection either
                 break
-            if m.oracle and experts_known:  # outside the timed path; the root's true experts change T(root alone)
-                self._grow(tree, pending, predicted, rec)
-                u0 = time.thread_time()
-                tree.set_experts(self._true_routing(tree))
-                self._reference_verified = True
-                self._untimed_s += time.thread_time() - u0
-                root_ms, root_known = cost.cycle_ms(1, tree.items(cache).root_new_per_layer), True
-            if m.level_by_level and rec.levels < depth:
-                # The stop rule stops iff P_f <= (per_node_ms + level_ms / width) * R*. R* <= 1000 (1 + sum P) /
-                # (T(root alone) + sunk), as every subtree holds the root, and R* <= ratio_upper_bound (each node
-                # adds >= node_ms too); predict and solve only when both bounds let the rule fire (rate mode needs
-                # no R*). Sunk: the cycle's host ms and the levels drafted.
-                sunk = host_ms + rec.levels * level_ms
-                bound = 1000.0 * pp_sum / (root_ms + sunk)
-                if rate is not None and p_f <= stop_ms * rate / 1000.0:
+            if self.method.oracle and g.experts_known:  # the true routing, outside the timed path
+                self._route_truly(g, rule, rec)
+            if self.method.level_by_level and rec.levels < depth:
+                stop, selection = self._stop_rule(g, rule, p_f, rec)
+                if stop:
                     break
-                if rate is None and p_f <= stop_ms * bound / 1000.0 and p_f <= stop_ms * _ratio_upper_bound(
-                        np.concatenate([tree.path_prob[1:]] + [pp for _, pp, _, _ in pending]),
-                        root_ms + sunk, node_ms) / 1000.0:
-                    self._grow(tree, pending, predicted, rec)
-                    selection = self._select(tree, cache, rate, rec, cost, sunk)
-                    if prune:  # the same subtree, every level paid, is still there at the end of the cycle
-                        rate_lo = max(rate_lo, 1000.0 * selection.expected_tokens
-                                      / (selection.predicted_ms - sunk + max_sunk))
-                    if p_f <= stop_ms * selection.throughput / 1000.0:  # rate mode broke out above
-                        break
         if body is not None:
-            level_host.append(time.thread_time() - body[0] - (self._untimed_s - body[1]))
-        u_end, untimed_end = time.thread_time(), self._untimed_s
+            level_host.append(self.clock.cpu() - body[0] - (now.untimed_s - body[1]))
+        u_end, untimed_end = self.clock.cpu(), now.untimed_s
         levels.close()
-        self._grow(tree, pending, predicted, rec)
-        self._level_host_ms = (time.thread_time() - u_levels - (self._untimed_s - untimed0)) * 1e3
-        rec.nodes_drafted, rec.nodes_pruned = d.n - 1, d.n - tree.n
-        rec.tree_ms = max(rec.tree_ms - (self._predict_s - predict_s0) * 1e3, 0.0)
+        self._grow(g.tree, g.pending, g.predicted, rec)
+        now.level_host_ms = (self.clock.cpu() - u_levels - (now.untimed_s - untimed0)) * 1e3
+        rec.nodes_drafted, rec.nodes_pruned = g.drafted.n - 1, g.drafted.n - g.tree.n
+        rec.tree_ms = max(rec.tree_ms - (now.predict_s - predict_s0) * 1e3, 0.0)
         if selection is None:
-            selection = self._select(tree, cache, rate, rec, cost, host_ms + rec.levels * level_ms)
-        items = tree.items(cache)
+            selection = self._select(g.tree, g.cache, rule.rate, rec, g.cost, rule.host_ms + rec.levels * rule.level_ms)
+        items = g.tree.items(g.cache)
         if getattr(self.drafter, "launches_ahead", False):
-            final_s = time.thread_time() - u_end - (self._untimed_s - untimed_end)
+            final_s = self.clock.cpu() - u_end - (now.untimed_s - untimed_end)
             self._hide_behind_levels(rec, level_host, final_s, depth)
-        return tree, selection, items
+        return g.tree, selection, items
+
+    def _decide_and_launch(self, root: int, cache: np.ndarray | None, rec: CycleRecord, depth: int):
+        """The policy's decision (recorded in ``rec``) and, to draft, the launched drafting: ``(levels,
+        first level, (cpu s, untimed s) at its launch)``; None for an AR step.
+
+        The first level is launched before the cycle's host work (the root's prediction, its cost, the
+        gate's sound bound), which then runs while the device computes it (:meth:`_hide_behind_first_level`).
+        The policy decides before the launch where it may take the AR step on measured utility alone
+        (cheap, no root needed), or where the sound bound last said no draft can beat the AR step; else
+        behind the launched level, whose forward is then paid even by an AR step (``rec.levels_ahead``)."""
+        policy = self.policy
+        speculate = policy.decided_ahead() is None and policy.asks_sound_bound() and policy.sound_said_draft()
+
+        def decide() -> str:
+            rec.speedup_estimate = policy.speedup
+            rec.decision = policy.decide(lambda: self._sound_gate(root, self._cache_now(cache)))
+            return rec.decision
+
+        if not speculate and decide() == "ar":
+            return None
+        levels = self.drafter.draft_levels(root, self.tree.top_k, depth)
+        first = self._next_level(levels, rec)  # launched: on a GPU its forward (and the one after it) runs now
+        behind = (self.clock.cpu(), self._now.untimed_s)  # the host work behind the first level starts here
+        if speculate and decide() == "ar":  # asked behind the level (the root predicted there): the launch is paid
+            self._hide_behind_first_level(rec, behind)
+            levels.close()
+            rec.levels_ahead = min(depth, 2) if getattr(self.drafter, "launches_ahead", False) else 1
+            return None
+        return levels, first, behind
+
+    def _start_drafting(self, root: int, cache: np.ndarray | None, rec: CycleRecord, depth: int):
+        """The cycle's root tree and cost (:class:`_Growing`) and the stop rule's constants (:class:`_StopRule`)."""
+        m, ts, now = self.method, self.tree, self._now
+        cache = self._cache_now(cache)
+        rate = 1000.0 * self._lam_tokens / self._lam_ms if self.rate_mode and self._lam_ms > 0 else None
+        # every expert resident: no node brings an expert, so none is predicted (T(S) has no expert term)
+        experts_known = m.needs_experts and not cache.all()  # predicted, or (oracle) the true routing
+        predicted = m.needs_predictor and experts_known
+        t0 = self.clock.wall()
+        if predicted:  # the gate may have built it already
+            tree, cost = self._root_tree(root, cache)
+        else:  # the oracle's experts: a placeholder until the true routing is known
+            experts = np.zeros((1, cache.shape[0], int(self.target.spec.top_k)), dtype=np.int64) if experts_known else None
+            tree = _root_only(root, experts, self.num_experts)
+            cost = self._cycle_cost(tree, cache) if experts_known else self.cost
+        rec.tree_ms += (self.clock.wall() - t0) * 1e3
+        now.drafted = _Drafted.of_root(root, 1 + sum(ts.level_width(j) for j in range(1, ts.depth + 1)))
+        if not experts_known:  # no expert term: an empty layer axis
+            if m.needs_experts:  # all resident: the root brings none either
+                now.root_new = np.zeros(cache.shape[0], dtype=np.int64)
+            cache = np.zeros((0, self.num_experts), dtype=bool)
+        g = _Growing(tree, cache, cost, now.drafted, predicted, experts_known,
+                     with_hidden=predicted and getattr(self.predictor, "uses_hidden", True),  # gathered for a reader
+                     n_tree=tree.n, pp_sum=float(tree.path_prob.sum()))
+        level_ms = self._level_ms() if m.calibrated else 0.0
+        host_ms = self.online.host_cycle_ms() if m.calibrated else 0.0  # paid by any drafted cycle
+        width = ts.level_width(ts.depth) if m.calibrated else None  # most nodes a further level adds
+        node_ms = cost.min_node_ms_for(cache) if m.level_by_level else None  # per-node bound of T this cycle
+        # the stop rule (solvers.stop.should_stop) stops iff P_f <= stop_ms * R* / 1000: its per-node ms, once per cycle
+        stop_ms = stop_node_ms(cost, level_ms=level_ms, level_width=width, min_node_ms=node_ms) if m.level_by_level else None
+        rule = _StopRule(rate=rate, level_ms=level_ms, host_ms=host_ms, node_ms=node_ms, stop_ms=stop_ms,
+                         root_ms=cost.cycle_ms(1, tree.items(cache).root_new_per_layer),  # T(root alone) = T(AR)
+                         prune=m.level_by_level and self.solver.exact, max_sunk=host_ms + depth * level_ms,
+                         root_known=not (m.oracle and experts_known))
+        return g, rule
+
+    def _add_level(self, level, g: "_Growing", rule: "_StopRule", rec: CycleRecord) -> float | None:
+        """Add one drafted level to the cycle's :class:`_Drafted` and its kept nodes to ``g.pending``; the
+        largest kept path probability P_f, or None when the level kept no node. Nodes in no optimal
+        selection are dropped before they are predicted or priced (:func:`specfit.solvers.stop.selectable`)
+        against R_lo <= R*: the root alone with every level paid, or a selection found so far (the
+        oracle's T(root alone) is known once the reference has routed the first level)."""
+        t0 = self.clock.wall()
+        parents, tokens, head_pp = _level_arrays(level)
+        if rule.prune:
+            if rule.rate is not None:
+                rule.rate_lo = rule.rate
+            elif rule.root_known:
+                rule.rate_lo = max(rule.rate_lo, 1000.0 / (rule.root_ms + rule.max_sunk))
+        threshold = selectable_threshold(rule.node_ms, rule.rate_lo) if rule.prune else -np.inf
+        d = g.drafted
+        if self.acceptance is not None and parents.size:  # calibrated conditionals along the path, per depth
+            kept, kept_parents, pp_kept, g.pp_sum, p_f = d.add_calibrated(self.acceptance, parents, tokens, head_pp,
+                                                                          threshold, g.n_tree, g.pp_sum)
+        else:
+            kept, kept_parents, pp_kept, g.pp_sum, p_f = d.add_raw(parents, tokens, head_pp, threshold, g.n_tree, g.pp_sum)
+        if kept.size:  # an index tensor copies: the drafter may reuse its hidden buffer
+            hidden = level.hidden[torch.from_numpy(kept)] if g.with_hidden and level.hidden is not None else None
+            g.pending.append((kept_parents, pp_kept, tokens[kept], hidden))
+        g.n_tree += kept.size
+        rec.tree_ms += (self.clock.wall() - t0) * 1e3
+        return p_f if kept.size else None
+
+    def _route_truly(self, g: "_Growing", rule: "_StopRule", rec: CycleRecord) -> None:
+        """The oracle: give the tree the reference target's true routing (outside the timed path); the
+        root's true experts change T(root alone)."""
+        self._grow(g.tree, g.pending, g.predicted, rec)
+        u0 = self.clock.cpu()
+        g.tree.set_experts(self._true_routing(g.tree))
+        self._now.reference_verified = True
+        self._now.untimed_s += self.clock.cpu() - u0
+        rule.root_ms, rule.root_known = g.cost.cycle_ms(1, g.tree.items(g.cache).root_new_per_layer), True
+
+    def _stop_rule(self, g: "_Growing", rule: "_StopRule", p_f: float, rec: CycleRecord):
+        """Whether drafting stops after this level, and the selection solved to ask (None if none).
+
+        The stop rule stops iff P_f <= (per_node_ms + level_ms / width) * R* (:func:`specfit.solvers.stop.should_stop`).
+        R* <= 1000 (1 + ΣP) / (T(root alone) + sunk), as every subtree holds the root, and R* <=
+        :func:`~specfit.solvers.stop.ratio_upper_bound` (each node adds >= node_ms too); the kept levels
+        are predicted and solved only when both bounds let the rule fire (rate mode needs no R*). Sunk:
+        the cycle's host ms and the levels drafted."""
+        sunk = rule.host_ms + rec.levels * rule.level_ms
+        if rule.rate is not None:
+            return p_f <= rule.stop_ms * rule.rate / 1000.0, None
+        bound = 1000.0 * g.pp_sum / (rule.root_ms + sunk)
+        if not (p_f <= rule.stop_ms * bound / 1000.0 and p_f <= rule.stop_ms * ratio_upper_bound_unchecked(
+                np.concatenate([g.tree.path_prob[1:]] + [pp for _, pp, _, _ in g.pending]),
+                rule.root_ms + sunk, rule.node_ms) / 1000.0):
+            return False, None
+        self._grow(g.tree, g.pending, g.predicted, rec)
+        selection = self._select(g.tree, g.cache, None, rec, g.cost, sunk)
+        if rule.prune:  # the same subtree, every level paid, is still there at the end of the cycle
+            rule.rate_lo = max(rule.rate_lo, 1000.0 * selection.expected_tokens
+                               / (selection.predicted_ms - sunk + rule.max_sunk))
+        return p_f <= rule.stop_ms * selection.throughput / 1000.0, selection
 
     def _hide_behind_levels(self, rec: CycleRecord, level_host: list, final_s: float, depth: int) -> None:
         """Book the host work the draft levels' forwards hide, for a drafter that launches each level
@@ -1252,17 +1430,17 @@ class SpecDecoder:
         rec.levels_ahead = int(rec.levels < depth)
         if rec.levels_ahead:
             hidden += min(level_host[-1] + final_s, slot)
-        self._untimed_s += hidden  # out of host_cpu_ms (the cycle's thread time less its untimed parts)
+        self._now.untimed_s += hidden  # out of host_cpu_ms (the cycle's thread time less its untimed parts)
         rec.hidden_host_ms += hidden * 1e3
-        self._level_host_ms = max(self._level_host_ms - hidden * 1e3, 0.0)
+        self._now.level_host_ms = max(self._now.level_host_ms - hidden * 1e3, 0.0)
 
     def _next_level(self, levels, rec: CycleRecord):
         """The drafter's next level (None when its levels ended); the head forward's time is the cycle's
         ``draft_ms`` and is left out of its host CPU time (device work)."""
-        t0, u0 = time.perf_counter(), time.thread_time()
+        t0, u0 = self.clock.wall(), self.clock.cpu()
         level = next(levels, None)
-        rec.draft_ms += (time.perf_counter() - t0) * 1e3
-        self._untimed_s += time.thread_time() - u0
+        rec.draft_ms += (self.clock.wall() - t0) * 1e3
+        self._now.untimed_s += self.clock.cpu() - u0
         return level
 
     def _hide_behind_first_level(self, rec: CycleRecord, start: tuple) -> None:
@@ -1272,9 +1450,9 @@ class SpecDecoder:
         (``(thread time, untimed s)`` at the launch), up to the profile's ``draft_level_ms``, is
         ``rec.hidden_host_ms``, off the critical path; the rest is host time of the cycle outside its
         levels (``host_cpu_ms``; SPECFIT.md §3, "Whole-cycle objective")."""
-        spent = time.thread_time() - start[0] - (self._untimed_s - start[1])
+        spent = self.clock.cpu() - start[0] - (self._now.untimed_s - start[1])
         hidden = min(spent, (self.cost.draft_level_ms or 0.0) / 1e3)
-        self._untimed_s += spent  # out of the levels' host time (a cost per cycle, not per level) ...
+        self._now.untimed_s += spent  # out of the levels' host time (a cost per cycle, not per level) ...
         rec.host_cpu_ms += (spent - hidden) * 1e3  # ... what the head forward did not hide is the cycle's
         rec.hidden_host_ms += hidden * 1e3
 
@@ -1286,7 +1464,7 @@ class SpecDecoder:
         when the tree has experts (the oracle's placeholder), else none. Timed into ``rec.tree_ms``."""
         if not pending:
             return
-        t0 = time.perf_counter()
+        t0 = self.clock.wall()
         parents, pp, tokens, hidden = zip(*pending)  # all checked; a parent may be in an earlier pending level
         parents, pp, tokens = np.concatenate(parents), np.concatenate(pp), np.concatenate(tokens)
         experts = None
@@ -1303,17 +1481,17 @@ class SpecDecoder:
                                         f"{tree.experts.shape[1:]}, got {experts.shape}")
         elif tree.experts is not None:
             experts = np.zeros((len(parents),) + tree.experts.shape[1:], dtype=np.int64)
-        tree._append_level(parents, pp, tokens, experts)
+        tree.append_level(parents, pp, tokens, experts)
         pending.clear()
-        rec.tree_ms += (time.perf_counter() - t0) * 1e3
+        rec.tree_ms += (self.clock.wall() - t0) * 1e3
 
     def _cache_now(self, cache: np.ndarray | None) -> np.ndarray:
         """The expert-cache mask (L, E) at the cycle's start (read once per cycle; ``cache`` if given)."""
         if cache is not None:
-            self._cache = cache
-        elif self._cache is None:
-            self._cache = _cache_mask(self.target, self.num_experts)
-        return self._cache
+            self._now.cache = cache
+        elif self._now.cache is None:
+            self._now.cache = _cache_mask(self.target, self.num_experts)
+        return self._now.cache
 
     def _predict(self, tokens: np.ndarray, hidden) -> np.ndarray:
         """The predictor's experts (m, L, k) for ``tokens`` (m,), after it observed every committed token
@@ -1323,7 +1501,7 @@ class SpecDecoder:
         tokens and routing are int64 C-contiguous arrays the engine made, so a predictor that takes them as
         they are (``predict_ids``, ``observe_and_predict_ids``: the frequency predictor) is called without its
         per-call checks of type and layout (:meth:`_predictor_calls`)."""
-        t0 = time.perf_counter()
+        t0 = self.clock.wall()
         calls = self._calls
         if calls[0] is not self.predictor:
             calls = self._calls = self._predictor_calls()
@@ -1341,7 +1519,7 @@ class SpecDecoder:
             experts = predict(tokens, hidden)
         if not valid:
             experts = check_experts(experts, len(tokens), self.num_experts, copy=False)
-        self._predict_s += time.perf_counter() - t0
+        self._now.predict_s += self.clock.wall() - t0
         return experts
 
     def _predictor_calls(self) -> tuple:
@@ -1356,11 +1534,11 @@ class SpecDecoder:
     def _root_tree(self, root: int, cache: np.ndarray) -> tuple[DraftTree, CostModel]:
         """This cycle's root-only draft tree with the root's predicted experts, and the cycle's cost
         model (:meth:`_cycle_cost`); built once per cycle, shared by the AR gate and the drafting."""
-        if self._root is None:
+        if self._now.root is None:
             experts = self._predict(np.array([root], np.int64), None)[:1]
             tree = _root_only(root, experts, self.num_experts)
-            self._root = (tree, self._cycle_cost(tree, cache))
-        return self._root
+            self._now.root = (tree, self._cycle_cost(tree, cache))
+        return self._now.root
 
     def _level_ms(self) -> float:
         """ms one draft level costs a calibrated method: the profile's ``draft_level_ms`` (the head
@@ -1373,10 +1551,10 @@ class SpecDecoder:
         priced in for calibrated methods (:meth:`OnlineModel.corrected_cost`; for a host-regime
         profile the draft nodes' part only); records the root's predicted uncached experts for the
         online model."""
-        self._root_new = np.asarray(tree.items(cache).root_new_per_layer)
+        self._now.root_new = np.asarray(tree.items(cache).root_new_per_layer)
         if self.online is None:
             return self.cost
-        return self.online.corrected_cost(self.cost, self._root_new)
+        return self.online.corrected_cost(self.cost, self._now.root_new)
 
     def _sound_gate(self, root: int, cache: np.ndarray) -> bool:
         """The AR gate's sound part: False only if no draft can beat this cycle's AR step (T(root
@@ -1432,11 +1610,11 @@ class SpecDecoder:
         drafted this cycle) is added to ``fixed_ms``: a cost of the cycle that does not depend on the
         selection (whole-cycle objective). Through :meth:`Solver.solve_tree` (the same selection as
         ``solve`` of the instance, without building it where the solver can)."""
-        t0 = time.perf_counter()
+        t0 = self.clock.wall()
         cost = cost if cost is not None else CostModel(1.0, 0.0, 0.0)
         # cache: the one the tree's coverage accounting uses
         sel = self.solver.solve_tree(tree, cost, cache, rate=rate, sunk_ms=sunk_ms, max_nodes=self.max_nodes)
-        rec.solve_ms += (time.perf_counter() - t0) * 1e3
+        rec.solve_ms += (self.clock.wall() - t0) * 1e3
         return sel
 
     def _true_routing(self, tree: DraftTree) -> np.ndarray:

@@ -365,7 +365,7 @@ def test_update_counts_each_trial_once_and_broadcasts_one_outcome():
 @settings(max_examples=120, deadline=None)
 @given(st.data())
 def test_learn_verify_equals_update_then_observe_paths(data):
-    """The engine's one-call learning of a verify (_learn_verify, compiled) leaves every table, bit for bit,
+    """The engine's one-call learning of a verify (learn_verify, compiled) leaves every table, bit for bit,
     as update then _observe_paths do, over several verifies: q outside [0, 1] or NaN, depths past
     max_depth, either rank-class count, no trial or no verified node."""
     import copy
@@ -384,7 +384,7 @@ def test_learn_verify_equals_update_then_observe_paths(data):
         cal = np.asarray(data.draw(st.lists(st.floats(0, 1), min_size=p, max_size=p)))
         cal_depth = np.asarray(data.draw(st.lists(st.integers(1, 8), min_size=p, max_size=p)), dtype=np.int64)
         accepted = data.draw(st.integers(0, 9))
-        fast._learn_verify(q, depth, ok, rank, cal, cal_depth, accepted)
+        fast.learn_verify(q, depth, ok, rank, cal, cal_depth, accepted)
         ref.update(q, depth, ok, rank)
         ref._observe_paths(cal, cal_depth, accepted)
         for name in ("trials", "accepted", "_alpha", "_beta", "path_predicted", "path_accepted", "path_factor"):

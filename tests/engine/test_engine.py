@@ -11,6 +11,7 @@ from hypothesis import given, settings, strategies as st
 from specfit.models.qwen3_moe import OffloadedQwen3Moe
 from specfit.core.cost import CostModel
 from specfit.engine import METHODS, SpecDecoder, TreeSettings, get_method
+from specfit.engine.policy import UtilityGate
 from specfit.engine.decoder import _Drafted
 import specfit.engine.decoder as decoder_module
 from specfit.core.errors import SpecFitInputError
@@ -120,7 +121,7 @@ def test_greedy_output_of_every_method_equals_ar(ckpt, ar_outputs, method):
         cycles += gen.cycles
     if get_method(method).calibrated:  # the AR gate may stop drafting once it measured that drafting loses
         drafted = [c for c in cycles if c.decision != "ar"]
-        assert len(drafted) >= dec.online.MIN_DRAFTED and sum(c.accepted for c in drafted) >= 1
+        assert len(drafted) >= dec.online.policy.MIN_DRAFTED and sum(c.accepted for c in drafted) >= 1
     elif method != "ar":
         assert max(taus) > 1.2  # the self drafter makes speculation accept tokens
 
@@ -179,11 +180,11 @@ def test_root_only_selections_are_plain_ar_steps(ckpt, ar_outputs):
     assert all(c.nodes_verified == 1 and c.committed == 1 for c in gen.cycles)
     assert gen.tau == 1.0
     # the stop rule ends drafting after the first level; once drafting is measured slower than AR (after
-    # OnlineModel.WARMUP + MIN_DRAFTED drafted cycles, here shadow cycles: AR steps that draft a tree they do
+    # UtilityGate.WARMUP + MIN_DRAFTED drafted cycles, here shadow cycles: AR steps that draft a tree they do
     # not verify) the AR gate skips drafting altogether
     assert all(c.levels + c.shadow_levels == (0 if c.decision == "ar" else 1) for c in gen.cycles)
     assert {c.decision for c in gen.cycles} == {"shadow", "ar"}
-    assert [c.decision for c in gen.cycles][dec.online.WARMUP + dec.online.MIN_DRAFTED] == "ar"
+    assert [c.decision for c in gen.cycles][dec.online.policy.WARMUP + dec.online.policy.MIN_DRAFTED] == "ar"
 
 
 def test_rate_mode_is_lossless(ckpt, ar_outputs):
@@ -233,13 +234,13 @@ def test_ar_gate_takes_the_ar_step_when_drafting_does_not_pay_and_explores(ckpt,
     gen = dec.generate(PROMPTS[1], 48)
     assert gen.output_ids == decoder(ckpt, "ar", None).generate(PROMPTS[1], 48).output_ids
     decisions = "".join(c.decision[0] for c in gen.cycles)  # d(raft) / e(xplore) / a(r)
-    warm = online.WARMUP + online.MIN_DRAFTED
+    warm = online.policy.WARMUP + online.policy.MIN_DRAFTED
     assert decisions[:warm] == "d" * warm  # learning, then Ŝ not trusted before MIN_DRAFTED measured cycles
     gaps = [len(r) for r in decisions[warm:].split("e")]
     assert len(gaps) >= 3 and "d" not in decisions[warm:]
-    first = online.EXPLORE_FIRST
-    assert gaps[:-1] == [min(first * 2 ** i, online.EXPLORE_MAX) for i in range(len(gaps) - 1)]  # doubling
-    assert online.explorations == len(gaps) - 1
+    first = online.policy.EXPLORE_FIRST
+    assert gaps[:-1] == [min(first * 2 ** i, online.policy.EXPLORE_MAX) for i in range(len(gaps) - 1)]  # doubling
+    assert online.policy.state.explorations == len(gaps) - 1
     for c in gen.cycles:
         if c.decision == "ar":
             assert (c.levels, c.nodes_verified, c.committed, c.expected_tokens) == (0, 1, 1, 1.0)
@@ -257,7 +258,7 @@ def test_the_sound_gate_runs_behind_the_first_level_while_it_last_said_draft(ckp
     anything. Output equal to AR's throughout."""
     dec = decoder(ckpt, "specfit", SelfDrafter(ckpt), tree=TreeSettings(8, 3, 3))
     online, answers, launched = dec.online, iter([True, False, False]), []
-    online.drafted, online.gain_ms, online.spent_ms = online.WARMUP + online.MIN_DRAFTED, 2.0, 1.0  # Ŝ = 2
+    online.policy.state.drafted, online.policy.state.gain_ms, online.policy.state.spent_ms = online.policy.WARMUP + online.policy.MIN_DRAFTED, 2.0, 1.0  # Ŝ = 2
     draft_levels = dec.drafter.draft_levels
 
     def counted_levels(*args):
@@ -280,7 +281,7 @@ def test_the_sound_gate_runs_behind_the_first_level_while_it_last_said_draft(ckp
     assert c0.levels >= 1 and c0.hidden_host_ms > 0.0
     assert (c1.levels, c1.levels_ahead, c1.nodes_verified) == (0, 1, 1) and c1.draft_ms > 0.0
     assert (c2.levels, c2.levels_ahead, c2.draft_ms) == (0, 0, 0.0)
-    assert not online.sound_said_draft
+    assert not online.policy.state.sound_said_draft
 
 
 def test_online_state_carries_across_generations(ckpt, ar_outputs):
@@ -288,8 +289,8 @@ def test_online_state_carries_across_generations(ckpt, ar_outputs):
     first = decoder(ckpt, "specfit", SelfDrafter(ckpt), tree=TreeSettings(8, 3, 3))
     first.acceptance.trials[:] = 1e4
     first.generate(PROMPTS[1], 32)
-    learned = first.online.drafted
-    assert learned >= first.online.WARMUP + first.online.MIN_DRAFTED
+    learned = first.online.policy.state.drafted
+    assert learned >= first.online.policy.WARMUP + first.online.policy.MIN_DRAFTED
     second = SpecDecoder(load(ckpt), SelfDrafter(ckpt), "specfit", shadows=False, tree=TreeSettings(8, 3, 3), cost=COST,
                          predictor=FixedPredictor(), online=first.online)
     gen = second.generate(PROMPTS[1], 8)
@@ -625,7 +626,7 @@ def test_acceptance_learning_runs_while_the_next_verify_is_computed(ckpt, ar_out
 
     def counted_cycle(*args):
         out = cycle(*args)
-        cycles_so_far.append(out[0])
+        cycles_so_far.append(out.record)
         return out
 
     dec._learn_acceptance, dec._cycle = slow_learn, counted_cycle
@@ -731,12 +732,12 @@ def test_a_cycles_online_learning_runs_during_the_next_verify(ckpt, ar_outputs):
                       predictor=FixedPredictor())
     learn, calls = dec._learn, []
 
-    def slow_learn(rec, *args):  # 8 ms of CPU: 6.1 hidden by the next verify, 1.9 on the critical path
-        calls.append(rec)
+    def slow_learn(outcome, *args):  # 8 ms of CPU: 6.1 hidden by the next verify, 1.9 on the critical path
+        calls.append(outcome.record)
         end = _time.thread_time() + 0.008
         while _time.thread_time() < end:
             pass
-        learn(rec, *args)
+        learn(outcome, *args)
 
     dec._learn = slow_learn
     gen = dec.generate(PROMPTS[0], 16)
@@ -746,7 +747,7 @@ def test_a_cycles_online_learning_runs_during_the_next_verify(ckpt, ar_outputs):
         assert c.hidden_host_ms >= 6.1 - 1e-9 and c.host_cpu_ms >= 1.9 * 0.9
     assert gen.cycles[0].hidden_host_ms < 6.1  # no cycle before it: only the next gate's inputs
     assert gen.cycles[-1].host_cpu_ms >= 8.0 * 0.95  # its own learning, at the end: unhidden
-    assert dec.online.drafted == sum(1 for c in gen.cycles if c.levels)
+    assert dec.online.policy.state.drafted == sum(1 for c in gen.cycles if c.levels)
 
 
 def test_the_gates_inputs_are_computed_while_the_verify_runs(ckpt, ar_outputs):
@@ -810,3 +811,35 @@ def test_verify_inputs_are_the_selected_subtrees(data):
     keep = sorted(keep)
     sub, _ = tree.subtree(keep)
     assert decoder_module._verify_inputs(tree, keep) == (sub.tokens.tolist(), sub.parents.tolist())
+
+
+@pytest.mark.parametrize("method", ["specfit", "eagle3"])
+def test_the_draft_policy_is_one_argument(ckpt, ar_outputs, method):
+    """``policy="never"``: every cycle is an AR step that verifies the root alone; ``"always"``: no cycle
+    skips drafting. The output is AR's either way."""
+    for policy in ("never", "always"):
+        dec = decoder(ckpt, method, SelfDrafter(ckpt), policy=policy)
+        assert dec.policy.name == policy
+        for prompt, expected in zip(PROMPTS, ar_outputs):
+            gen = dec.generate(prompt, 16)
+            assert gen.output_ids == expected
+            drafting = gen.cycles[1:]  # the first cycle has no drafter state yet for a one-token prompt
+            if policy == "never":
+                assert all(c.nodes_verified == 1 and c.levels == 0 for c in gen.cycles)
+                assert drafting and all(c.decision == "ar" for c in drafting)
+            else:
+                assert drafting and all(c.decision == "draft" and c.levels >= 1 for c in drafting)
+
+
+def test_a_policy_the_method_cannot_take_is_refused(ckpt):
+    from specfit.engine.online import OnlineModel
+
+    with pytest.raises(SpecFitInputError) as err:
+        decoder(ckpt, "eagle3", SelfDrafter(ckpt), policy="gate")
+    assert err.value.field == "policy"
+    with pytest.raises(SpecFitInputError) as err:
+        decoder(ckpt, "specfit", SelfDrafter(ckpt), policy="never", online=OnlineModel(6))
+    assert err.value.field == "policy"
+    with pytest.raises(SpecFitInputError) as err:
+        decoder(ckpt, "specfit", SelfDrafter(ckpt), policy="sometimes")
+    assert err.value.field == "policy"

@@ -17,6 +17,7 @@ from specfit.models.qwen3_moe import OffloadedQwen3Moe
 from specfit.models.qwen3_moe.generate import load_tokenizer
 from specfit.core.cost import get_profile
 from specfit.engine import METHODS, SpecDecoder, TreeSettings
+from specfit.engine.policy import UtilityGate
 
 NEW_TOKENS = 10
 
@@ -130,7 +131,7 @@ def test_dropping_unselectable_nodes_changes_no_selection(proxy, monkeypatch):
     targets, drafter, prompts = proxy
     spec = targets[32].spec
     cost = get_profile("qwen3-30b-a3b-pcie4").for_layers(len(spec.moe_layers))
-    monkeypatch.setattr(OnlineModel, "decide", lambda self, sound_can_draft=None: "draft")  # every cycle drafts
+    monkeypatch.setattr(UtilityGate, "decide", lambda self, sound_can_draft=None: "draft")  # every cycle drafts
     # the measured host ms enter the objective (level costs): the profile's priors keep both runs' costs equal
     monkeypatch.setattr(OnlineModel, "observe_host", lambda self, levels, level_ms, rest_ms: None)
 
@@ -170,7 +171,7 @@ def test_solves_the_ratio_bound_skips_change_no_stop_and_no_selection(proxy, mon
     targets, drafter, prompts = proxy
     spec = targets[slots].spec
     cost = get_profile(profile).for_layers(len(spec.moe_layers))
-    monkeypatch.setattr(OnlineModel, "decide", lambda self, sound_can_draft=None: "draft")  # every cycle drafts
+    monkeypatch.setattr(UtilityGate, "decide", lambda self, sound_can_draft=None: "draft")  # every cycle drafts
     monkeypatch.setattr(OnlineModel, "observe_host", lambda self, levels, level_ms, rest_ms: None)  # equal costs
     select, solves = SpecDecoder._select, []
 
@@ -190,7 +191,7 @@ def test_solves_the_ratio_bound_skips_change_no_stop_and_no_selection(proxy, mon
         return gens, len(solves)
 
     bounded, n_bounded = run()
-    monkeypatch.setattr(decoder, "_ratio_upper_bound", lambda p, root_ms, node_ms: math.inf)  # solve whenever
+    monkeypatch.setattr(decoder, "ratio_upper_bound_unchecked", lambda p, root_ms, node_ms: math.inf)  # solve whenever
     full, n_full = run()
     assert n_bounded < n_full  # the bound bites on the proxy
     for a, b in zip(bounded, full):
@@ -211,12 +212,12 @@ def test_warmup_cycles_draft_one_level_past_the_last_selection(proxy):
                       predictor=get_predictor("recency", num_layers=len(spec.moe_layers),
                                               num_experts=spec.num_experts, top_k=spec.top_k))
     caps = []
-    cap = dec.online.draft_depth
-    dec.online.draft_depth = lambda depth: caps.append(cap(depth)) or caps[-1]
+    cap = dec.online.policy.draft_depth
+    dec.online.policy.draft_depth = lambda depth: caps.append(cap(depth)) or caps[-1]
     cycles = [c for p in prompts[:2] for c in dec.generate(p, NEW_TOKENS).cycles if c.levels]
     assert len(caps) == len(cycles) and all(c.levels <= k for c, k in zip(cycles, caps))
-    assert caps[0] == 6 and 1 < max(caps[1:dec.online.WARMUP]) <= 6  # uncapped, then past deep selections
-    assert dec.online.selected_depth >= 1
+    assert caps[0] == 6 and 1 < max(caps[1:dec.online.policy.WARMUP]) <= 6  # uncapped, then past deep selections
+    assert dec.online.policy.state.selected_depth >= 1
 
 
 @pytest.mark.parametrize("policy", ["lru", "lfu"])
@@ -236,7 +237,7 @@ def test_ar_twin_prices_what_ar_decoding_pays(proxy, monkeypatch, policy):
         return OffloadedQwen3Moe.from_pretrained(d["target"], cache_slots=24, max_len=1024, eviction=policy,
                                                  aux_layers=aux)
 
-    monkeypatch.setattr(OnlineModel, "decide", lambda self, sound=None: "draft")
+    monkeypatch.setattr(UtilityGate, "decide", lambda self, sound=None: "draft")
     twin_ms = root_ms = ar_ms = 0.0
     for p in (prompts[0], prompts[10]):  # fresh caches: AR decoding and the engine start alike
         spec_target, ar_target = fresh(), fresh()
@@ -292,7 +293,7 @@ def test_ar_twin_per_cycle_with_the_gates_ar_steps_in_between(proxy, monkeypatch
     target_config = json.loads((d["target"] / "config.json").read_text())
     aux = check_target(Eagle3Config.from_dict(json.loads((d["eagle3"] / "config.json").read_text())), target_config)
     calls = iter(range(10**6))
-    monkeypatch.setattr(OnlineModel, "decide", lambda self, sound=None: "ar" if next(calls) % 3 == 0 else "draft")
+    monkeypatch.setattr(UtilityGate, "decide", lambda self, sound=None: "ar" if next(calls) % 3 == 0 else "draft")
     spec_target, ar_target = (OffloadedQwen3Moe.from_pretrained(d["target"], cache_slots=24, max_len=1024,
                                                                 aux_layers=aux) for _ in range(2))
     spec = spec_target.spec
@@ -341,8 +342,8 @@ def test_the_gates_decision_made_during_an_ar_steps_verify_is_the_same(proxy, mo
         return out
 
     ahead = run()
-    monkeypatch.setattr(OnlineModel, "decide_ahead", lambda self: None)
+    monkeypatch.setattr(UtilityGate, "decide_ahead", lambda self: None)
     assert run() == ahead
     decisions = [d for _, ds, _ in ahead for d in ds]
-    assert decisions.count("ar") >= 10 and decisions.count("draft") >= OnlineModel.WARMUP + OnlineModel.MIN_DRAFTED
+    assert decisions.count("ar") >= 10 and decisions.count("draft") >= UtilityGate.WARMUP + UtilityGate.MIN_DRAFTED
     assert any(ds[-1] == "ar" for _, ds, _ in ahead)

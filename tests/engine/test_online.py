@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from specfit.core.cost import CostModel
 from specfit.engine.online import OnlineModel
+from specfit.engine.policy import UtilityGate
 
 COST = CostModel(6.0, 0.1, (1.0, 2.0))  # two MoE layers, per-layer expert ms
 
@@ -87,52 +88,52 @@ def test_decayed_sums_follow_a_change():
 
 def test_gate_drafts_until_measured_then_by_measured_speedup():
     on = OnlineModel(depth=4)
-    assert on.speedup is None and on.decide() == "draft"
-    for _ in range(on.WARMUP + on.MIN_DRAFTED - 1):  # drafting worse than AR: 1.2 tokens in 1.5 AR steps' time
+    assert on.policy.speedup is None and on.policy.decide() == "draft"
+    for _ in range(on.policy.WARMUP + on.policy.MIN_DRAFTED - 1):  # drafting worse than AR: 1.2 tokens in 1.5 AR steps' time
         on.observe(root_predicted_new=[0, 0], root_true_new=[0, 0], selected_predicted_new=[0, 0],
                    transferred=[0, 0], draft_nodes=1, committed=1.2, cycle_ms=15.0, ar_ms=10.0)
-        assert on.decide() == "draft"  # learning, then measured but not trusted yet
+        assert on.policy.decide() == "draft"  # learning, then measured but not trusted yet
     on.observe(root_predicted_new=[0, 0], root_true_new=[0, 0], selected_predicted_new=[0, 0],
                transferred=[0, 0], draft_nodes=1, committed=1.2, cycle_ms=15.0, ar_ms=10.0)
-    assert on.speedup == pytest.approx(1.2 * 10 / 15)
-    seq = "".join(on.decide()[0] for _ in range(40))
+    assert on.policy.speedup == pytest.approx(1.2 * 10 / 15)
+    seq = "".join(on.policy.decide()[0] for _ in range(40))
     assert seq == "aaaa" + "eeee" + "a" * 8 + "eeee" + "a" * 16 + "eeee"  # bursts of EXPLORE_BURST, doubling gaps
     # an exploration that finds drafting better: the gate drafts again and exploration resets
     for _ in range(30):
         on.observe(root_predicted_new=[0, 0], root_true_new=[0, 0], selected_predicted_new=[0, 0],
                    transferred=[0, 0], draft_nodes=3, committed=3, cycle_ms=15.0, ar_ms=10.0)
-    assert on.speedup > 1 and on.decide() == "draft" and on.explore_after == on.EXPLORE_FIRST
+    assert on.policy.speedup > 1 and on.policy.decide() == "draft" and on.policy.state.explore_after == on.policy.EXPLORE_FIRST
 
 
 def test_gate_respects_the_sound_bound_and_calls_it_only_when_drafting_pays():
     on = OnlineModel(depth=4)
-    for _ in range(on.WARMUP + on.MIN_DRAFTED):
+    for _ in range(on.policy.WARMUP + on.policy.MIN_DRAFTED):
         on.observe(root_predicted_new=[0, 0], root_true_new=[0, 0], selected_predicted_new=[0, 0],
                    transferred=[0, 0], draft_nodes=3, committed=3, cycle_ms=15.0, ar_ms=10.0)
-    assert on.sound_said_draft  # before any answer: the engine may launch the first level before asking
-    assert on.decide(lambda: False) == "ar"  # Ŝ > 1, but no draft can beat AR this cycle within the model
-    assert not on.sound_said_draft
-    assert on.decide(lambda: True) == "draft" and on.sound_said_draft
+    assert on.policy.state.sound_said_draft  # before any answer: the engine may launch the first level before asking
+    assert on.policy.decide(lambda: False) == "ar"  # Ŝ > 1, but no draft can beat AR this cycle within the model
+    assert not on.policy.state.sound_said_draft
+    assert on.policy.decide(lambda: True) == "draft" and on.policy.state.sound_said_draft
 
     def boom():
         raise AssertionError("the sound bound was computed although Ŝ <= 1")
 
     worse = OnlineModel(depth=4)
-    for _ in range(worse.WARMUP + worse.MIN_DRAFTED):
+    for _ in range(worse.policy.WARMUP + worse.policy.MIN_DRAFTED):
         worse.observe(root_predicted_new=[0, 0], root_true_new=[0, 0], selected_predicted_new=[0, 0],
                       transferred=[0, 0], draft_nodes=1, committed=1, cycle_ms=15.0, ar_ms=10.0)
-    assert worse.decide(boom) == "ar"
+    assert worse.policy.decide(boom) == "ar"
 
 
 def test_exploration_share_is_bounded():
     on = OnlineModel(depth=4)
-    for _ in range(on.WARMUP + on.MIN_DRAFTED):
+    for _ in range(on.policy.WARMUP + on.policy.MIN_DRAFTED):
         on.observe(root_predicted_new=[0, 0], root_true_new=[0, 0], selected_predicted_new=[0, 0],
                    transferred=[0, 0], draft_nodes=1, committed=1, cycle_ms=15.0, ar_ms=10.0)
     n = 5000
-    explored = sum(on.decide() == "explore" for _ in range(n))
+    explored = sum(on.policy.decide() == "explore" for _ in range(n))
     # after the doubling, one burst per EXPLORE_MAX AR steps
-    assert explored <= on.EXPLORE_BURST * (n / on.EXPLORE_MAX + 8)
+    assert explored <= on.policy.EXPLORE_BURST * (n / on.policy.EXPLORE_MAX + 8)
 
 
 def test_corrected_cost_stays_a_valid_cost_model():
@@ -182,25 +183,25 @@ def test_warmup_cycles_are_not_measured():
     """The first WARMUP drafted cycles (acceptance and the predictor's error still being learned) do not
     enter Ŝ: a bad start does not stop drafting that pays once learned."""
     on = OnlineModel(depth=4)
-    for _ in range(on.WARMUP):  # learning: drafting measured at 0.5x AR
+    for _ in range(on.policy.WARMUP):  # learning: drafting measured at 0.5x AR
         on.observe(root_predicted_new=[0, 0], root_true_new=[0, 0], selected_predicted_new=[0, 0],
                    transferred=[0, 0], draft_nodes=1, committed=1, cycle_ms=20.0, ar_ms=10.0)
-        assert on.decide() == "draft"
-    assert on.speedup is None
-    for _ in range(on.MIN_DRAFTED):  # learned: 1.2x AR
+        assert on.policy.decide() == "draft"
+    assert on.policy.speedup is None
+    for _ in range(on.policy.MIN_DRAFTED):  # learned: 1.2x AR
         on.observe(root_predicted_new=[0, 0], root_true_new=[0, 0], selected_predicted_new=[0, 0],
                    transferred=[0, 0], draft_nodes=2, committed=2.4, cycle_ms=20.0, ar_ms=10.0)
-        assert on.speedup == pytest.approx(1.2)  # the (WARMUP + 1)-th drafted cycle is the first in Ŝ
-    assert on.decide() == "draft"
+        assert on.policy.speedup == pytest.approx(1.2)  # the (WARMUP + 1)-th drafted cycle is the first in Ŝ
+    assert on.policy.decide() == "draft"
 
 
 def test_near_break_even_keeps_exploring_clearly_worse_backs_off():
     def gate(committed):
         on = OnlineModel(depth=4)
-        for _ in range(on.WARMUP + on.MIN_DRAFTED):
+        for _ in range(on.policy.WARMUP + on.policy.MIN_DRAFTED):
             on.observe(root_predicted_new=[0, 0], root_true_new=[0, 0], selected_predicted_new=[0, 0],
                        transferred=[0, 0], draft_nodes=1, committed=committed, cycle_ms=10.0, ar_ms=10.0)
-        return "".join(on.decide()[0] for _ in range(40))
+        return "".join(on.policy.decide()[0] for _ in range(40))
 
     # bursts of EXPLORE_BURST exploring cycles (each verifies draft nodes here)
     near = gate(0.97)  # Ŝ = 0.97 >= EXPLORE_MARGIN: one burst every EXPLORE_FIRST * EXPLORE_BURST AR steps
@@ -210,56 +211,56 @@ def test_near_break_even_keeps_exploring_clearly_worse_backs_off():
 
 def test_an_exploring_burst_ends_when_drafting_pays_or_verifies_the_root_alone():
     on = OnlineModel(depth=4)
-    for _ in range(on.WARMUP + on.MIN_DRAFTED):
+    for _ in range(on.policy.WARMUP + on.policy.MIN_DRAFTED):
         on.observe(root_predicted_new=[0], root_true_new=[0], selected_predicted_new=[0], transferred=[0],
                    draft_nodes=1, committed=0.9, cycle_ms=10.0, ar_ms=10.0)
-    assert "".join(on.decide()[0] for _ in range(6)) == "aaaaee"
+    assert "".join(on.policy.decide()[0] for _ in range(6)) == "aaaaee"
     on.observe(root_predicted_new=[0], root_true_new=[0], selected_predicted_new=[0], transferred=[0],
                draft_nodes=0, committed=1, cycle_ms=10.0, ar_ms=9.0)  # the root alone: the burst ends
-    assert on.decide() == "ar" and on.burst_left == 0
+    assert on.policy.decide() == "ar" and on.policy.state.burst_left == 0
     # its last cycle verified the root alone: the interval doubles (4 -> 8) once that cycle is learned
-    assert "".join(on.decide()[0] for _ in range(8)) == "a" * 7 + "e" and on.explore_after == 8
+    assert "".join(on.policy.decide()[0] for _ in range(8)) == "a" * 7 + "e" and on.policy.state.explore_after == 8
     for _ in range(3):  # drafting now pays: the gate drafts, the burst is over
         on.observe(root_predicted_new=[0], root_true_new=[0], selected_predicted_new=[0], transferred=[0],
                    draft_nodes=3, committed=4, cycle_ms=10.0, ar_ms=10.0)
-    assert on.speedup > 1 and on.decide() == "draft" and on.burst_left == 0
+    assert on.policy.speedup > 1 and on.policy.decide() == "draft" and on.policy.state.burst_left == 0
 
 
 def test_explorations_that_verify_the_root_alone_back_off_near_break_even():
     on = OnlineModel(depth=4)
-    for _ in range(on.WARMUP + on.MIN_DRAFTED):  # Ŝ = 0.97, but every drafted cycle verified the root alone
+    for _ in range(on.policy.WARMUP + on.policy.MIN_DRAFTED):  # Ŝ = 0.97, but every drafted cycle verified the root alone
         on.observe(root_predicted_new=[0, 0], root_true_new=[0, 0], selected_predicted_new=[0, 0],
                    transferred=[0, 0], draft_nodes=0, committed=1, cycle_ms=10.0, ar_ms=9.7)
-    assert on.speedup == pytest.approx(0.97) and not on.verified_draft
-    assert "".join(on.decide()[0] for _ in range(40)) == "aaaae" + "a" * 8 + "e" + "a" * 16 + "e" + "a" * 9
+    assert on.policy.speedup == pytest.approx(0.97) and not on.policy.state.verified_draft
+    assert "".join(on.policy.decide()[0] for _ in range(40)) == "aaaae" + "a" * 8 + "e" + "a" * 16 + "e" + "a" * 9
     # an exploration that verifies draft nodes again restores the short interval
     on.observe(root_predicted_new=[0, 0], root_true_new=[0, 0], selected_predicted_new=[0, 0],
                transferred=[0, 0], draft_nodes=2, committed=1.0, cycle_ms=10.0, ar_ms=9.7)
-    assert on.verified_draft and on.speedup >= on.EXPLORE_MARGIN
-    gap = on.explore_after - on.skips
-    assert "".join(on.decide()[0] for _ in range(gap + 1)) == "a" * gap + "e"  # a burst, draft nodes verified
-    assert "".join(on.decide()[0] for _ in range(5)) == "eeeaa"  # over; its outcome sets the interval
-    assert on.explore_after == on.EXPLORE_FIRST * on.EXPLORE_BURST
+    assert on.policy.state.verified_draft and on.policy.speedup >= on.policy.EXPLORE_MARGIN
+    gap = on.policy.state.explore_after - on.policy.state.skips
+    assert "".join(on.policy.decide()[0] for _ in range(gap + 1)) == "a" * gap + "e"  # a burst, draft nodes verified
+    assert "".join(on.policy.decide()[0] for _ in range(5)) == "eeeaa"  # over; its outcome sets the interval
+    assert on.policy.state.explore_after == on.policy.EXPLORE_FIRST * on.policy.EXPLORE_BURST
 
 
 def test_warmup_drafts_one_level_past_the_last_selection():
     """During the warm-up a drafted cycle drafts at most one level deeper than the last drafted cycle's
     selection verified (all levels on the first); after it, every level."""
     on = OnlineModel(depth=6)
-    assert on.draft_depth(6) == 6  # nothing selected yet
+    assert on.policy.draft_depth(6) == 6  # nothing selected yet
     kw = dict(root_predicted_new=[0, 0], root_true_new=[0, 0], selected_predicted_new=[0, 0],
               transferred=[0, 0], cycle_ms=20.0, ar_ms=10.0)
     on.observe(draft_nodes=0, committed=1, selected_depth=0, **kw)  # the root alone
-    assert on.draft_depth(6) == 1
+    assert on.policy.draft_depth(6) == 1
     on.observe(draft_nodes=3, committed=3, selected_depth=3, **kw)
-    assert on.draft_depth(6) == 4 and on.draft_depth(2) == 2
+    assert on.policy.draft_depth(6) == 4 and on.policy.draft_depth(2) == 2
     on.observe(draft_nodes=6, committed=4, selected_depth=6, **kw)
-    assert on.draft_depth(6) == 6
+    assert on.policy.draft_depth(6) == 6
     on.observe(draft_nodes=0, committed=1, selected_depth=0, **kw)
-    while on.drafted < on.WARMUP + on.MIN_DRAFTED:
-        assert on.draft_depth(6) == 1
+    while on.policy.state.drafted < on.policy.WARMUP + on.policy.MIN_DRAFTED:
+        assert on.policy.draft_depth(6) == 1
         on.observe(draft_nodes=0, committed=1, selected_depth=0, **kw)
-    assert on.draft_depth(6) == 6  # the warm-up is over
+    assert on.policy.draft_depth(6) == 6  # the warm-up is over
 
 
 def test_counting_a_drafted_cycle_first_then_learning_it_is_learning_it_at_once():
@@ -267,34 +268,34 @@ def test_counting_a_drafted_cycle_first_then_learning_it_is_learning_it_at_once(
     learning runs during the next verify) leaves the state of one observe: every drafted cycle counted
     once, the warm-up's exclusion from Ŝ unchanged."""
     def cycles(on, split):
-        for i in range(OnlineModel.WARMUP + 3):
+        for i in range(UtilityGate.WARMUP + 3):
             nodes, depth = i % 3, min(i % 3, 2)
             if split:
-                on.observe_selection(nodes, depth)
-                assert on.drafted == i + 1 and on.verified_draft == (nodes > 0) and on.selected_depth == depth
+                on.policy.observe_selection(nodes, depth)
+                assert on.policy.state.drafted == i + 1 and on.policy.state.verified_draft == (nodes > 0) and on.policy.state.selected_depth == depth
             on.observe(root_predicted_new=[1, 0], root_true_new=[1, 1], selected_predicted_new=[2, 1],
                        transferred=[3, 1], draft_nodes=nodes, committed=1 + nodes, cycle_ms=10.0 + i,
                        ar_ms=6.0, selected_depth=depth, counted=split)
         return on
 
     a, b = cycles(OnlineModel(depth=4), False), cycles(OnlineModel(depth=4), True)
-    assert a.drafted == b.drafted == OnlineModel.WARMUP + 3
-    assert a.spent_ms > 0 and a.speedup == pytest.approx(b.speedup) and a.spent_ms == pytest.approx(b.spent_ms)
+    assert a.policy.state.drafted == b.policy.state.drafted == UtilityGate.WARMUP + 3
+    assert a.policy.state.spent_ms > 0 and a.policy.speedup == pytest.approx(b.policy.speedup) and a.policy.state.spent_ms == pytest.approx(b.policy.state.spent_ms)
     np.testing.assert_allclose(a.node_correction(), b.node_correction())
-    assert (a.verified_draft, a.selected_depth) == (b.verified_draft, b.selected_depth)
+    assert (a.policy.state.verified_draft, a.policy.state.selected_depth) == (b.policy.state.verified_draft, b.policy.state.selected_depth)
 
 
 def test_speedup_prices_the_committed_tokens_as_ar_decoding_would():
     """Ŝ's gain is AR decoding's ms for a cycle's tokens when the engine knows it (the AR twin), else τ
     AR steps of the root: the same cycles give Ŝ > 1 or < 1 by which counterfactual prices them."""
     twin, root = OnlineModel(depth=4), OnlineModel(depth=4)
-    for _ in range(twin.WARMUP + twin.MIN_DRAFTED):  # 2 tokens in 15 ms; the root's AR step 10 ms in the
+    for _ in range(twin.policy.WARMUP + twin.policy.MIN_DRAFTED):  # 2 tokens in 15 ms; the root's AR step 10 ms in the
         kw = dict(root_predicted_new=[0, 0], root_true_new=[0, 0], selected_predicted_new=[0, 0],
                   transferred=[0, 0], draft_nodes=1, committed=2, cycle_ms=15.0, ar_ms=10.0)
         root.observe(**kw)  # engine's cache, but AR decoding's own cache would have paid 7 ms per token
         twin.observe(**kw, ar_tokens_ms=14.0)
-    assert root.speedup == pytest.approx(20 / 15) and root.decide() == "draft"
-    assert twin.speedup == pytest.approx(14 / 15) and twin.decide() == "ar"
+    assert root.policy.speedup == pytest.approx(20 / 15) and root.policy.decide() == "draft"
+    assert twin.policy.speedup == pytest.approx(14 / 15) and twin.policy.decide() == "ar"
 
 
 @settings(max_examples=60, deadline=None)
@@ -306,42 +307,42 @@ def test_deciding_ahead_after_an_ar_step_decides_as_at_the_next_cycle(cycles):
     def run(ahead: bool):
         on, out, asked = OnlineModel(depth=4), [], []
         for ratio, nodes, sound in cycles:
-            d = on.decide(lambda: asked.append(len(out)) or sound)
+            d = on.policy.decide(lambda: asked.append(len(out)) or sound)
             out.append(d)
             if d == "ar":
                 if ahead:
-                    on.decide_ahead()
+                    on.policy.decide_ahead()
             else:
                 on.observe(root_predicted_new=[0], root_true_new=[0], selected_predicted_new=[0], transferred=[0],
                            draft_nodes=nodes, committed=ratio, cycle_ms=10.0, ar_ms=10.0)
-        out.append(on.decide(lambda: asked.append(-1) or True))  # the one decided ahead, if any
-        return out, asked, (on.skips, on.explore_after, on.burst_left, on.explorations)
+        out.append(on.policy.decide(lambda: asked.append(-1) or True))  # the one decided ahead, if any
+        return out, asked, (on.policy.state.skips, on.policy.state.explore_after, on.policy.state.burst_left, on.policy.state.explorations)
 
     assert run(True) == run(False)
 
 
 def test_nothing_is_decided_ahead_where_the_sound_bound_is_needed():
     on = OnlineModel(depth=4)
-    on.decide_ahead()
-    assert on.ahead == "draft" and on.decide(lambda: pytest.fail("not consulted")) == "draft" and on.ahead is None
-    for _ in range(on.WARMUP + on.MIN_DRAFTED):  # drafting pays: Ŝ = 2
+    on.policy.decide_ahead()
+    assert on.policy.state.ahead == "draft" and on.policy.decide(lambda: pytest.fail("not consulted")) == "draft" and on.policy.state.ahead is None
+    for _ in range(on.policy.WARMUP + on.policy.MIN_DRAFTED):  # drafting pays: Ŝ = 2
         on.observe(root_predicted_new=[0], root_true_new=[0], selected_predicted_new=[0], transferred=[0],
                    draft_nodes=2, committed=2, cycle_ms=10.0, ar_ms=10.0)
-    on.decide_ahead()
-    assert on.ahead is None and on.decide(lambda: False) == "ar"  # the bound, with this cycle's root, said no
+    on.policy.decide_ahead()
+    assert on.policy.state.ahead is None and on.policy.decide(lambda: False) == "ar"  # the bound, with this cycle's root, said no
 
 
 def test_an_ar_step_decided_ahead_is_taken_once():
     """take_ar_ahead consumes an AR step decided ahead (what decide would return) and nothing else."""
     on = OnlineModel(depth=4)
-    on.decide_ahead()  # "draft": not an AR step, left for decide
-    assert not on.take_ar_ahead() and on.ahead == "draft"
-    on.ahead = None
-    for _ in range(on.WARMUP + on.MIN_DRAFTED):  # drafting measured at 0.5 x AR: AR steps
+    on.policy.decide_ahead()  # "draft": not an AR step, left for decide
+    assert not on.policy.take_ar_ahead() and on.policy.state.ahead == "draft"
+    on.policy.state.ahead = None
+    for _ in range(on.policy.WARMUP + on.policy.MIN_DRAFTED):  # drafting measured at 0.5 x AR: AR steps
         on.observe(root_predicted_new=[0], root_true_new=[0], selected_predicted_new=[0], transferred=[0],
                    draft_nodes=1, committed=1, cycle_ms=20.0, ar_ms=10.0)
-    on.decide_ahead()
-    assert on.ahead == "ar" and on.take_ar_ahead() and on.ahead is None and not on.take_ar_ahead()
+    on.policy.decide_ahead()
+    assert on.policy.state.ahead == "ar" and on.policy.take_ar_ahead() and on.policy.state.ahead is None and not on.policy.take_ar_ahead()
 
 
 def gate_in_engine_order(on, cycles, drafted_cycle):
@@ -352,16 +353,16 @@ def gate_in_engine_order(on, cycles, drafted_cycle):
     the decisions' first letters."""
     out, last, k = [], None, 0
     for _ in range(cycles):
-        d = on.decide()
+        d = on.policy.decide()
         if last is not None:
             on.observe(**last, counted=True)
             last = None
         if d == "ar":
-            on.decide_ahead()
+            on.policy.decide_ahead()
         else:
             nodes, committed = drafted_cycle(k)
             k += 1
-            on.observe_selection(nodes, min(nodes, 1))
+            on.policy.observe_selection(nodes, min(nodes, 1))
             last = dict(root_predicted_new=[0], root_true_new=[0], selected_predicted_new=[0], transferred=[0],
                         draft_nodes=nodes, committed=committed, cycle_ms=10.0, ar_ms=10.0, selected_depth=min(nodes, 1))
         out.append(d[0])
@@ -372,7 +373,7 @@ def test_an_explorations_own_outcome_sets_the_interval_after_it():
     """The interval after a burst follows that burst's outcome, learned one cycle late as in the engine,
     not the outcome of the burst before it: a burst that lifts Ŝ to near break-even is followed by 16 AR
     steps, a burst that drops it again by twice that."""
-    warm = OnlineModel.WARMUP + OnlineModel.MIN_DRAFTED
+    warm = UtilityGate.WARMUP + UtilityGate.MIN_DRAFTED
 
     def drafted_cycle(k):  # measured at 0.5 x AR, then near break-even for a burst, then 0.2 x AR
         return 1, 0.5 if k < warm else 1.8 if k < warm + 4 else 0.2
@@ -380,17 +381,17 @@ def test_an_explorations_own_outcome_sets_the_interval_after_it():
     on = OnlineModel(depth=4)
     seq = gate_in_engine_order(on, warm + 4 + 4 + 16 + 4 + 33, drafted_cycle)
     assert seq == "d" * warm + "aaaa" + "eeee" + "a" * 16 + "eeee" + "a" * 32 + "e"
-    assert on.explore_after == 32 and on.speedup < on.EXPLORE_MARGIN
+    assert on.policy.state.explore_after == 32 and on.policy.speedup < on.policy.EXPLORE_MARGIN
 
 
 def test_clearly_worse_drafting_explores_six_bursts_in_252_ar_steps_then_one_per_explore_max():
     on = OnlineModel(depth=4)
-    warm = on.WARMUP + on.MIN_DRAFTED
+    warm = on.policy.WARMUP + on.policy.MIN_DRAFTED
     seq = gate_in_engine_order(on, warm + 252 + 6 * 4 + 3 * (128 + 4), lambda k: (1, 0.5))
     assert seq[:warm] == "d" * warm
     gaps = [len(run) for run in seq[warm:].split("eeee")]
     assert gaps == [4, 8, 16, 32, 64, 128, 128, 128, 128, 0]  # AR steps between bursts, capped at EXPLORE_MAX
-    assert on.explore_after == on.EXPLORE_MAX and sum(gaps[:6]) == 252
+    assert on.policy.state.explore_after == on.policy.EXPLORE_MAX and sum(gaps[:6]) == 252
 
 
 def test_the_first_trusted_decision_reads_the_measured_cycles_but_the_last():
@@ -398,6 +399,6 @@ def test_the_first_trusted_decision_reads_the_measured_cycles_but_the_last():
     verify: the gate's first decision after WARMUP + MIN_DRAFTED drafted cycles reads Ŝ of the
     MIN_DRAFTED - 1 before it (SPECFIT.md §3)."""
     on = OnlineModel(depth=4)
-    warm = on.WARMUP + on.MIN_DRAFTED
+    warm = on.policy.WARMUP + on.policy.MIN_DRAFTED
     gate_in_engine_order(on, warm, lambda k: (1, 3.0 if k == warm - 1 else 0.5))
-    assert on.drafted == warm and on.speedup == pytest.approx(0.5) and on.decide() == "ar"
+    assert on.policy.state.drafted == warm and on.policy.speedup == pytest.approx(0.5) and on.policy.decide() == "ar"

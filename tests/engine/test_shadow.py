@@ -66,7 +66,7 @@ def test_the_shadow_outcome_waits_for_its_continuation():
 
 def shadowing_model():
     on = OnlineModel(depth=4)
-    on.shadowing = True
+    on.policy.shadow.shadowing = True
     return on
 
 
@@ -74,70 +74,70 @@ def shadow_cycles(on, n, *, draft_nodes, cycle_ms, ar_ms):
     """``n`` shadow decisions, each resolved at once with the given outcome."""
     out = []
     for _ in range(n):
-        d = on.decide()
+        d = on.policy.decide()
         out.append(d)
         if d == "shadow":
-            on.observe_shadow_selection(draft_nodes)
-            on.observe_shadow(draft_nodes=draft_nodes, cycle_ms=cycle_ms, ar_tokens_ms=ar_ms)
+            on.policy.observe_shadow_selection(draft_nodes)
+            on.policy.observe_shadow(draft_nodes=draft_nodes, cycle_ms=cycle_ms, ar_tokens_ms=ar_ms)
     return out
 
 
 def test_the_warmup_runs_in_the_shadow_and_a_losing_draft_is_never_paid():
     on = shadowing_model()
-    warm = on.WARMUP + on.MIN_DRAFTED
+    warm = on.policy.WARMUP + on.policy.MIN_DRAFTED
     assert shadow_cycles(on, warm, draft_nodes=0, cycle_ms=10.5, ar_ms=10.0) == ["shadow"] * warm
-    assert on.shadow_speedup == pytest.approx(10.0 / 10.5) and on.drafted == 0
+    assert on.policy.shadow_speedup == pytest.approx(10.0 / 10.5) and on.policy.state.drafted == 0
     seq = "".join(d[0] for d in shadow_cycles(on, 300, draft_nodes=0, cycle_ms=10.5, ar_ms=10.0))
-    assert set(seq) == {"a", "s"} and on.cleared is False  # explorations are shadows too: no draft is paid
+    assert set(seq) == {"a", "s"} and on.policy.state.cleared is False  # explorations are shadows too: no draft is paid
     assert seq.startswith("aaaa" + "s" + "a" * 8 + "s" + "a" * 16 + "s")  # one shadow a burst (root alone), doubling
-    assert on.drafted == 0 and on.explorations == 0
+    assert on.policy.state.drafted == 0 and on.policy.state.explorations == 0
 
 
 def test_shadows_that_find_drafting_pays_clear_real_drafting_early():
     on = shadowing_model()
     seq = shadow_cycles(on, 40, draft_nodes=3, cycle_ms=10.0, ar_ms=20.0)
-    first = on.WARMUP + on.SHADOW_EARLY  # calibration, then SHADOW_EARLY measured shadows with Ŝ_sh > 1
+    first = on.policy.WARMUP + on.policy.SHADOW_EARLY  # calibration, then SHADOW_EARLY measured shadows with Ŝ_sh > 1
     assert seq[:first] == ["shadow"] * first and seq[first:] == ["draft"] * (40 - first)
-    assert on.cleared is True
+    assert on.policy.state.cleared is True
 
 
 def test_a_pending_shadow_is_waited_for_and_an_unresolved_one_dropped():
     on = shadowing_model()
-    for _ in range(on.WARMUP + on.MIN_DRAFTED):
-        assert on.decide() == "shadow"
-        on.observe_shadow_selection(1)
-    assert on.decide() == "ar" and on.cleared is None  # the warm-up's shadows are not resolved yet
-    on.drop_shadows(on.shadow_pending)  # a generation ended: no outcome will come
-    assert on.shadow_pending == 0 and on.decide() == "ar" and on.cleared is False  # nothing measured: not cleared
+    for _ in range(on.policy.WARMUP + on.policy.MIN_DRAFTED):
+        assert on.policy.decide() == "shadow"
+        on.policy.observe_shadow_selection(1)
+    assert on.policy.decide() == "ar" and on.policy.state.cleared is None  # the warm-up's shadows are not resolved yet
+    on.policy.drop_shadows(on.policy.shadow.pending)  # a generation ended: no outcome will come
+    assert on.policy.shadow.pending == 0 and on.policy.decide() == "ar" and on.policy.state.cleared is False  # nothing measured: not cleared
 
 
 def test_a_real_exploration_that_backs_off_sends_the_next_one_to_the_shadow():
     on = shadowing_model()
-    on.cleared = True  # the shadows cleared drafting; real drafting then measured it worse than AR
-    for _ in range(on.WARMUP + on.MIN_DRAFTED):
-        assert on.decide() == "draft"
+    on.policy.state.cleared = True  # the shadows cleared drafting; real drafting then measured it worse than AR
+    for _ in range(on.policy.WARMUP + on.policy.MIN_DRAFTED):
+        assert on.policy.decide() == "draft"
         on.observe(root_predicted_new=[0], root_true_new=[0], selected_predicted_new=[0], transferred=[0],
                    draft_nodes=1, committed=1, cycle_ms=15.0, ar_ms=10.0)
-    seq = "".join(on.decide()[0] for _ in range(4 + 4 + 2))
-    assert seq == "aaaa" + "eeee" + "aa" and on.cleared is False  # judged: clearly worse
-    assert on.burst_shadow is False
+    seq = "".join(on.policy.decide()[0] for _ in range(4 + 4 + 2))
+    assert seq == "aaaa" + "eeee" + "aa" and on.policy.state.cleared is False  # judged: clearly worse
+    assert on.policy.state.burst_shadow is False
     nxt = "".join(d[0] for d in shadow_cycles(on, 8, draft_nodes=0, cycle_ms=10.5, ar_ms=10.0))
     assert "s" in nxt and "e" not in nxt
 
 
 def test_the_ar_steps_h2d_mean_follows_what_they_copy():
     on = OnlineModel(depth=4)
-    assert on.ar_h2d_ms() is None
-    on.observe_ar_h2d(10.0)
-    assert on.ar_h2d_ms() == pytest.approx(10.0)
+    assert on.policy.ar_h2d_ms() is None
+    on.policy.observe_ar_h2d(10.0)
+    assert on.policy.ar_h2d_ms() == pytest.approx(10.0)
     for _ in range(300):
-        on.observe_ar_h2d(0.0)
-    assert on.ar_h2d_ms() < 0.1  # decayed: the recent steps copy nothing
+        on.policy.observe_ar_h2d(0.0)
+    assert on.policy.ar_h2d_ms() < 0.1  # decayed: the recent steps copy nothing
 
 
 def test_without_shadowing_the_gate_is_unchanged():
     on = OnlineModel(depth=4)
-    assert [on.decide() for _ in range(3)] == ["draft"] * 3
+    assert [on.policy.decide() for _ in range(3)] == ["draft"] * 3
 
 
 def test_a_shadows_head_forwards_are_charged_only_past_the_ar_steps_copies():
@@ -168,5 +168,5 @@ def test_shadows_on_the_proxy_change_no_output_and_teach_the_calibrator(one_torc
     assert shadows and all(c.levels == 0 and c.levels_ahead == 0 and c.shadow_levels > 0 for c in shadows)
     assert all(c.nodes_verified == 1 and c.committed == 1 for c in shadows)  # an AR step each
     on = dec.online
-    assert on.shadows == len(shadows) and on.shadow_resolved > on.WARMUP and on.shadow_pending == 0
+    assert on.policy.shadow.drafted == len(shadows) and on.policy.shadow.resolved > on.policy.WARMUP and on.policy.shadow.pending == 0
     assert on.acceptance.trials.sum() > 0  # the shadows' trials, learned without a verify

@@ -14,7 +14,7 @@ def test_identical_acceptance_curves_do_not_hide_each_other(tmp_path, monkeypatc
     def keep(fig, path):
         figures[path.name] = fig
 
-    monkeypatch.setattr(report, "_save", keep)
+    monkeypatch.setattr(report, "save_figure", keep)
     same = [0.9, 0.6, 0.3]
     from dataclasses import fields
 
