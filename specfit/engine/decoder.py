@@ -1,10 +1,10 @@
 """The SpecFit decoding cycle; every method of SPECFIT.md §6 is a configuration of it.
 
-One cycle (ARCHITECTURE.md, "the one way through"):
+One cycle (:meth:`SpecDecoder._cycle`; ARCHITECTURE.md, "Read first"):
 
-    draft one level → stop? (from P and the cost) → predict the kept nodes' experts → select
-    → verify the selected subtree in one target forward → accept a root path + bonus token
-    → compact the target KV, commit to the drafter → cycle record
+    the policy decides (specfit.engine.policy) → draft one level → stop? (from P and the cost)
+    → predict the kept nodes' experts → select → verify the selected subtree in one target forward
+    → accept a root path + bonus token → compact the target KV, commit to the drafter → cycle record
 
 The root of every cycle is the last committed token, whose KV is not yet in the target (the
 previous cycle's bonus token). A method that drafts nothing (``ar``) verifies the root alone, which
@@ -578,6 +578,27 @@ class _CycleState:
 
 
 @dataclass
+class _Carry:
+    """What one cycle leaves the next, within one generation.
+
+    Attributes: ``lam_tokens``, ``lam_ms`` the committed tokens and predicted ms so far (the rate mode's
+    λ); ``unobserved`` committed ``(tokens, routing)`` int64 arrays the predictor has not observed yet;
+    ``learning`` the last cycle's outcome, learned during the next verify (:class:`_Learning`);
+    ``ar_next`` ``(Ŝ,)`` when the next cycle is an AR step decided ahead; ``twin_path`` the last cycle's
+    committed forwards' routing (τ, L, k), not yet replayed in the AR twin; ``shadows`` the shadow cycles
+    drafted whose outcome is not known yet (oldest first).
+    """
+
+    lam_tokens: float = 0.0
+    lam_ms: float = 0.0
+    unobserved: list = field(default_factory=list)
+    learning: "_Learning | None" = None
+    ar_next: tuple | None = None
+    twin_path: np.ndarray | None = None
+    shadows: list = field(default_factory=list)
+
+
+@dataclass
 class _Learning:
     """A cycle's outcome queued for the online model (:meth:`SpecDecoder._learn`, run while the next
     cycle's verify is on the device): its ``record``, the ``cache`` (L, E) at its start, the verify's
@@ -729,8 +750,6 @@ class SpecDecoder:
 
             item_words_kernel()  # so that no cycle pays it
             ratio_bound_kernel()
-        self._lam_tokens = 0.0
-        self._lam_ms = 0.0
         if online is not None and policy is not None:
             raise SpecFitInputError("policy", "give it to the OnlineModel (OnlineModel(depth, policy)), not both")
         if not m.calibrated and policy is not None and make_policy(policy).name == "gate":
@@ -744,14 +763,10 @@ class SpecDecoder:
         self.clock = clock if clock is not None else MeasuredClock()
         self.acceptance = self.online.acceptance if self.online is not None else None
         self._now = _CycleState()  # what the running cycle knows (made anew by each cycle)
-        self._unobserved: list = []  # committed (tokens, routing) the predictor has not observed yet (int64 arrays)
+        self._carry = _Carry()  # what one cycle leaves the next
         self._calls = (None,)  # the predictor's calls (_predictor_calls), made on the first prediction
-        self._after_verify: _Learning | None = None  # the last cycle's outcome, learned during the next verify
-        self._ar_next = None  # (Ŝ,) when the next cycle is an AR step decided ahead (OnlineModel.decide_ahead)
         self._twin = None  # the AR twin's cache (specfit.engine.twin), made at the first generation
         self._twin_key = None  # the runtime cache it replays: (id, slots, policy)
-        self._twin_path = None  # the last cycle's committed forwards' routing (τ, L, k), not yet replayed
-        self._shadows: list[_Shadow] = []  # shadow cycles drafted, their outcome not yet known (oldest first)
         self._shadow_base = False  # whether this generation's AR steps could carry shadows (_set_shadowing)
 
     #: Per solve, for selectors that take a time limit: only a branch and bound can be slow (the exact
@@ -789,31 +804,8 @@ class SpecDecoder:
         context = getattr(getattr(self.target, "spec", None), "max_position_embeddings", None)
         if context is not None:
             check_context("max_new_tokens", len(prompt), max_new_tokens, context)
-        self._lam_tokens = self._lam_ms = 0.0
         t0 = self.clock.wall()
-        for t in (self.target, self.reference):
-            if t is not None:
-                t.reset()
-        drafter_ready = False
-        self._unobserved.clear()
-        if len(prompt) > 1:
-            out = self.target.prefill(torch.tensor(prompt[:-1]))
-            if self.reference is not None:
-                self.reference.prefill(torch.tensor(prompt[:-1]))
-            if self.predictor is not None:
-                self.predictor.reset()
-                self.predictor.observe(np.asarray(prompt[:-1]), out.routing.numpy(), None)
-            if self.drafter is not None:
-                self.drafter.prefill(torch.tensor(prompt[:-1]), out.aux_hidden)
-                drafter_ready = True
-        elif self.predictor is not None:
-            self.predictor.reset()
-        self._sync_twin()
-        self._shadows.clear()
-        if self.online is not None:  # an AR step carries a shadow cycle only where the twin prices its tokens
-            self._shadow_base = (self.shadows and self._twin is not None and self.drafter is not None
-                                 and isinstance(self.cost, CostModel) and self.method.level_by_level)
-            self._set_shadowing()
+        drafter_ready = self._prefill(prompt)
         t1 = self.clock.wall()
         root, new, cycles = prompt[-1], [], []
         while len(new) < max_new_tokens and not (eos_id is not None and eos_id in new):
@@ -827,19 +819,54 @@ class SpecDecoder:
             cycles.append(out.record)
             new += out.committed
             root = out.committed[-1]
-        if self._after_verify is None:  # nothing reads the last cycle's AR twin ms; the next prefill syncs the twin
-            self._twin_path = None
-        if self.online is not None and (self.online.deferred or self._after_verify) and cycles:
+        self._finish(cycles)
+        if eos_id is not None and eos_id in new:
+            new = new[:new.index(eos_id) + 1]
+        return Generation(new[:max_new_tokens], cycles, self.clock.wall() - t1, t1 - t0)
+
+    def _prefill(self, prompt: list[int]) -> bool:
+        """Reset the target (and the reference), prefill every prompt token but the last (the first
+        cycle's root) into the target, the reference, the predictor and the drafter, and sync the AR twin;
+        whether the drafter holds the prompt (False for a one-token prompt: the first cycle drafts nothing)."""
+        self._carry.lam_tokens = self._carry.lam_ms = 0.0
+        for t in (self.target, self.reference):
+            if t is not None:
+                t.reset()
+        drafter_ready = False
+        self._carry.unobserved.clear()
+        if len(prompt) > 1:
+            out = self.target.prefill(torch.tensor(prompt[:-1]))
+            if self.reference is not None:
+                self.reference.prefill(torch.tensor(prompt[:-1]))
+            if self.predictor is not None:
+                self.predictor.reset()
+                self.predictor.observe(np.asarray(prompt[:-1]), out.routing.numpy(), None)
+            if self.drafter is not None:
+                self.drafter.prefill(torch.tensor(prompt[:-1]), out.aux_hidden)
+                drafter_ready = True
+        elif self.predictor is not None:
+            self.predictor.reset()
+        self._sync_twin()
+        self._carry.shadows.clear()
+        if self.online is not None:  # an AR step carries a shadow cycle only where the twin prices its tokens
+            self._shadow_base = (self.shadows and self._twin is not None and self.drafter is not None
+                                 and isinstance(self.cost, CostModel) and self.method.level_by_level)
+            self._set_shadowing()
+        return drafter_ready
+
+    def _finish(self, cycles: list[CycleRecord]) -> None:
+        """End a generation: run the learning still queued (booked as the last cycle's host time: no
+        verify is left to hide it behind) and forget the shadow cycles whose outcome will never be known."""
+        if self._carry.learning is None:  # nothing reads the last cycle's AR twin ms; the next prefill syncs the twin
+            self._carry.twin_path = None
+        if self.online is not None and (self.online.deferred or self._carry.learning) and cycles:
             c0 = self.clock.cpu()  # left to hide them behind
             self.online.flush()
             self._learn_last_cycle()
             cycles[-1].host_cpu_ms += (self.clock.cpu() - c0) * 1e3
-        if self._shadows:  # their continuation ends here: never resolved
-            self.policy.drop_shadows(len(self._shadows))
-            self._shadows.clear()
-        if eos_id is not None and eos_id in new:
-            new = new[:new.index(eos_id) + 1]
-        return Generation(new[:max_new_tokens], cycles, self.clock.wall() - t1, t1 - t0)
+        if self._carry.shadows:  # their continuation ends here: never resolved
+            self.policy.drop_shadows(len(self._carry.shadows))
+            self._carry.shadows.clear()
 
     def _cycle(self, root: int, drafter_ready: bool) -> "CycleOutcome":
         """One cycle, in the order things happen: decide, draft level by level with the stop rule
@@ -851,7 +878,7 @@ class SpecDecoder:
         stats0 = self.target.cache.stats()
         c0 = self.clock.cpu()
         # decide → draft → predict → select (an AR step decided in the last learning slot skips drafting)
-        ahead = self._ar_next is not None and drafter_ready
+        ahead = self._carry.ar_next is not None and drafter_ready
         tree = selection = items = shadow = None
         if ahead:
             rec.decision = "ar"  # (consumed, with its Ŝ then recorded, in the learning slot below)
@@ -907,8 +934,8 @@ class SpecDecoder:
             rec.host_cpu_ms += shadow_host_ms - hidden
         self._continue_shadows(shadow, routing, acc)
         self._queue_learning(rec, routing)
-        self._lam_tokens += rec.committed
-        self._lam_ms += rec.predicted_ms
+        self._carry.lam_tokens += rec.committed
+        self._carry.lam_ms += rec.predicted_ms
         return CycleOutcome(rec, acc.new_tokens, out.aux_hidden[acc.path], [sub_tokens[v] for v in acc.path])
 
     def _learning_slot(self, rec: CycleRecord, tree: DraftTree | None, items, ahead: bool) -> float:
@@ -928,10 +955,10 @@ class SpecDecoder:
         if rec.decision in ("ar", "shadow"):  # the policy's next decision, its learning done
             c0 = self.clock.cpu()
             if ahead:  # this AR step, decided in the last slot: consumed now that it is launched
-                rec.speedup_estimate = self._ar_next[0]
+                rec.speedup_estimate = self._carry.ar_next[0]
                 self.policy.take_ar_ahead()
             self.policy.decide_ahead()  # an AR step next: the next cycle's start reads a flag, as ar's start does
-            self._ar_next = (self.policy.speedup,) if self.policy.decided_ahead() == "ar" else None
+            self._carry.ar_next = (self.policy.speedup,) if self.policy.decided_ahead() == "ar" else None
             learn_s += self.clock.cpu() - c0
         return learn_s
 
@@ -970,10 +997,10 @@ class SpecDecoder:
         """Hand the committed tokens and their routing to the predictor (observed when it next predicts)
         and to the AR twin (replayed with the next learning, during the next verify)."""
         if self.predictor is not None:
-            self._unobserved.append((np.array([sub_tokens[v] for v in acc.path], np.int64),
+            self._carry.unobserved.append((np.array([sub_tokens[v] for v in acc.path], np.int64),
                                      np.ascontiguousarray(routing[acc.path], np.int64)))
         if self._twin is not None:
-            self._twin_path = routing[acc.path]
+            self._carry.twin_path = routing[acc.path]
 
     def _record_verify(self, rec: CycleRecord, stats0: dict, routing: np.ndarray, keep: list, acc) -> None:
         """The verify's counts into ``rec``: experts copied (and computed on the host), its H2D ms, the
@@ -994,8 +1021,8 @@ class SpecDecoder:
         """Add this cycle's ``shadow`` to the pending ones and give each the committed forwards and tokens
         its outcome is resolved by."""
         if shadow is not None:
-            self._shadows.append(shadow)
-        for sh in self._shadows:
+            self._carry.shadows.append(shadow)
+        for sh in self._carry.shadows:
             sh.routing.extend(routing[acc.path])
             sh.tokens.extend(acc.new_tokens)
 
@@ -1008,7 +1035,7 @@ class SpecDecoder:
         drafted_cycle = rec.decision != "ar" and rec.levels > 0 and now.root_new is not None
         if drafted_cycle:
             self.policy.observe_selection(rec.nodes_verified - 1, now.selected_depth)
-        self._after_verify = _Learning(rec, now.cache, routing, now.root_new, now.level_host_ms, now.selected_depth,
+        self._carry.learning = _Learning(rec, now.cache, routing, now.root_new, now.level_host_ms, now.selected_depth,
                                        rec.host_cpu_ms - now.level_host_ms, drafted_cycle)
 
     def _learn_acceptance(self, drafted: "_Drafted", full: np.ndarray, acc, sub_parents: list) -> None:
@@ -1026,7 +1053,7 @@ class SpecDecoder:
                                       drafted.cal[full[1:]], drafted.depth[full[1:]], acc.accepted)  # as update, _observe_paths
 
     def _set_shadowing(self) -> None:
-        """Let AR steps carry shadow cycles (:attr:`OnlineModel.shadowing`) where the engine can resolve them
+        """Let AR steps carry shadow cycles (:meth:`DraftPolicy.set_shadowing`) where the engine can resolve them
         (``self._shadow_base``: the AR twin, a transfer-regime cost, a level-by-level method) and the recent
         AR steps' modeled H2D ms hide a whole tree's head forwards (``depth * draft_level_ms``; before
         any AR step, assumed to): where they copy too little, a shadow's levels would be paid as a real
@@ -1050,7 +1077,7 @@ class SpecDecoder:
 
     def _resolve_shadows(self) -> None:
         """Learn every pending shadow cycle whose outcome is known now (oldest first); keep the others."""
-        self._shadows = [sh for sh in self._shadows if not self._resolve_shadow(sh)]
+        self._carry.shadows = [sh for sh in self._carry.shadows if not self._resolve_shadow(sh)]
 
     def _resolve_shadow(self, sh: _Shadow) -> bool:
         """Learn one shadow cycle if decoding has committed enough tokens after its root; False if not yet.
@@ -1062,7 +1089,7 @@ class SpecDecoder:
         forwards it would have committed (the committed ones: the same prefix routes the same way) and the
         predicted experts of its other nodes against the cache its selection saw, each of those
         charged the predictor's learned node correction; T_AR is the AR twin's for the same τ tokens.
-        Both go to Ŝ_sh (:meth:`OnlineModel.observe_shadow`)."""
+        Both go to Ŝ_sh (:meth:`UtilityGate.observe_shadow`)."""
         d = sh.drafted
         n = d.n
         out = shadow_outcome(d.parents[:n], d.tokens[:n], sh.tokens)
@@ -1104,12 +1131,12 @@ class SpecDecoder:
         "Whole-cycle objective"): up to :meth:`_shortest_verify_ms` of it is hidden there
         (``rec.hidden_host_ms``), so the next cycle's gate and selection see the online model one
         cycle late."""
-        if self._after_verify is None and self._twin_path is None:
+        if self._carry.learning is None and self._carry.twin_path is None:
             return 0.0
-        args, self._after_verify = self._after_verify, None
+        args, self._carry.learning = self._carry.learning, None
         c0 = self.clock.cpu()
         twin_ms = self._replay_twin()
-        if self._shadows:
+        if self._carry.shadows:
             self._resolve_shadows()
         if args is not None:
             self._learn(args, twin_ms)
@@ -1127,7 +1154,7 @@ class SpecDecoder:
         and evicts by LRU or LFU gets one; the gate's counterfactual is otherwise the root's AR step
         against the engine's cache, τ times. (With fewer slots than a token's experts the runtime copies
         a forward's experts in rounds, which the twin does not replay exactly.)"""
-        self._twin_path = None
+        self._carry.twin_path = None
         if self.online is None:  # no gate: nothing reads the twin
             return
         cache = getattr(self.target, "cache", None)
@@ -1157,11 +1184,11 @@ class SpecDecoder:
             ms plain AR decoding would have paid for the last cycle's committed tokens (τ one-token
             steps, each priced by the cost's ``cycle_ms`` on the twin's misses); None without a twin.
         """
-        if self._twin_path is None:
+        if self._carry.twin_path is None:
             return None
-        path, self._twin_path = self._twin_path, None
+        path, self._carry.twin_path = self._carry.twin_path, None
         ms = [self._ar_step_ms(self._twin.step(r)) for r in path]
-        for sh in self._shadows:  # each forward's AR ms, in order, for the shadows it continues
+        for sh in self._carry.shadows:  # each forward's AR ms, in order, for the shadows it continues
             if len(sh.ar_ms) < len(sh.routing):
                 sh.ar_ms.extend(ms[:len(sh.routing) - len(sh.ar_ms)])
         return sum(ms)
@@ -1321,7 +1348,7 @@ class SpecDecoder:
         """The cycle's root tree and cost (:class:`_Growing`) and the stop rule's constants (:class:`_StopRule`)."""
         m, ts, now = self.method, self.tree, self._now
         cache = self._cache_now(cache)
-        rate = 1000.0 * self._lam_tokens / self._lam_ms if self.rate_mode and self._lam_ms > 0 else None
+        rate = 1000.0 * self._carry.lam_tokens / self._carry.lam_ms if self.rate_mode and self._carry.lam_ms > 0 else None
         # every expert resident: no node brings an expert, so none is predicted (T(S) has no expert term)
         experts_known = m.needs_experts and not cache.all()  # predicted, or (oracle) the true routing
         predicted = m.needs_predictor and experts_known
@@ -1507,9 +1534,9 @@ class SpecDecoder:
             calls = self._calls = self._predictor_calls()
         _, fused, predict, valid = calls
         observed = None
-        if self._unobserved:
-            toks, rows = zip(*self._unobserved)
-            self._unobserved.clear()  # several cycles' tokens (AR steps before this one) joined; one cycle's as is
+        if self._carry.unobserved:
+            toks, rows = zip(*self._carry.unobserved)
+            self._carry.unobserved.clear()  # several cycles' tokens (AR steps before this one) joined; one cycle's as is
             observed = (np.concatenate(toks), np.concatenate(rows)) if len(toks) > 1 else (toks[0], rows[0])
         if observed is not None and fused is not None:
             experts = fused(*observed, tokens, hidden)

@@ -25,6 +25,7 @@ what the rule guarantees") and BENCHMARKS.md.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 from typing import Callable, Literal
 
@@ -34,6 +35,7 @@ from specfit.core.errors import SpecFitInputError
 #: tree it does not verify (learned from later); a plain AR step.
 Decision = Literal["draft", "explore", "shadow", "ar"]
 
+DECISIONS = ("draft", "explore", "shadow", "ar")
 POLICIES = ("gate", "always", "never")
 
 
@@ -503,9 +505,24 @@ class UtilityGate(DraftPolicy):
         return {"policy": self.name, "state": asdict(self.state), "shadow": asdict(self.shadow)}
 
 
+#: JSON type of the state fields whose default is None (the others take their default's type).
+_NULLABLE = {"selected_depth": int, "ahead": str, "cleared": bool}
+
+
+def _json_value_ok(value, kind: type) -> bool:
+    """Whether ``value`` is a JSON value of ``kind`` (bool, int, float: finite, str)."""
+    if kind is bool:
+        return isinstance(value, bool)
+    if isinstance(value, bool):
+        return False
+    if kind is float:
+        return isinstance(value, (int, float)) and math.isfinite(value)
+    return isinstance(value, kind)
+
+
 def _dataclass_from_json(cls, data, field_name: str):
-    """``cls(**data)`` with exactly ``cls``'s fields, each of the default's JSON type (bool, int, float,
-    str or null where the default allows it); SpecFitInputError naming ``field_name.<field>`` otherwise."""
+    """``cls(**data)`` with exactly ``cls``'s fields, each of its JSON type; SpecFitInputError naming
+    ``field_name.<field>`` otherwise."""
     if not isinstance(data, dict):
         raise SpecFitInputError(field_name, "must be a JSON object")
     names = {f.name for f in fields(cls)}
@@ -513,15 +530,12 @@ def _dataclass_from_json(cls, data, field_name: str):
         raise SpecFitInputError(field_name, f"must have exactly the fields {sorted(names)}, got {sorted(data)}")
     default = cls()
     for name, value in data.items():
-        ref = getattr(default, name)
-        ok = (value is None and name in ("selected_depth", "ahead", "cleared")) or (
-            isinstance(value, bool) if isinstance(ref, bool) or name == "cleared" else
-            isinstance(value, str) if name == "ahead" else
-            isinstance(value, int) and not isinstance(value, bool) if isinstance(ref, int) or name == "selected_depth"
-            else isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
-            and abs(value) != float("inf"))
-        if not ok:
-            raise SpecFitInputError(f"{field_name}.{name}", f"has the wrong type or value: {value!r}")
+        nullable = name in _NULLABLE
+        if nullable and value is None:
+            continue
+        kind = _NULLABLE[name] if nullable else type(getattr(default, name))
+        if not _json_value_ok(value, kind) or (name == "ahead" and value not in DECISIONS):
+            raise SpecFitInputError(f"{field_name}.{name}", f"must be {kind.__name__}, got {value!r}")
     return cls(**data)
 
 

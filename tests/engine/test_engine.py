@@ -742,7 +742,7 @@ def test_a_cycles_online_learning_runs_during_the_next_verify(ckpt, ar_outputs):
     dec._learn = slow_learn
     gen = dec.generate(PROMPTS[0], 16)
     assert gen.output_ids == ar_outputs[0]
-    assert calls == gen.cycles and dec._after_verify is None
+    assert calls == gen.cycles and dec._carry.learning is None
     for c in gen.cycles[1:]:
         assert c.hidden_host_ms >= 6.1 - 1e-9 and c.host_cpu_ms >= 1.9 * 0.9
     assert gen.cycles[0].hidden_host_ms < 6.1  # no cycle before it: only the next gate's inputs

@@ -337,7 +337,7 @@ def test_the_gates_decision_made_during_an_ar_steps_verify_is_the_same(proxy, mo
             dec = SpecDecoder(targets[32], drafter, "specfit", tree=TreeSettings(32, 6, 4), cost=cost,
                               predictor=predictor, online=online)
             g = dec.generate(p, 24)
-            assert dec._twin is not None and dec._twin_path is None
+            assert dec._twin is not None and dec._carry.twin_path is None
             out.append((g.output_ids, [c.decision for c in g.cycles], [c.nodes_verified for c in g.cycles]))
         return out
 

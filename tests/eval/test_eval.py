@@ -239,7 +239,8 @@ def test_each_dataset_learns_afresh(tiny, tmp_path, monkeypatch):
 
     def spy(self, method="specfit", **kw):
         dec = decoder(self, method, **kw)
-        seen.append((dec.method.name, dec.online.drafted + dec.online.shadows if dec.online is not None else None))
+        seen.append((dec.method.name, dec.online.policy.state.drafted + dec.online.policy.shadow.drafted
+                     if dec.online is not None else None))
         return dec
 
     monkeypatch.setattr(SpecFit, "decoder", spy)
