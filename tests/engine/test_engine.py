@@ -192,13 +192,6 @@ def test_rate_mode_is_lossless(ckpt, ar_outputs):
     assert dec.generate(PROMPTS[1], 16).output_ids == ar_outputs[1]
 
 
-def test_online_calibration_fits_the_runs_own_cycles(ckpt, ar_outputs):
-    dec = decoder(ckpt, "specfit", SelfDrafter(ckpt), tree=TreeSettings(8, 3, 3), calibrate_every=4)
-    assert dec.generate(PROMPTS[1], 16).output_ids == ar_outputs[1]
-    assert dec.calibration is not None and dec.cost is dec.calibration.cost
-    assert dec.calibration.num_records >= LAYERS + 2 and dec.cost.name == "online"
-
-
 def test_sampling_runs_and_is_reproducible(ckpt):
     outs = []
     for _ in range(2):
