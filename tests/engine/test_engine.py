@@ -647,12 +647,12 @@ def test_host_work_a_level_launched_ahead_hides():
     hides its last level's and its final work up to draft_level_ms; the hidden ms leave host_cpu_ms (the
     cycle's untimed part) and the levels' host ms for hidden_host_ms."""
     def hide(level_host_ms, final_ms, levels, depth, slot_ms=0.25):
-        dec = SimpleNamespace(cost=CostModel(6.0, 0.1, 0.05, draft_level_ms=slot_ms), _untimed_s=0.0,
-                              _level_host_ms=sum(level_host_ms))
+        now = decoder_module._CycleState(untimed_s=0.0, level_host_ms=sum(level_host_ms))
+        dec = SimpleNamespace(cost=CostModel(6.0, 0.1, 0.05, draft_level_ms=slot_ms), _now=now)
         rec = decoder_module.CycleRecord(levels=levels, hidden_host_ms=0.1)
         SpecDecoder._hide_behind_levels(dec, rec, [h / 1e3 for h in level_host_ms], final_ms / 1e3, depth)
-        assert dec._untimed_s * 1e3 == pytest.approx(rec.hidden_host_ms - 0.1)
-        assert dec._level_host_ms == pytest.approx(max(sum(level_host_ms) - (rec.hidden_host_ms - 0.1), 0.0))
+        assert now.untimed_s * 1e3 == pytest.approx(rec.hidden_host_ms - 0.1)
+        assert now.level_host_ms == pytest.approx(max(sum(level_host_ms) - (rec.hidden_host_ms - 0.1), 0.0))
         return rec.hidden_host_ms - 0.1, rec.levels_ahead
 
     # stopped at level 3 of 6: 0.1 + 0.25 (level 2's 0.4 capped) + (0.05 + 0.1 behind the unused 4th level)
