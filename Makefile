@@ -1,6 +1,7 @@
 # SpecFit: two commands for a newcomer (see README.md).
 #   make demo   install everything, then run the main job
 #   make test   install everything, then run the test suite
+# PYTHON may be an unactivated venv's interpreter: make demo PYTHON=.venv/bin/python
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 
@@ -10,7 +11,7 @@ install:
 	$(PIP) install -e '.[test]'
 
 demo: install
-	specfit eval
+	$(PYTHON) -m specfit eval
 
 test: install
 	$(PYTHON) -m pytest
