@@ -67,7 +67,8 @@ def run_sweep(config, sizes: list[int | str], progress: bool = False) -> dict:
     Parameters
     ----------
     config : EvalConfig
-        Settings of every run; ``out`` is the sweep folder.
+        Settings of every run; ``out`` is the sweep folder (None:
+        :func:`specfit.eval.run.default_out` with ``sweep=True``).
     sizes : list of int or "all"
         :func:`parse_cache_slots`.
     progress : bool
@@ -90,6 +91,10 @@ def run_sweep(config, sizes: list[int | str], progress: bool = False) -> dict:
 
     from specfit.models.qwen3_moe import read_spec
 
+    if config.out is None:
+        from specfit.eval.run import default_out
+
+        config = replace(config, out=default_out(config, sweep=True))
     out = Path(config.out)
     configs = [replace(config, cache_slots=s, out=str(out / f"slots-{s}")) for s in sizes]
     plans = [plan(c) for c in configs]  # bad settings, or an out folder of other settings, fail before any run

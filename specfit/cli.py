@@ -279,7 +279,9 @@ def _add_eval(sub) -> None:
                         "qwen3-30b-a3b-pcie4+host-ddr5-5600-2ch)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1: the proxy is too small to gain from more; 0 = torch's default)")
-    p.add_argument("--out", default="runs/eval", help="output folder (default runs/eval); a rerun resumes")
+    p.add_argument("--out", default=None,
+                   help="output folder; a rerun resumes (default: named from the settings, e.g. "
+                        "runs/eval-lite-pcie4-32slots, a sweep runs/sweep-lite-pcie4)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
