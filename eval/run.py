@@ -426,8 +426,9 @@ def run_eval(config: EvalConfig, progress: bool = True) -> dict:
     Returns
     -------
     dict
-        ``{"rows": summary rows, "markdown": summary text, "paths": {name: Path}, "ran": int (new
-        generations), "skipped": int (found in results.jsonl)}``.
+        ``{"rows": summary rows, "markdown": summary text (summary.md), "table": the shorter table
+        ``specfit eval`` prints (:func:`specfit.eval.report.printed_table`), "paths": {name: Path}, "ran":
+        int (new generations), "skipped": int (found in results.jsonl)}``.
 
     Raises
     ------
@@ -466,7 +467,7 @@ def evaluate(config: EvalConfig | None = None, /, *, progress: bool = False, **o
     -------
     dict
         As :func:`run_eval`: ``rows`` (summary rows; crossover rows for a sweep), ``markdown``,
-        ``paths``, ``ran``, ``skipped``.
+        ``table`` (a sweep's: the printed table and what the sweep shows), ``paths``, ``ran``, ``skipped``.
 
     Raises
     ------
@@ -498,7 +499,7 @@ def _run(p: Plan, progress: bool) -> dict:
     from tqdm import tqdm
 
     from specfit.core.io import atomic_write_text
-    from specfit.eval.report import write_summary
+    from specfit.eval.report import printed_table, write_summary
 
     config = p.config
     models = load_models(p)
@@ -545,8 +546,8 @@ def _run(p: Plan, progress: bool) -> dict:
     if config.offload != "transfer":
         meta["offload_note"] = (_HOST_NOTE if config.offload == "host" else _AUTO_NOTE).format(profile=config.host_profile)
     rows, text, paths = write_summary(out, records, meta, [pr for pr, _ in p.prompts])
-    return {"rows": rows, "markdown": text, "paths": {"results": results_path, "config": cfg_path, **paths},
-            "ran": len(todo), "skipped": skipped}
+    return {"rows": rows, "markdown": text, "table": printed_table(rows, paths["summary_md"]),
+            "paths": {"results": results_path, "config": cfg_path, **paths}, "ran": len(todo), "skipped": skipped}
 
 
 __all__ = ["EvalConfig", "DATASETS", "DEFAULT_METHODS", "DEFAULT_DATASETS", "plan", "run_eval", "evaluate",

@@ -299,7 +299,7 @@ def _run_eval(args) -> int:
                        progress=not args.no_progress)
     except KeyboardInterrupt:
         raise _Interrupted("interrupted; rerun the same command to resume") from None
-    print(res["markdown"], end="")
+    print(res["table"], end="")
     print(f"wrote {', '.join(str(p) for p in res['paths'].values())} "
           f"({res['ran']} new generations, {res['skipped']} resumed)")
     return 0
