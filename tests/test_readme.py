@@ -70,3 +70,20 @@ def test_readme_commands_parse_and_each_eval_gets_its_own_folder(monkeypatch):
         sweep = "," in str(opts["cache_slots"])
         folders.append(kw["out"] or default_out(EvalConfig(**opts), sweep=sweep))
     assert len(folders) == len(set(folders)) >= 4, folders
+
+
+def test_readme_solve_example_runs(tmp_path, capsys):
+    """The README's instance (a heredoc) solves with the command it shows, on its own cost model."""
+    import json
+
+    from specfit.cli import main
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    instance = re.search(r"<<'JSON'\n(.*?)^JSON$", text, re.M | re.S).group(1)
+    cmd = next(c for c in COMMANDS if c.startswith("specfit solve"))
+    path = tmp_path / "inst.json"
+    path.write_text(instance, encoding="utf-8")
+    assert main([a if a != "/tmp/inst.json" else str(path) for a in cmd.split()[1:]]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["status"] == "optimal" and out["nodes"][0] == 0 and out["throughput"] > 0
+    assert abs(out["throughput"] - 1000 * out["expected_tokens"] / out["predicted_ms"]) < 1e-6
