@@ -177,7 +177,7 @@ def default_out(config: EvalConfig, sweep: bool = False) -> str:
     """
     base = EvalConfig()
     head = "lite" if config.draft is None else Path(str(config.draft).rstrip("/")).name
-    parts = ["sweep" if sweep else "eval", *([Path(config.model.rstrip("/")).name] if config.model else []), head,
+    parts = ["sweep" if sweep else "eval", *([Path(str(config.model).rstrip("/")).name] if config.model else []), head,
              str(config.profile).removeprefix("qwen3-30b-a3b-")]
     if not sweep:
         parts.append(f"{config.cache_slots}slots")
