@@ -3,7 +3,8 @@ one plot of modeled tokens/s against the cached fraction of each layer's experts
 
 Where speculation pays depends on the expert cache: with few slots a verify's expert union costs
 H2D transfers that a plain AR step does not pay; with every expert cached only compute is left and
-the draft tree's τ wins (SPECFIT.md §2; issue 9). The sweep shows where each method crosses the others.
+the draft tree's τ wins (SPECFIT.md §2). The sweep shows where each method crosses the others, and
+:func:`sweep_summary` says it in words.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from specfit.core.io import atomic_write_text
 
-#: The baselines specfit must never fall below (issue 9's target): the best of these per cell.
+#: The baselines specfit is compared with: the best of these per dataset and cache size.
 BASELINES = ("ar", "eagle3", "eagle3-scan")
 
 #: Table columns: header, row key, format.
@@ -47,7 +48,8 @@ def crossover_rows(summaries: list[tuple[int, list]], num_experts: int) -> list[
         ``tau, cache_hit_rate, experts_per_token`` (H2D transfers per committed token), ``ar_share``
         (cycles the AR gate took as AR steps; None for methods without the gate), ``host_share``
         (the host part of the modeled time) and ``solve_predict_share`` (the solver's and the expert
-        predictor's wall ms over the modeled time; None in summaries written before it).
+        predictor's wall ms over the modeled time; None in summaries written before it), ``tokens_per_s``
+        (wall-clock, this machine) and ``equal_to_ar``.
     """
     out = []
     for slots, rows in summaries:
@@ -65,7 +67,8 @@ def crossover_rows(summaries: list[tuple[int, list]], num_experts: int) -> list[
                         "tau": r["tau"], "cache_hit_rate": r["cache_hit_rate"],
                         "experts_per_token": r["experts_per_token"], "ar_share": r.get("ar_share"),
                         "host_share": r.get("host_share", (r.get("modeled_share") or {}).get("host_ms")),
-                        "solve_predict_share": r.get("solve_predict_share")})
+                        "solve_predict_share": r.get("solve_predict_share"),
+                        "tokens_per_s": r.get("tokens_per_s"), "equal_to_ar": r.get("equal_to_ar")})
     sets = list(dict.fromkeys(r["dataset"] for r in out))
     return sorted(out, key=lambda r: (sets.index(r["dataset"]), r["cache_slots"]))
 
@@ -88,6 +91,83 @@ def crossover_markdown(rows: list[dict], note: str = "") -> str:
               "and bookkeeping CPU time over the modeled time; solve + predict share: the solver's and the expert "
               "predictor's wall ms alone over the modeled time.", note, ""]
     return "\n".join(lines)
+
+
+#: Columns the sweep prints (the full table is ``sweep.md``'s :data:`COLUMNS`).
+PRINTED_COLUMNS = (("dataset", "dataset", "s"), ("slots", "cache_slots", "d"), ("method", "method", "s"),
+                   ("τ", "tau", ".2f"), ("tok/s modeled", "modeled_tokens_per_s", ".1f"),
+                   ("tok/s wall", "tokens_per_s", ".1f"), ("× ar", "speedup_vs_ar", ".3f"),
+                   ("× eagle3", "speedup_vs_eagle3", ".3f"), ("experts/token", "experts_per_token", ".1f"),
+                   ("AR-step share", "ar_share", ".0%"), ("= ar", "equal_to_ar", "s"))
+
+
+def printed_markdown(rows: list[dict]) -> str:
+    """The sweep table ``specfit eval`` prints: :data:`PRINTED_COLUMNS` of :func:`crossover_rows`."""
+    def cell(r, k, f):
+        if k == "cache_slots" and r["cached_fraction"] >= 1:
+            return "all"
+        if k == "equal_to_ar" and r.get(k) is not None:
+            return "yes" if r[k] else "NO"
+        return _fmt(r.get(k), f)
+
+    lines = ["| " + " | ".join(h for h, _, _ in PRINTED_COLUMNS) + " |", "|" + "---|" * len(PRINTED_COLUMNS)]
+    return "\n".join(lines + ["| " + " | ".join(cell(r, k, f) for _, k, f in PRINTED_COLUMNS) + " |" for r in rows])
+
+
+#: specfit "wins" a cell when it is at least this much faster than the best baseline (modeled).
+WIN_MARGIN = 1.01
+
+
+def _slots(r: dict) -> str:
+    return "all" if r["cached_fraction"] >= 1 else str(r["cache_slots"])
+
+
+def sweep_summary(rows: list[dict]) -> str:
+    """What a sweep shows, in words computed from its rows: per dataset, the cache sizes where
+    specfit beats the best baseline (:data:`BASELINES`) by at least :data:`WIN_MARGIN` and by how
+    much, and the sizes where its AR gate took most cycles as AR steps, with why (what a method that
+    always drafts, ``eagle3``, pays there in expert transfers against ``ar``). All modeled.
+
+    Returns
+    -------
+    str
+        A few lines of text; empty without ``specfit`` rows.
+    """
+    out = []
+    for d in dict.fromkeys(r["dataset"] for r in rows):
+        cells = {}
+        for r in rows:
+            if r["dataset"] == d:
+                cells.setdefault(r["cache_slots"], {})[r["method"]] = r
+        wins, ar_steps = [], []
+        for by in cells.values():
+            sf = by.get("specfit")
+            base = {m: by[m] for m in BASELINES if m in by and by[m]["modeled_tokens_per_s"]}
+            if sf is None or not base:
+                continue
+            best = max(base, key=lambda m: base[m]["modeled_tokens_per_s"])
+            ratio = sf["modeled_tokens_per_s"] / base[best]["modeled_tokens_per_s"]
+            if ratio >= WIN_MARGIN:
+                wins.append(f"{_slots(sf)} slots: {ratio:.2f} × {best} ({sf['modeled_tokens_per_s']:.1f} against "
+                            f"{base[best]['modeled_tokens_per_s']:.1f} tok/s, τ {sf['tau']:.2f})")
+            if (sf.get("ar_share") or 0) >= 0.5:
+                why = ""
+                e, a = by.get("eagle3"), by.get("ar")
+                if e and a and e.get("speedup_vs_ar"):
+                    why = (f": drafting does not pay there, eagle3 runs at {e['speedup_vs_ar']:.2f} × ar, copying "
+                           f"{e['experts_per_token']:.1f} experts per token against ar's {a['experts_per_token']:.1f}")
+                ar_steps.append(f"{_slots(sf)} slots ({sf['ar_share']:.0%} of cycles, {sf.get('speedup_vs_ar') or 0:.3f} "
+                                f"× ar{why})")
+        present = [m for m in BASELINES if any(m in by for by in cells.values())]
+        if not any("specfit" in by for by in cells.values()) or not present:
+            continue
+        text = f"{d}: " + (("specfit wins at " + "; ".join(wins) + ".") if wins else
+                           f"specfit is not {WIN_MARGIN - 1:.0%} faster than the best of {', '.join(present)} "
+                           "at any size.")
+        if ar_steps:
+            text += " It runs as AR at " + "; ".join(ar_steps) + "."
+        out.append(text)
+    return "\n".join(out)
 
 
 def plot_crossover(rows: list[dict], path: Path) -> Path:
@@ -114,8 +194,9 @@ def plot_crossover(rows: list[dict], path: Path) -> Path:
         for i, m in enumerate(methods):
             pts = sorted((r["cached_fraction"], r["modeled_tokens_per_s"]) for r in rows
                          if r["dataset"] == d and r["method"] == m)
-            if pts:
-                ax.plot(*zip(*pts), marker="osD^vP*X"[i % 8], color=plt.cm.tab10(i % 10), label=m)
+            if pts:  # own line style, hollow markers shrinking per method: lines on one another stay visible
+                ax.plot(*zip(*pts), marker="osD^vP*X"[i % 8], color=plt.cm.tab10(i % 10), label=m,
+                        ls=("-", "--", ":", "-.")[i % 4], mfc="none", mew=1.5, ms=max(11 - 2.5 * i, 4))
         ax.set(xlabel="cached fraction of each layer's experts", ylabel="tokens/s (modeled)", title=d, xlim=(0, 1.05))
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)

@@ -34,6 +34,25 @@ COLUMNS = (
     ("AR-step share", "ar_share", ".0%"),
 )
 
+#: Columns ``specfit eval`` prints: what a reader compares (the full table is ``summary.md``'s).
+PRINTED_COLUMNS = (
+    ("dataset", "dataset", "s"), ("method", "method", "s"), ("τ", "tau", ".2f"),
+    ("tok/s modeled", "modeled_tokens_per_s", ".1f"), ("tok/s wall", "tokens_per_s", ".1f"),
+    ("× ar", "speedup_vs_ar", ".3f"), ("× eagle3", "speedup_vs_eagle3", ".3f"),
+    ("experts/token", "experts_per_token", ".1f"), ("= ar", "equal_to_ar", "s"),
+)
+
+
+def printed_table(rows: list[SummaryRow], summary_md: Path) -> str:
+    """The table ``specfit eval`` prints (:data:`PRINTED_COLUMNS`), a line saying which numbers are
+    modeled, and the path of the full table (``summary_md``)."""
+    lines = ["| " + " | ".join(h for h, _, _ in PRINTED_COLUMNS) + " |", "|" + "---|" * len(PRINTED_COLUMNS)]
+    lines += ["| " + " | ".join(_fmt(getattr(r, k), f) for _, k, f in PRINTED_COLUMNS) + " |" for r in rows]
+    lines += ["", "tok/s modeled and the × columns: the measured cycles priced on the hardware profile (modeled); "
+              "tok/s wall: this machine; τ: committed tokens per cycle; experts/token: uncached experts per "
+              f"committed token; = ar: greedy output equals ar's. Every column: {summary_md}", ""]
+    return "\n".join(lines)
+
 
 def versions() -> dict:
     """Versions of python, torch, transformers, numpy and specfit."""
@@ -278,10 +297,10 @@ def plot(rows: list[dict], out: Path) -> dict[str, Path]:
              "acceptance_png": out / "acceptance_by_depth.png"}
 
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    for r in rows:
-        ax.scatter(r.mean_nodes_verified, r.modeled_tokens_per_s, color=colors[r.method],
-                   marker=markers[datasets.index(r.dataset) % len(markers)], s=60,
-                   label=f"{r['method']} / {r['dataset']}")
+    for r in rows:  # hollow, and smaller for each later method: methods on one point (specfit as ar) stay visible
+        ax.scatter(r.mean_nodes_verified, r.modeled_tokens_per_s, facecolors="none", edgecolors=[colors[r.method]],
+                   linewidths=1.5, marker=markers[datasets.index(r.dataset) % len(markers)],
+                   s=max(160 - 40 * methods.index(r.method), 20), label=f"{r['method']} / {r['dataset']}")
     ax.set(xlabel="mean nodes verified per cycle (root included)", ylabel="tokens/s (modeled)",
            title="Throughput vs tree size")
     ax.grid(True, alpha=0.3)

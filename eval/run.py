@@ -123,8 +123,9 @@ class EvalConfig:
     threads : int
         torch CPU threads while the run lasts (default 1: the proxy's matrices are too small to
         gain from more, and on a shared machine extra threads only contend; 0 = torch's default).
-    out : str
-        Output folder.
+    out : str or None
+        Output folder; None (default): :func:`default_out`, a folder under ``runs/`` named from the
+        settings, so runs of other settings do not meet in one folder.
     """
 
     datasets: tuple[str, ...] = DEFAULT_DATASETS
@@ -152,12 +153,42 @@ class EvalConfig:
     offload: str = "transfer"
     host_profile: str = DEFAULT_HOST_PROFILE
     threads: int = 1
-    out: str = "runs/eval"
+    out: str | None = None
 
     def to_json(self) -> dict:
         d = asdict(self)
         d["datasets"], d["methods"] = list(self.datasets), list(self.methods)
         return d
+
+
+#: Settings :func:`default_out` spells out in the folder name; the others, when not at their default,
+#: add a short hash of their values.
+_NAMED_IN_OUT = ("model", "draft", "profile", "cache_slots", "offload")
+
+
+def default_out(config: EvalConfig, sweep: bool = False) -> str:
+    """The output folder of a run without ``out``: ``runs/eval-<head>-<profile>-<S>slots`` (a sweep:
+    ``runs/sweep-<head>-<profile>``), the model's folder name first when ``model`` is given, the
+    offload mode after the profile when it is not ``transfer``, and ``-x<crc32>`` of every other
+    setting that tells results apart (:data:`IDENTITY_FIELDS`) when one is not at its default.
+    Datasets, methods and the prompt limit are not in the name: a run that adds them resumes there.
+
+    Example: ``specfit eval --draft strong`` writes to ``runs/eval-strong-pcie4-32slots``.
+    """
+    base = EvalConfig()
+    head = "lite" if config.draft is None else Path(str(config.draft).rstrip("/")).name
+    parts = ["sweep" if sweep else "eval", *([Path(str(config.model).rstrip("/")).name] if config.model else []), head,
+             str(config.profile).removeprefix("qwen3-30b-a3b-")]
+    if not sweep:
+        parts.append(f"{config.cache_slots}slots")
+    if config.offload != "transfer":
+        parts.append(str(config.offload))
+    rest = {k: getattr(config, k) for k in IDENTITY_FIELDS if k not in _NAMED_IN_OUT}
+    rest["predictor_trace"] = config.predictor_trace
+    changed = {k: v for k, v in rest.items() if v != getattr(base, k)}
+    if changed:
+        parts.append(f"x{zlib.crc32(repr(sorted(changed.items())).encode()):08x}")
+    return str(Path("runs") / "-".join(parts))
 
 
 def _resolve_dirs(config: EvalConfig, drafts: bool) -> tuple[Path, Path | None]:
@@ -205,6 +236,9 @@ def plan(config: EvalConfig) -> Plan:
     from specfit.models.qwen3_moe import read_spec
     from specfit.models.qwen3_moe.generate import load_tokenizer
 
+    named = default_out(config)  # from the settings as given, before they are resolved
+    if config.out is None:
+        config = replace(config, out=named)
     for name in ("limit", "max_new_tokens", "total_tokens", "depth", "top_k", "max_article_tokens"):
         check_positive_int(name, getattr(config, name))
     for name in ("threads", "seed"):
@@ -270,7 +304,7 @@ def plan(config: EvalConfig) -> Plan:
     identity.update(model=str(target_dir), draft=None if draft_dir is None else str(draft_dir),
                     model_files=_fingerprint(target_dir), draft_files=_fingerprint(draft_dir),
                     predictor_trace=None if trace is None else str(trace.resolve()))
-    _check_out(Path(config.out), identity)
+    _check_out(Path(config.out), identity, named)
     return Plan(config, target_dir, draft_dir, prompts, methods, tokenizer, identity, trace)
 
 
@@ -308,7 +342,9 @@ def _fingerprint(d: Path | None) -> str | None:
 _OPTIONAL_PARTS = ("draft", "draft_files", "predictor_trace")
 
 
-def _check_out(out: Path, identity: dict) -> None:
+def _check_out(out: Path, identity: dict, named: str) -> None:
+    """Refuse an ``out`` folder whose ``config.json`` holds other settings; the error names the
+    folder these settings get by default (``named``, :func:`default_out`) when that is another one."""
     cfg = out / "config.json"
     if out.exists() and not out.is_dir():
         raise SpecFitInputError("out", f"{out} exists and is not a folder")
@@ -320,8 +356,9 @@ def _check_out(out: Path, identity: dict) -> None:
         raise SpecFitInputError("out", f"{exc.field}: {exc.rule}; use another out folder") from None
     for k, v in identity.items():  # a head or trace only some methods need may be missing on one side
         if k in old and old[k] != v and not (k in _OPTIONAL_PARTS and (old[k] is None or v is None)):
-            raise SpecFitInputError("out", f"{out} holds results with {k}={old[k]!r}, this run has {k}={v!r}; "
-                                             "use another out folder")
+            fix = (f"leave out --out (these settings write to {named}) or name another folder"
+                   if Path(named) != out else "name another folder with --out")
+            raise SpecFitInputError("out", f"{out} holds results with {k}={old[k]!r}, this run has {k}={v!r}; {fix}")
 
 
 # -- models ---------------------------------------------------------------------------------------
@@ -389,8 +426,9 @@ def run_eval(config: EvalConfig, progress: bool = True) -> dict:
     Returns
     -------
     dict
-        ``{"rows": summary rows, "markdown": summary text, "paths": {name: Path}, "ran": int (new
-        generations), "skipped": int (found in results.jsonl)}``.
+        ``{"rows": summary rows, "markdown": summary text (summary.md), "table": the shorter table
+        ``specfit eval`` prints (:func:`specfit.eval.report.printed_table`), "paths": {name: Path}, "ran":
+        int (new generations), "skipped": int (found in results.jsonl)}``.
 
     Raises
     ------
@@ -429,7 +467,7 @@ def evaluate(config: EvalConfig | None = None, /, *, progress: bool = False, **o
     -------
     dict
         As :func:`run_eval`: ``rows`` (summary rows; crossover rows for a sweep), ``markdown``,
-        ``paths``, ``ran``, ``skipped``.
+        ``table`` (a sweep's: the printed table and what the sweep shows), ``paths``, ``ran``, ``skipped``.
 
     Raises
     ------
@@ -461,7 +499,7 @@ def _run(p: Plan, progress: bool) -> dict:
     from tqdm import tqdm
 
     from specfit.core.io import atomic_write_text
-    from specfit.eval.report import write_summary
+    from specfit.eval.report import printed_table, write_summary
 
     config = p.config
     models = load_models(p)
@@ -508,8 +546,8 @@ def _run(p: Plan, progress: bool) -> dict:
     if config.offload != "transfer":
         meta["offload_note"] = (_HOST_NOTE if config.offload == "host" else _AUTO_NOTE).format(profile=config.host_profile)
     rows, text, paths = write_summary(out, records, meta, [pr for pr, _ in p.prompts])
-    return {"rows": rows, "markdown": text, "paths": {"results": results_path, "config": cfg_path, **paths},
-            "ran": len(todo), "skipped": skipped}
+    return {"rows": rows, "markdown": text, "table": printed_table(rows, paths["summary_md"]),
+            "paths": {"results": results_path, "config": cfg_path, **paths}, "ran": len(todo), "skipped": skipped}
 
 
 __all__ = ["EvalConfig", "DATASETS", "DEFAULT_METHODS", "DEFAULT_DATASETS", "plan", "run_eval", "evaluate",

@@ -67,7 +67,8 @@ def run_sweep(config, sizes: list[int | str], progress: bool = False) -> dict:
     Parameters
     ----------
     config : EvalConfig
-        Settings of every run; ``out`` is the sweep folder.
+        Settings of every run; ``out`` is the sweep folder (None:
+        :func:`specfit.eval.run.default_out` with ``sweep=True``).
     sizes : list of int or "all"
         :func:`parse_cache_slots`.
     progress : bool
@@ -76,7 +77,9 @@ def run_sweep(config, sizes: list[int | str], progress: bool = False) -> dict:
     Returns
     -------
     dict
-        ``{"rows": crossover rows, "markdown": sweep table, "paths": {name: Path}, "ran": int,
+        ``{"rows": crossover rows, "markdown": sweep table (sweep.md), "table": the shorter table
+        ``specfit eval`` prints with :func:`specfit.eval.crossover.sweep_summary` and the plot's path,
+        "paths": {name: Path}, "ran": int,
         "skipped": int}`` (generations run and resumed over all sizes).
 
     Raises
@@ -85,11 +88,15 @@ def run_sweep(config, sizes: list[int | str], progress: bool = False) -> dict:
         A bad setting of any run (every size is checked before the first one runs), or two sizes
         that are the same number of slots (``128`` and ``all`` on a 128-expert model).
     """
-    from specfit.eval.crossover import crossover_rows, write_crossover
+    from specfit.eval.crossover import crossover_rows, printed_markdown, sweep_summary, write_crossover
     from specfit.eval.run import plan, run_eval
 
     from specfit.models.qwen3_moe import read_spec
 
+    if config.out is None:
+        from specfit.eval.run import default_out
+
+        config = replace(config, out=default_out(config, sweep=True))
     out = Path(config.out)
     configs = [replace(config, cache_slots=s, out=str(out / f"slots-{s}")) for s in sizes]
     plans = [plan(c) for c in configs]  # bad settings, or an out folder of other settings, fail before any run
@@ -109,7 +116,9 @@ def run_sweep(config, sizes: list[int | str], progress: bool = False) -> dict:
             "runs": {k: str(v) for k, v in runs.items()},
             "note": f"Each cache size's full summary: {out}/slots-<S>/summary.md."}
     text, written = write_crossover(out, rows, meta)
-    return {"rows": rows, "markdown": text, "paths": written, "ran": ran, "skipped": skipped}
+    table = (f"{printed_markdown(rows)}\n\nModeled tok/s on {config.profile if config.offload == 'transfer' else config.host_profile}; tok/s wall: this machine.\n"
+             f"{sweep_summary(rows)}\nCrossover plot: {written['crossover_png']}; every column: {written['sweep_md']}\n")
+    return {"rows": rows, "markdown": text, "table": table, "paths": written, "ran": ran, "skipped": skipped}
 
 
 def value_text(sizes) -> str:

@@ -63,11 +63,21 @@ def _run_solve(args) -> int:
 
 
 def _add_generate(sub) -> None:
-    p = sub.add_parser("generate", help="greedy decoding with the offloaded Qwen3-MoE runtime",
-                       description="Greedy autoregressive decoding of a Qwen3-MoE checkpoint whose experts "
-                                   "stay in host memory behind a device expert cache.")
-    p.add_argument("--model", dest="target_dir", metavar="DIR", required=True,
-                   help="Qwen3-MoE checkpoint directory (config.json + safetensors)")
+    p = sub.add_parser("generate", help="decode one prompt with any method on the offloaded Qwen3-MoE runtime",
+                       description="Greedy decoding of a Qwen3-MoE checkpoint whose experts stay in host memory "
+                                   "behind a device expert cache: plain AR decoding, or speculative decoding with an "
+                                   "EAGLE-3 head (--draft) and any method. Prints the text, the new token ids, τ, "
+                                   "each cycle's decision and the expert-cache counters.")
+    p.add_argument("--model", dest="target_dir", metavar="DIR", default=None,
+                   help="Qwen3-MoE checkpoint directory (config.json + safetensors; default: the shipped proxy)")
+    p.add_argument("--draft", dest="draft_dir", metavar="DIR", default=None,
+                   help="EAGLE-3 head directory, or a shipped proxy head: lite or strong (default: none, AR only)")
+    p.add_argument("--method", default=None,
+                   help="ar, eagle3-vanilla, eagle3, eagle3-scan, specfit or oracle (default: specfit with --draft, "
+                        "ar without)")
+    p.add_argument("--profile", default=None,
+                   help="hardware profile the selection prices cycles with, with --draft (default qwen3-30b-a3b-pcie4; "
+                        "also qwen3-30b-a3b-h200)")
     prompt = p.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", help="prompt text (needs a tokenizer in --model)")
     prompt.add_argument("--prompt-ids", help="prompt token ids, comma-separated (e.g. 1,2,3)")
@@ -82,12 +92,12 @@ def _add_generate(sub) -> None:
     p.add_argument("--device", default="cpu", help="compute device: cpu, cuda, cuda:1 (default cpu)")
     _add_dtype(p)
     _add_offload(p)
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--json", action="store_true", help="print one JSON object (every cycle's record included)")
 
 
 def _add_dtype(p) -> None:
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
-                   help="target (and head) dtype (default: float32 on the CPU, bfloat16 on CUDA; in bfloat16 greedy "
+                   help="dtype of the target and the draft head (default: float32 on the CPU, bfloat16 on CUDA; in bfloat16 greedy "
                         "output can change where two tokens' logits tie within rounding)")
 
 
@@ -97,6 +107,15 @@ def _add_offload(p) -> None:
                         "'host' computes them on the CPU, the cache holding a static hot set from the routing trace; "
                         "'auto' starts from that hot set and, per layer, copies or host-computes each uncached "
                         "expert, whichever the host-regime profile says is faster")
+
+
+#: What each cycle decision of :class:`specfit.engine.CycleRecord` means, for ``specfit generate``'s legend.
+_DECISIONS = {
+    "draft": "drafted a tree and verified the selected subtree in one target forward",
+    "ar": "a plain AR step: one token, no draft",
+    "shadow": "an AR step that drafted and selected a tree without verifying it, to learn whether drafting pays",
+    "explore": "drafted to measure again whether drafting beats AR steps",
+}
 
 
 def _run_generate(args) -> int:
@@ -111,10 +130,26 @@ def _run_generate(args) -> int:
         if not prompt:
             raise SpecFitInputError("prompt_ids", "must contain at least one token")
     check_positive_int("max_new_tokens", args.max_new_tokens)  # before the weights are read
-    model = SpecFit.from_pretrained(args.target_dir, cache_slots=args.cache_slots, gpu_memory_bytes=args.gpu_memory_bytes,
-                                    eviction=args.eviction, device=args.device, dtype=args.dtype, offload=args.offload)
+    if args.draft_dir is None and args.method not in (None, "ar"):
+        raise SpecFitInputError("method", f"{args.method!r} drafts: it needs a head, add --draft DIR (or lite, strong)")
+    if args.draft_dir is None and args.profile is not None:
+        raise SpecFitInputError("profile", "prices the selection of draft trees: it needs --draft")
+    target, load = args.target_dir, {}
+    if target is None:
+        from specfit.models.proxy import paths
+
+        target = str(paths()["target"])
+    if args.draft_dir is not None:
+        from specfit.core.cost import DEFAULT_PROFILE
+        from specfit.models.proxy import head_dir
+
+        load = {"draft_dir": str(head_dir(args.draft_dir)), "profile": args.profile or DEFAULT_PROFILE}
+    method = args.method or ("specfit" if args.draft_dir is not None else "ar")
+    model = SpecFit.from_pretrained(target, cache_slots=args.cache_slots, gpu_memory_bytes=args.gpu_memory_bytes,
+                                    eviction=args.eviction, device=args.device, dtype=args.dtype, offload=args.offload,
+                                    **load)
     try:
-        rep = model.generate(prompt, method="ar", max_new_tokens=args.max_new_tokens).to_json()
+        rep = model.generate(prompt, method=method, max_new_tokens=args.max_new_tokens).to_json()
     except SpecFitInputError as exc:  # the API's one ``prompt`` field is --prompt or --prompt-ids here
         if exc.field == "prompt" and args.prompt_ids is not None:
             raise SpecFitInputError("prompt_ids", exc.rule) from None
@@ -126,6 +161,13 @@ def _run_generate(args) -> int:
         print(rep["text"])
     tot = rep["stats"]["total"]
     print(f"output_ids  {rep['output_ids']}")
+    decisions = [c["decision"] for c in rep["cycles"]]
+    counts = ", ".join(f"{decisions.count(d)} {d}" for d in dict.fromkeys(decisions))
+    print(f"method      {rep['method']}: τ {rep['tau']:.2f} tokens per cycle over {len(decisions)} cycles ({counts})")
+    print("cycles      " + " ".join(f"{c['decision']}:{c['committed']}" for c in rep["cycles"])
+          + "  (decision:committed tokens)")
+    for d in dict.fromkeys(decisions):
+        print(f"  {d:<9} {_DECISIONS.get(d, '')}")
     if args.offload == "transfer":
         print(f"experts     {tot['hits']} hits, {tot['misses']} misses (hit rate {tot['hit_rate']:.3f}), "
               f"{tot['bytes_moved']} bytes moved in {tot['transfer_ms']:.2f} ms; slots/layer {rep['stats']['slots']}")
@@ -237,7 +279,9 @@ def _add_eval(sub) -> None:
                         "qwen3-30b-a3b-pcie4+host-ddr5-5600-2ch)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1: the proxy is too small to gain from more; 0 = torch's default)")
-    p.add_argument("--out", default="runs/eval", help="output folder (default runs/eval); a rerun resumes")
+    p.add_argument("--out", default=None,
+                   help="output folder; a rerun resumes (default: named from the settings, e.g. "
+                        "runs/eval-lite-pcie4-32slots, a sweep runs/sweep-lite-pcie4)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
@@ -255,7 +299,7 @@ def _run_eval(args) -> int:
                        progress=not args.no_progress)
     except KeyboardInterrupt:
         raise _Interrupted("interrupted; rerun the same command to resume") from None
-    print(res["markdown"], end="")
+    print(res["table"], end="")
     print(f"wrote {', '.join(str(p) for p in res['paths'].values())} "
           f"({res['ran']} new generations, {res['skipped']} resumed)")
     return 0

@@ -20,7 +20,7 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -66,7 +66,8 @@ class GenerateOutput:
     method : str
         The method of :data:`specfit.engine.METHODS` that decoded.
     cycles : list of CycleRecord
-        One record per draft-verify cycle (:class:`specfit.engine.CycleRecord`).
+        One record per draft-verify cycle (:class:`specfit.engine.CycleRecord`); its ``decision``
+        is ``"ar"`` for every cycle of a method that never drafts (``ar``).
     wall_s, prefill_s : float
         Measured seconds of the decode loop and of the prefill.
     stats : dict
@@ -97,8 +98,8 @@ class GenerateOutput:
         return len(self.output_ids) / self.wall_s if self.wall_s > 0 else 0.0
 
     def to_json(self) -> dict:
-        """A JSON-ready dict of every attribute (the ``specfit generate --json`` object)."""
-        return asdict(self)
+        """A JSON-ready dict of every attribute and ``tau`` (the ``specfit generate --json`` object)."""
+        return {**asdict(self), "tau": self.tau}
 
 
 def _as_dtype(dtype) -> "torch.dtype | None":
@@ -469,8 +470,10 @@ class SpecFit:
         with torch.no_grad():
             gen = dec.generate(ids, max_new_tokens, eos_id=self.eos_token_id)
         text = None if self.tokenizer is None else self.tokenizer.decode(gen.output_ids, skip_special_tokens=True)
+        # a method that never drafts takes an AR step every cycle: its records say so
+        cycles = gen.cycles if dec.method.drafts else [replace(c, decision="ar") for c in gen.cycles]
         return GenerateOutput(text=text, output_ids=list(gen.output_ids), prompt_ids=ids, method=dec.method.name,
-                              cycles=gen.cycles, wall_s=gen.wall_s, prefill_s=gen.prefill_s,
+                              cycles=cycles, wall_s=gen.wall_s, prefill_s=gen.prefill_s,
                               stats=self.target.cache.stats(), memory=self.target.memory())
 
 

@@ -99,7 +99,8 @@ def test_cli_eval_calls_evaluate(monkeypatch, capsys, tmp_path):
 
     def fake(**kwargs):
         seen.update(kwargs)
-        return {"markdown": "TABLE\n", "paths": {"results": tmp_path / "r"}, "ran": 1, "skipped": 0}
+        return {"markdown": "FULL TABLE\n", "table": "TABLE\n", "paths": {"results": tmp_path / "r"}, "ran": 1,
+                "skipped": 0}
 
     monkeypatch.setattr(specfit, "evaluate", fake)
     assert cli_main(["eval", "--dataset", "gsm8k", "--limit", "2", "--methods", "ar,specfit", "--no-progress"]) == 0

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specfit.core.errors import SpecFitInputError
-from specfit.eval.run import EvalConfig, evaluate, read_results
+from specfit.eval.run import EvalConfig, default_out, evaluate, read_results
 from specfit.models.eagle3 import Eagle3Config, Eagle3Head, save_eagle3
 from specfit.models.proxy import paths as proxy_paths
 from specfit.models.qwen3_moe import OffloadedQwen3Moe
@@ -132,6 +132,42 @@ def test_resume_refuses_a_different_configuration(tiny, first_run, tmp_path, cap
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--out" in err[0] and "max_new_tokens" in err[0]
     assert (out / "results.jsonl").read_bytes() == before
+
+
+def test_the_refusal_names_the_folder_these_settings_get_by_default(tiny, first_run, tmp_path, capsys):
+    out = tmp_path / "out"
+    shutil.copytree(first_run, out)
+    assert main(eval_args(tiny, out)[:-1] + ["--max-new-tokens", "7", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    named = default_out(EvalConfig(model=str(tiny / "target"), draft=str(tiny / "head"), cache_slots="4",
+                                   max_new_tokens=7, total_tokens=6, depth=3, top_k=2))
+    assert err.endswith(f"; leave out --out (these settings write to {named}) or name another folder"), err
+
+
+def test_default_out_is_named_from_the_settings():
+    assert default_out(EvalConfig()) == "runs/eval-lite-pcie4-32slots"
+    assert default_out(EvalConfig(draft="strong")) == "runs/eval-strong-pcie4-32slots"
+    assert default_out(EvalConfig(draft="models/proxy/eagle3/", profile="qwen3-30b-a3b-h200", cache_slots="all",
+                                  offload="host")) == "runs/eval-eagle3-h200-allslots-host"
+    assert default_out(EvalConfig(), sweep=True) == "runs/sweep-lite-pcie4"
+    assert default_out(EvalConfig(model="/ckpt/qwen3/")) == "runs/eval-qwen3-lite-pcie4-32slots"
+    # datasets, methods and the limit resume in one folder; every other setting that tells results apart moves it
+    assert default_out(EvalConfig(datasets=("gsm8k",), methods=("ar",), limit=3)) == default_out(EvalConfig())
+    hashed = {default_out(EvalConfig(**{k: v})) for k, v in
+              [("max_new_tokens", 16), ("max_new_tokens", 17), ("eviction", "lfu"), ("temperature", 0.5), ("depth", 3)]}
+    assert len(hashed) == 5 and all(h.startswith("runs/eval-lite-pcie4-32slots-x") for h in hashed)
+
+
+def test_runs_of_other_settings_without_out_go_to_their_own_folders(tiny, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = eval_args(tiny, "unused", "--dataset", "gsm8k", "--methods", "ar,eagle3")
+    del args[args.index("--out"):args.index("--out") + 2]
+    assert main(args) == 0
+    assert main([*args, "--max-new-tokens", "5"]) == 0  # other settings, no --out: no refusal
+    folders = sorted(p.name for p in (tmp_path / "runs").iterdir())
+    assert len(folders) == 2 and all(f.startswith("eval-target-head-pcie4-4slots-x") for f in folders), folders
+    for f in folders:
+        assert (tmp_path / "runs" / f / "summary.md").is_file()
 
 
 def test_adding_a_method_to_a_run_resumes_it(tiny, tmp_path, capsys):

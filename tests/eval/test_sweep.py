@@ -92,3 +92,28 @@ def test_crossover_writer_on_hand_made_rows(tmp_path):
     assert "| gsm8k | all | 1.00 | ar |" in text  # every expert cached: printed as the CLI's "all"
     assert paths["crossover_png"].read_bytes()[:4] == b"\x89PNG"
     assert json.loads(paths["sweep_json"].read_text())["rows"] == rows
+
+
+def test_sweep_summary_names_where_specfit_wins_and_where_it_takes_ar_steps():
+    from specfit.eval.crossover import printed_markdown, sweep_summary
+
+    def row(method, tps, tau=1.0, ept=3.0, ar_share=None, vs_ar=None):
+        return {"dataset": "gsm8k", "method": method, "modeled_tokens_per_s": tps, "speedup_vs_ar": vs_ar,
+                "speedup_vs_eagle3": None, "tau": tau, "cache_hit_rate": 0.5, "experts_per_token": ept,
+                "ar_share": ar_share, "tokens_per_s": 5.0, "equal_to_ar": method != "ar" or None}
+
+    rows = crossover_rows([(16, [row("ar", 10.0, ept=12.0), row("eagle3", 4.0, 2.0, 40.0, vs_ar=0.4),
+                                 row("specfit", 10.0, ar_share=1.0, vs_ar=1.0)]),
+                           (128, [row("ar", 20.0, ept=0.0), row("eagle3", 22.0, 2.0, 0.0, vs_ar=1.1),
+                                  row("specfit", 26.4, 2.2, 0.0, ar_share=0.0, vs_ar=1.32)])], num_experts=128)
+    text = sweep_summary(rows)
+    assert text.startswith("gsm8k: specfit wins at all slots: 1.20 × eagle3 (26.4 against 22.0 tok/s, τ 2.20).")
+    assert ("It runs as AR at 16 slots (100% of cycles, 1.000 × ar: drafting does not pay there, eagle3 runs at "
+            "0.40 × ar, copying 40.0 experts per token against ar's 12.0).") in text
+    assert "128" not in text.split("It runs as AR")[1]  # all slots drafted: not an AR-step cell
+    lose = crossover_rows([(16, [row("ar", 10.0), row("specfit", 9.95, ar_share=0.2)])], num_experts=128)
+    assert sweep_summary(lose) == "gsm8k: specfit is not 1% faster than the best of ar at any size."
+    table = printed_markdown(rows).splitlines()
+    assert table[0] == ("| dataset | slots | method | τ | tok/s modeled | tok/s wall | × ar | × eagle3 | experts/token "
+                        "| AR-step share | = ar |")
+    assert table[-1] == "| gsm8k | all | specfit | 2.20 | 26.4 | 5.0 | 1.320 | - | 0.0 | 0% | yes |"
