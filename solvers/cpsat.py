@@ -93,6 +93,10 @@ def _owned_groups(instance: Instance):
     n, L, E = instance.n, instance.num_layers, max(instance.num_experts, 1)
     par = instance.tree.parents
     items = [set(instance.node_items[v].tolist()) for v in range(n)]
+    LE = L * E
+    if instance.reads_priced:  # every routed expert is read: its item LE + l*E + e, the uncached ones copied too
+        for v in range(n):
+            items[v] |= {LE + it for it in instance.read_node_items[v].tolist()}
     weight = instance.item_weight
     above: list[set] = [set() for _ in range(n)]  # items needed by a proper ancestor (incl. the root)
     owners: dict[int, list[int]] = defaultdict(list)
@@ -105,12 +109,14 @@ def _owned_groups(instance: Instance):
     for it, own in owners.items():
         if len(own) == 1:
             node_ms[own[0]] += weight[it]
-            node_layers[own[0], it // E] += 1
+            if it < LE:  # a copy: the expert budget counts it
+                node_layers[own[0], it // E] += 1
         else:
             shared[tuple(own)].append(it)
     groups = []
     for own, its in shared.items():
-        counts = np.bincount(np.asarray(its) // E, minlength=L).astype(np.int64)
+        copies = np.asarray([it for it in its if it < LE], dtype=np.int64)
+        counts = np.bincount(copies // E, minlength=L).astype(np.int64)[:L]
         groups.append((own, float(weight[its].sum()), counts))
     root_layers = instance.items.new_per_layer([0])
     return node_ms, node_layers, groups, root_layers
@@ -228,8 +234,9 @@ class CPSATSolver(Solver):
             return _run(solver, model, x, self.time_limit_s - (time.perf_counter() - t0))
 
         def terms(nodes) -> tuple[float, float]:
+            reads = instance.read_per_layer(nodes) if instance.reads_priced else None
             return instance.tree.path_prob[nodes[1:]].sum() + 1.0, instance.cost.cycle_ms(
-                len(nodes), instance.items.new_per_layer(nodes))
+                len(nodes), instance.items.new_per_layer(nodes), None, reads)
 
         return _dinkelbach(best_for, terms, rate)
 
