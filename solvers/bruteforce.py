@@ -45,7 +45,7 @@ class BruteForceSolver(Solver):
         par = instance.tree.parents.tolist()
         prob = instance.tree.path_prob.tolist()
         items = [instance.node_items[v].tolist() for v in range(n)]
-        reads = instance.reads_priced  # every routed expert read once: its own refcounts, item ids of the tree
+        reads = instance.reads_priced  # routed experts read once: their own refcounts, item ids of the tree
         read_items = [instance.read_node_items[v].tolist() for v in range(n)] if reads else [[] for _ in range(n)]
         cost = instance.cost
         host = cost.regime == "host"
@@ -79,8 +79,8 @@ class BruteForceSolver(Solver):
                     layer_read[it // E] += sign
 
         def leaf(a: float) -> None:
-            if host:
-                t = cost.cycle_ms(len(stack), layer_new, layer_rows)
+            if host:  # resident experts read on the GPU: routed minus host-computed
+                t = cost.cycle_ms(len(stack), layer_new, layer_rows, None, layer_read - layer_new if reads else None)
             else:
                 t = fixed + per_node * len(stack) + float(pe @ layer_new) + (float(rd @ layer_read) if reads else 0.0)
             value = a / t if lam is None else a - lam * t

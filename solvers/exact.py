@@ -373,6 +373,7 @@ class ExactSolver(Solver):
         host = instance.cost.regime == "host"
         linear = not host or instance.cost.node_extra_ms <= instance.cost.gpu.fixed_ms + instance.cost.extra_ms
         items = instance.items if host else instance.priced_items
+        linear = linear and not (host and instance.reads_priced)  # GPU reads of resident experts: not linear
         if linear and not items.any_uncached():  # no priced item: T linear in |S|, a prefix is optimal
             lam = None if rate is None else rate / 1000.0
             cost = instance.cost.gpu_only() if host else instance.cost  # host: nothing on the host, the GPU part

@@ -46,9 +46,11 @@ def host_costs(draw, layers: int) -> HostProfile:
     """A host-regime profile for ``layers`` MoE layers: a GPU side as :func:`costs` (its per-expert
     term unused) standing for R in [max(layers, 1), 8] reference layers, host ms per expert in [0, 3],
     per row in [0, 1], sync in [0, 1], a sunk extra in [0, 5] ms and a per-draft-node extra in [0, 2]
-    ms, so that either side of the per-layer max can bind."""
+    ms, so that either side of the per-layer max can bind; the GPU side reads each resident expert the
+    nodes route to at read_ms 0 or in [0, 1]."""
     ref = draw(st.integers(max(layers, 1), 8))
-    gpu = CostModel(draw(st.floats(0.5, 20.0)), draw(st.floats(0.0, 3.0)), 0.0, reference_layers=ref)
+    gpu = CostModel(draw(st.floats(0.5, 20.0)), draw(st.floats(0.0, 3.0)), 0.0, reference_layers=ref,
+                    read_ms=draw(st.sampled_from([0.0]) | st.floats(0.0, 1.0)))
     prof = HostProfile("drawn", gpu, 80.0, draw(st.floats(0.0, 3.0)), draw(st.floats(0.0, 1.0)),
                        draw(st.floats(0.0, 1.0)), extra_ms=draw(st.sampled_from([0.0]) | st.floats(0.0, 5.0)),
                        node_extra_ms=draw(st.sampled_from([0.0]) | st.floats(0.0, 2.0)))

@@ -13,6 +13,7 @@ missing one is first copied host-to-device (``per_expert_ms``: its bytes over th
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from dataclasses import dataclass, field, replace
 from typing import ClassVar, Sequence
 
@@ -503,17 +504,20 @@ class HostProfile:
 
     with ``u_l`` the experts computed on the host (the union of the uncached experts the nodes need:
     each is read from DRAM once per verify), ``r_l`` their (token, expert) rows and ``R`` the
-    profile's reference layers (48); T = extra_ms + sum_l T_l. With nothing on the host T equals the
-    GPU profile's ``fixed_ms + per_node_ms * n``. A proxy with L < R MoE layers stands for the
+    profile's reference layers (48); T = extra_ms + sum_l T_l. The GPU part also reads each resident
+    expert the nodes route to once from device memory: ``g_l = g + gpu.read_ms * s_l`` with ``s_l =
+    |U_l(S) ∩ C_l|`` (``resident_per_layer``; 0 when not given, and when the GPU side has no
+    ``read_ms``). With nothing on the host T equals the GPU profile's ``fixed_ms + per_node_ms * n``
+    plus its reads. A proxy with L < R MoE layers stands for the
     deployed target as in :meth:`CostModel.for_layers`: each of its layers counts for R / L real ones.
 
     The ``auto`` offload mode (issue 13, "choose per expert") may also copy some uncached experts
     H2D into the device cache, each at :attr:`copy_ms` on the link, in series with the GPU part
     while the host computes the rest: with ``c_l`` experts copied in layer l,
 
-        T_l = max(g + copy_ms * c_l, h_l) + sync_ms * [u_l > 0]
+        T_l = max(g + gpu.read_ms * s_l + (copy_ms + gpu.read_ms) * c_l, h_l) + sync_ms * [u_l > 0]
 
-    (``u_l``, ``r_l`` now count only the experts left to the host). ``c_l = 0`` is the host regime,
+    (``u_l``, ``r_l`` now count only the experts left to the host; a copied expert is read too). ``c_l = 0`` is the host regime,
     ``u_l = 0`` the transfer regime's ``g + per_expert_ms * c_l``. :meth:`split` chooses ``c_l``.
 
     The selection's cost model in the host regime (SPECFIT.md §3, "Host-compute regime"): an
@@ -591,6 +595,11 @@ class HostProfile:
     def level_ms(self) -> float:
         """ms paid per draft level (the GPU side's :attr:`CostModel.level_ms`)."""
         return self.gpu.level_ms
+
+    @property
+    def read_ms(self) -> float:
+        """ms to read one expert resident on the GPU (the GPU side's :attr:`CostModel.read_ms`)."""
+        return self.gpu.read_ms
 
     @property
     def min_node_ms(self) -> float:
@@ -679,12 +688,14 @@ class HostProfile:
         return float(np.mean(pe)) if isinstance(pe, tuple) else float(pe)
 
     def cycle_ms(self, num_nodes: int, host_experts_per_layer, host_rows_per_layer=None,
-                 copied_per_layer=None) -> float:
+                 copied_per_layer=None, resident_per_layer=None) -> float:
         """Modeled verify ms (class docstring) for counts of shape (L,) each.
 
         ``host_rows_per_layer`` defaults to ``host_experts_per_layer``: one row per host expert, as
         for a single node (the AR step). ``copied_per_layer``: experts copied H2D by the ``auto``
-        mode (default none: the host regime).
+        mode (default none: the host regime). ``resident_per_layer``: resident experts the nodes route
+        to, each read once on the GPU (``gpu.read_ms``; default none: a lower bound of T when
+        ``gpu.read_ms > 0``).
 
         Raises
         ------
@@ -695,19 +706,25 @@ class HostProfile:
         r = u if host_rows_per_layer is None else np.asarray(host_rows_per_layer, dtype=np.float64)
         if u.shape != r.shape:
             raise SpecFitInputError("host_rows_per_layer", f"must have the shape of the expert counts {u.shape}")
-        c = None
-        if copied_per_layer is not None:
-            c = np.asarray(copied_per_layer, dtype=np.float64)
-            if c.shape != u.shape:
-                raise SpecFitInputError("copied_per_layer", f"must have the shape of the expert counts {u.shape}")
-            c = c.reshape(-1).tolist()
-        return self.layers_ms(num_nodes, u.reshape(-1).tolist(), r.reshape(-1).tolist(), c)[0]
+        c = s_ = None
+        for name, arr in (("copied_per_layer", copied_per_layer), ("resident_per_layer", resident_per_layer)):
+            if arr is not None:
+                x = np.asarray(arr, dtype=np.float64)
+                if x.shape != u.shape:
+                    raise SpecFitInputError(name, f"must have the shape of the expert counts {u.shape}")
+                if name == "copied_per_layer":
+                    c = x.reshape(-1).tolist()
+                else:
+                    s_ = x.reshape(-1).tolist()
+        return self.layers_ms(num_nodes, u.reshape(-1).tolist(), r.reshape(-1).tolist(), c, s_)[0]
 
     def layers_ms(self, num_nodes: int, host_experts: Sequence[float], host_rows: Sequence[float],
-                  copied: Sequence[float] | None = None) -> tuple[float, int]:
+                  copied: Sequence[float] | None = None, resident: Sequence[float] | None = None) -> tuple[float, int]:
         """:meth:`cycle_ms` on plain per-layer lists (no checks; the solvers' inner loop), and the
-        bitmask of the layers where the GPU part binds (bit l set iff ``g + copy_ms * c_l >= h_l``)."""
+        bitmask of the layers where the GPU part binds (bit l set iff ``g_l >= h_l``, ``g_l = g +
+        read_ms * s_l + (copy_ms + read_ms) * c_l``)."""
         extra = self.extra_ms + self.node_extra_ms * (num_nodes - 1) if self.node_extra_ms else self.extra_ms
+        rd = self.gpu.read_ms
         if not host_experts:
             return extra + self.gpu_ms(num_nodes), 0
         g = self.gpu_ms(num_nodes) / self.reference_layers
@@ -716,6 +733,8 @@ class HostProfile:
         for l, (u, r) in enumerate(zip(host_experts, host_rows)):
             h = pe * u + pr * r
             gl = g + a * copied[l] if copied else g
+            if rd:
+                gl += rd * ((resident[l] if resident else 0.0) + (copied[l] if copied else 0.0))
             if gl >= h:
                 total += gl
                 gpu_bound |= 1 << l
@@ -725,7 +744,7 @@ class HostProfile:
                 total += sync
         return extra + total * self.reference_layers / len(host_experts), gpu_bound
 
-    def split(self, num_nodes: int, rows: Sequence[int], max_copy: int) -> tuple[int, float]:
+    def split(self, num_nodes: int, rows: Sequence[int], max_copy: int, resident: int = 0) -> tuple[int, float]:
         """The ``auto`` mode's choice in one MoE layer: how many of its uncached experts to copy H2D
         (into the device cache) rather than compute on the host, to minimise the layer's time.
 
@@ -744,6 +763,9 @@ class HostProfile:
             (token, expert) rows of each uncached expert the forward needs, **in decreasing order**.
         max_copy : int
             Copies allowed (free device slots for this forward), >= 0.
+        resident : int
+            Resident experts of the layer the forward routes to, each read once on the GPU
+            (``gpu.read_ms``; a copied expert is read too: ``copy_ms + read_ms`` each). Default 0.
 
         Returns
         -------
@@ -754,8 +776,9 @@ class HostProfile:
         ----------
         Issue 13 ("choose per expert"); SPECFIT.md §3, "Host-compute regime" (the ``auto`` mode).
         """
-        g = self.gpu_ms(num_nodes) / self.reference_layers
-        pe, pr, sync, a = self.host_per_expert_ms, self.host_per_row_ms, self.sync_ms, self.copy_ms
+        rd = self.gpu.read_ms
+        g = self.gpu_ms(num_nodes) / self.reference_layers + rd * resident
+        pe, pr, sync, a = self.host_per_expert_ms, self.host_per_row_ms, self.sync_ms, self.copy_ms + rd
         u = len(rows)
         host = pe * u + pr * float(sum(rows))
         best_k, best = 0, max(g, host) + (sync if u else 0.0)
@@ -795,10 +818,14 @@ class HostProfile:
         """Per draft node v, what verifying v beside the root adds to T(root alone) beyond
         :attr:`min_node_ms` (``node_extra_ms``, which every draft node adds), ms:
         ``T({root, v}) - T({root}) - node_extra_ms`` (>= 0: the per-layer max is monotone). T is
-        monotone in S, so any selection holding v costs at least T(root) + min_node_ms plus this.
+        monotone in S, so any selection holding v costs at least T(root) + min_node_ms plus this. With
+        ``gpu.read_ms > 0`` it is 0 (the resident reads, unknown here, can raise the GPU part above the
+        host part's growth: no positive bound holds without them).
         Arguments and shapes as :meth:`CostModel.node_added_ms` (the root's uncached experts are also
         its rows); float64 of shape (m,)."""
         root = np.asarray(root_new_per_layer)
+        if self.gpu.read_ms:  # the resident reads are unknown here: raising g can hide h's growth; 0 is sound
+            return np.zeros(len(node_new), dtype=np.float64)
         base = self.cycle_ms(1, root) + self.node_extra_ms
         return np.array([self.cycle_ms(2, root + new, root + rows) - base
                          for new, rows in zip(np.asarray(node_new), np.asarray(node_rows))], dtype=np.float64)
@@ -875,14 +902,86 @@ def get_host_profile(name: str) -> HostProfile:
 
 
 def get_profile(name: str) -> CostModel:
-    """Return the named hardware profile (see :data:`PROFILES` for the sources of each number).
+    """Return the named hardware profile (see :data:`PROFILES` for the sources of each number), or the
+    profile in the JSON file ``name`` when it is not a profile name but a path ending in ``.json`` or an
+    existing file (:func:`load_profile`: e.g. one written by ``python -m specfit.eval.cost_fit``).
 
     Raises
     ------
     SpecFitInputError
-        If ``name`` is not a known profile.
+        If ``name`` is neither a known profile nor a profile file, or the file is invalid
+        (:func:`load_profile`).
     """
+    if isinstance(name, str) and name not in PROFILES and (name.endswith(".json") or Path(name).is_file()):
+        return load_profile(name)
     return lookup(PROFILES, name, "profile")
+
+
+#: Keys of a profile file (:func:`load_profile`).
+PROFILE_FILE_KEYS = ("name", "fixed_ms", "per_node_ms", "per_expert_ms", "read_ms", "expert_bytes", "memory_gb_per_s",
+                     "link_gb_per_s", "reference_layers", "num_experts", "draft_level_ms", "host_level_ms", "about")
+
+
+def profile_from_json(obj, where: str = "profile") -> CostModel:
+    """A hardware profile from its JSON object (the file ``specfit eval --profile FILE`` reads).
+
+    Keys: ``fixed_ms`` and ``per_node_ms`` (required, ms); the copy of a missing expert, ``per_expert_ms``
+    (ms) or ``expert_bytes`` with ``link_gb_per_s``; the read of a routed expert, ``read_ms`` (ms) or
+    ``expert_bytes`` with ``memory_gb_per_s`` (a time given in ms wins; the bandwidths are then kept as
+    the profile's stated sources); optional ``name``, ``reference_layers``, ``num_experts``,
+    ``draft_level_ms``, ``host_level_ms`` and ``about`` (free text or object: where the numbers come from).
+
+    Raises
+    ------
+    SpecFitInputError
+        One error naming the field (``profile.<key>``): not an object, an unknown key, a required key
+        missing (a missing bandwidth names the bandwidth), a time negative or not finite, a bandwidth
+        not a finite number > 0, a count not a positive integer.
+    """
+    if not isinstance(obj, dict):
+        raise SpecFitInputError(where, "must be a JSON object of profile constants")
+    extra = set(obj) - set(PROFILE_FILE_KEYS)
+    if extra:
+        raise SpecFitInputError(f"{where}.{sorted(extra)[0]}", f"is not a known profile field ({', '.join(PROFILE_FILE_KEYS)})")
+    for k in ("fixed_ms", "per_node_ms"):
+        if k not in obj:
+            raise SpecFitInputError(f"{where}.{k}", "is required (ms)")
+    nbytes = obj.get("expert_bytes")
+    if nbytes is not None:
+        nbytes = check_positive_int(f"{where}.expert_bytes", nbytes)
+    bw = {}
+    for ms_key, bw_key in (("per_expert_ms", "link_gb_per_s"), ("read_ms", "memory_gb_per_s")):
+        if obj.get(bw_key) is not None or obj.get(ms_key) is None:
+            bw[bw_key] = check_bandwidth(f"{where}.{bw_key}", obj.get(bw_key))  # missing both: names the bandwidth
+        if obj.get(ms_key) is None and nbytes is None:
+            raise SpecFitInputError(f"{where}.expert_bytes", f"is required to derive {ms_key} from {bw_key}")
+    pe = check_ms(f"{where}.per_expert_ms", obj["per_expert_ms"]) if obj.get("per_expert_ms") is not None else \
+        round(bytes_ms(nbytes, bw["link_gb_per_s"]), 6)
+    rd = check_ms(f"{where}.read_ms", obj["read_ms"]) if obj.get("read_ms") is not None else \
+        round(bytes_ms(nbytes, bw["memory_gb_per_s"]), 6)
+    meta = {}
+    for k in ("reference_layers", "num_experts"):
+        if obj.get(k) is not None:
+            meta[k] = check_positive_int(f"{where}.{k}", obj[k])
+    for k in ("draft_level_ms", "host_level_ms"):
+        if obj.get(k) is not None:
+            meta[k] = check_ms(f"{where}.{k}", obj[k])
+    return CostModel(check_ms(f"{where}.fixed_ms", obj["fixed_ms"]), check_ms(f"{where}.per_node_ms", obj["per_node_ms"]),
+                     pe, name=str(obj.get("name", where)), read_ms=rd, expert_bytes=nbytes,
+                     memory_gb_per_s=bw.get("memory_gb_per_s"), link_gb_per_s=bw.get("link_gb_per_s"), **meta)
+
+
+def load_profile(path: str | Path) -> CostModel:
+    """Read a profile file (:func:`profile_from_json`), e.g. the output of ``python -m specfit.eval.cost_fit``.
+
+    Raises
+    ------
+    SpecFitInputError
+        If the file is missing, unreadable or not JSON (field ``profile``), or its content is invalid.
+    """
+    from specfit.core.readers import read_json
+
+    return profile_from_json(read_json(path, "profile"), "profile")
 
 
 @dataclass(frozen=True)

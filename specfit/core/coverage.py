@@ -507,6 +507,9 @@ class GrowingSelection:
         # host regime: the selection's host experts and rows per layer, and every node's rows
         self.host_u, self.host_r = [0] * instance.num_layers, [0] * instance.num_layers
         self.host_rows = self.items.rows.tolist() if self.host else None
+        # host regime with GPU reads: every routed expert covered so far (resident = routed - host)
+        self.reads = instance.tree.read_items() if self.host and instance.reads_priced else None
+        self.read_covered, self.host_read = 0, [0] * instance.num_layers
         self.prob = instance.tree.path_prob
         self.covered = 0
         self.in_set = np.zeros(instance.n, dtype=bool)
@@ -538,7 +541,11 @@ class GrowingSelection:
         """Host regime: the per-layer host experts and rows, and T, of the selection with v added."""
         u = [a + b for a, b in zip(self.host_u, self.items.per_layer(self.new_bits(v)))]
         r = [a + b for a, b in zip(self.host_r, self.host_rows[v])]
-        return u, r, self.cost.layers_ms(self.size + 1, u, r)[0]
+        resident = None
+        if self.reads is not None:
+            read = [a + b for a, b in zip(self.host_read, self.reads.per_layer(self.reads.need[v] & ~self.read_covered))]
+            resident = [a - b for a, b in zip(read, u)]
+        return u, r, self.cost.layers_ms(self.size + 1, u, r, None, resident)[0]
 
     def step_ms(self, v: int) -> float:
         """Time (ms) adding v would add: one node plus the experts it newly needs (host regime:
@@ -553,6 +560,10 @@ class GrowingSelection:
         self.a += 1.0 if v == 0 else float(self.prob[v])
         if self.host:
             self.host_u, self.host_r, self.t = self._host_step(v)
+            if self.reads is not None:
+                fresh = self.reads.need[v] & ~self.read_covered
+                self.host_read = [a + b for a, b in zip(self.host_read, self.reads.per_layer(fresh))]
+                self.read_covered |= fresh
         else:
             self.t += self.cost.per_node_ms + self.bits_ms(new)
         self.covered |= new

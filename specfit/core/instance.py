@@ -157,8 +157,9 @@ class Instance:
 
     @property
     def reads_priced(self) -> bool:
-        """True iff T(S) charges the read of every routed expert (transfer regime, ``read_ms > 0``, L > 0)."""
-        return self.cost.regime == "transfer" and bool(self.cost.read_ms) and self.num_layers > 0
+        """True iff T(S) charges reads of routed experts from device memory (``read_ms > 0``, L > 0): every
+        routed expert in the transfer regime, the resident ones on the GPU side of the host regime."""
+        return bool(self.cost.read_ms) and self.num_layers > 0
 
     @property
     def priced_items(self):

@@ -62,7 +62,8 @@ def expected_tokens(instance: Instance, nodes: Iterable[int]) -> float:
 def _cycle_ms(instance: Instance, s: tuple[int, ...], new: np.ndarray) -> float:
     """T(S) from the uncached experts per layer ``new``; the host regime also reads the rows."""
     if instance.cost.regime == "host":
-        return instance.cost.cycle_ms(len(s), new, instance.items.rows_per_layer(s))
+        resident = instance.read_per_layer(s) - new if instance.reads_priced else None  # |U_l ∩ C_l|
+        return instance.cost.cycle_ms(len(s), new, instance.items.rows_per_layer(s), None, resident)
     if instance.reads_priced:
         return instance.cost.cycle_ms(len(s), new, None, instance.read_per_layer(s))
     return instance.cost.cycle_ms(len(s), new)
