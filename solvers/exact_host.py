@@ -5,7 +5,10 @@
     g(n) = (gpu.fixed_ms + gpu.per_node_ms · n) / R,   h_l = host_per_expert_ms · u_l + host_per_row_ms · r_l
 
 (u_l the union of the selected nodes' uncached experts in layer l, r_l their rows; SPECFIT.md §3,
-"Host-compute regime").
+"Host-compute regime"). With ``gpu.read_ms > 0`` the GPU part of layer l also reads each resident expert
+the selection routes to, ``g_l = g + gpu.read_ms · s_l(S)``: it only raises the GPU part, so the bound
+below (a node adds at least ``gpu.per_node_ms / R`` where the GPU part binds) holds unchanged; the search
+carries the routed experts' coverage (``tree.read_items()``) to count s_l.
 
 Why it is exact
 ---------------
