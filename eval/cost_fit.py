@@ -45,7 +45,7 @@ from specfit.core.errors import SpecFitInputError, check_positive_int
 
 #: Tree sizes fitted (nodes, root included) and held out (measured, predicted, not fitted).
 SIZES = (1, 2, 4, 8, 16, 32, 64)
-HELD_OUT = (3, 12, 48)
+HELD_OUT = (3, 12, 24)
 
 
 def _columns(rows: np.ndarray, reads: bool, layer_terms: bool) -> np.ndarray:
@@ -131,7 +131,7 @@ def profile_from_fit(fit: dict, *, name: str, expert_bytes: int, reference_layer
     per_node = c["c_ms_per_node"] + c.get("p_ms_per_layer_node", 0.0) * R
     read, copy = c["read_ms"], c["per_expert_ms"]
     extra = {} if like is None else dict(num_experts=like.num_experts, draft_level_ms=like.draft_level_ms,
-                                         host_level_ms=like.host_level_ms)
+                                         host_level_ms=like.host_level_ms, experts_per_token=like.experts_per_token)
     return CostModel(fixed, per_node, copy, name=name, read_ms=read, reference_layers=R, expert_bytes=expert_bytes,
                      memory_gb_per_s=expert_bytes / (read * 1e6) if read > 0 else None,
                      link_gb_per_s=expert_bytes / (copy * 1e6) if copy > 0 else None, **extra)
@@ -140,7 +140,7 @@ def profile_from_fit(fit: dict, *, name: str, expert_bytes: int, reference_layer
 def profile_json(cost: CostModel, **about) -> dict:
     """The profile file ``specfit eval --profile FILE`` reads (:func:`specfit.core.cost.load_profile`)."""
     out = {"name": cost.name, **cost.to_json(), "read_ms": cost.read_ms, "reference_layers": cost.reference_layers,
-           "num_experts": cost.num_experts, "draft_level_ms": cost.draft_level_ms, "host_level_ms": cost.host_level_ms,
+           "num_experts": cost.num_experts, "experts_per_token": cost.experts_per_token, "draft_level_ms": cost.draft_level_ms, "host_level_ms": cost.host_level_ms,
            "expert_bytes": cost.expert_bytes, "memory_gb_per_s": cost.memory_gb_per_s,
            "link_gb_per_s": cost.link_gb_per_s}
     out = {k: v for k, v in out.items() if v is not None}
@@ -150,14 +150,28 @@ def profile_json(cost: CostModel, **about) -> dict:
 
 
 def _forward(model, tokens, parents) -> tuple[float, int, int]:
-    """One timed verify: ``(ms, experts read, experts copied)`` from the expert cache's counters."""
-    from specfit.eval.runtime_bench import timed_forward
+    """One timed verify: ``(ms, experts read, experts copied)``, the counts from the expert cache's counters.
 
+    On CUDA the ms are wall-clock between two device synchronisations; on the CPU they are the CPU time of
+    this thread (``time.thread_time``; torch runs its CPU operators in the calling thread with one thread),
+    which other processes' load does not stretch, unlike the wall clock (memory-bandwidth contention still
+    does)."""
+    import torch
+
+    cuda = model.device.type == "cuda"
+    clock = time.perf_counter if cuda else time.thread_time
     before = model.cache.stats()["layers"]
-    row = timed_forward(model, lambda: model.verify(tokens, parents))
+    if cuda:
+        torch.cuda.synchronize(model.device)
+    t0 = clock()
+    model.verify(tokens, parents)
+    if cuda:
+        torch.cuda.synchronize(model.device)
+    ms = (clock() - t0) * 1e3
     after = model.cache.stats()["layers"]
     reads = sum((a["hits"] + a["misses"]) - (b["hits"] + b["misses"]) for a, b in zip(after, before))
-    return row["total_ms"], int(reads), int(row["experts_moved"])
+    copies = sum(a["misses"] - b["misses"] for a, b in zip(after, before))
+    return ms, int(reads), int(copies)
 
 
 def measure(model, *, sizes=SIZES + HELD_OUT, slots=(0, "part", "all"), repeats: int = 3, seed: int = 0,
@@ -183,10 +197,12 @@ def measure(model, *, sizes=SIZES + HELD_OUT, slots=(0, "part", "all"), repeats:
         k = E // 2 if s == "part" else s
         if s == "all":
             model.reset_cache("all")
-        for n in sizes:
+        for i, n in enumerate(sizes):
             tokens, parents = trees[n]
             runs = []
-            for r in range(repeats + 1):  # one warm-up forward, then the repeats
+            warm = 1 if i == 0 else 0  # one warm-up forward per cache size (allocations, first-call costs)
+            print(f"cost_fit: L={len(model.spec.moe_layers)} slots={s} n={n}", file=sys.stderr, flush=True)
+            for r in range(repeats + warm):
                 if s != "all":
                     model.reset_cache(k)
                 model.reset()
@@ -194,7 +210,7 @@ def measure(model, *, sizes=SIZES + HELD_OUT, slots=(0, "part", "all"), repeats:
                 if s == "part":
                     model.verify(warm_tokens, warm_parents)
                 runs.append(_forward(model, tokens, parents))
-            runs = runs[1:]
+            runs = runs[warm:]
             if len({(u, m) for _, u, m in runs}) != 1:
                 continue
             ms = [t for t, _, _ in runs]

@@ -63,7 +63,7 @@ def cost_scaling_note(num_layers: int, profile: str, offload: str = "transfer", 
         counts, how = "counts (host experts, rows, copies)", "HostProfile.for_layers"
     else:
         name, ref = f"profile {profile}", get_profile(profile).reference_layers
-        counts, how = "expert transfers", "per_expert_ms scaled by that factor, CostModel.for_layers"
+        counts, how = "expert transfers and reads", "per_expert_ms and read_ms scaled by that factor, CostModel.for_layers"
     if num_layers == ref:
         return f"Modeled times use {name} with the measured per-layer {counts} as they are."
     return (f"Modeled times use {name} for the {ref}-layer Qwen3-30B-A3B: the model evaluated has {num_layers} "

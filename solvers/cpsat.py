@@ -94,10 +94,13 @@ def _owned_groups(instance: Instance):
     par = instance.tree.parents
     items = [set(instance.node_items[v].tolist()) for v in range(n)]
     LE = L * E
-    if instance.reads_priced:  # every routed expert is read: its item LE + l*E + e, the uncached ones copied too
+    # written independently of the solvers' item segments: item l*E + e is the copy of an uncached expert
+    # (per_expert_ms[l]), item LE + l*E + e the read of any routed expert (read_ms), copied or resident
+    weight = np.repeat(instance.cost.per_expert_array(L), E) if L else np.zeros(0)
+    if instance.reads_priced:
         for v in range(n):
             items[v] |= {LE + it for it in instance.read_node_items[v].tolist()}
-    weight = instance.item_weight
+        weight = np.concatenate([weight, np.repeat(instance.cost.read_array(L), E)])
     above: list[set] = [set() for _ in range(n)]  # items needed by a proper ancestor (incl. the root)
     owners: dict[int, list[int]] = defaultdict(list)
     for v in range(1, n):

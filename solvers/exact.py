@@ -358,7 +358,7 @@ class ExactSolver(Solver):
         t0 = time.perf_counter()
         items = tree.items(cache)
         if L and cost.read_ms:  # resident reads priced: the copies and the reads side by side (PricedItems)
-            items = PricedItems(items, tree.read_items())
+            items = PricedItems(items, tree.resident_items(cache))
         lam = None if rate is None else rate / 1000.0
         if L and items.any_uncached():
             nodes, a, t = self._compiled[2](tree, items, cost, lam, self.tol, fixed_ms, per_expert)

@@ -27,6 +27,8 @@ QWEN3_30B_A3B_EXPERT_BYTES = 9_437_184
 REFERENCE_LAYERS = 48
 #: Experts per MoE layer of Qwen3-30B-A3B.
 QWEN3_30B_A3B_EXPERTS = 128
+#: Experts each token routes to per MoE layer in Qwen3-30B-A3B (``num_experts_per_tok``).
+QWEN3_30B_A3B_TOP_K = 8
 
 
 def check_ms(name: str, value) -> float:
@@ -107,6 +109,10 @@ class CostModel:
     memory_gb_per_s, link_gb_per_s : float, optional
         Device memory and host-to-device link bandwidths (GB/s, 1 GB = 1e9 bytes) that give ``read_ms``
         and ``per_expert_ms`` (:meth:`from_bandwidths`); informational once those are set.
+    experts_per_token : int, optional
+        Experts each token routes to per MoE layer (Qwen3-30B-A3B: top-8). When a caller prices a verify
+        without its routed-expert counts, :meth:`cycle_ms` reads at least this many per layer (exact for
+        one node, e.g. the AR step; a lower bound for more).
 
     The last seven describe the deployment and take no part in T(S); they are not compared and not
     written to the instance JSON.
@@ -133,6 +139,7 @@ class CostModel:
     expert_bytes: int | None = field(default=None, compare=False)
     memory_gb_per_s: float | None = field(default=None, compare=False)
     link_gb_per_s: float | None = field(default=None, compare=False)
+    experts_per_token: int | None = field(default=None, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "fixed_ms", check_ms("cost.fixed_ms", self.fixed_ms))
@@ -154,6 +161,9 @@ class CostModel:
                 object.__setattr__(self, name, check_bandwidth(f"cost.{name}", getattr(self, name)))
         if self.expert_bytes is not None:
             object.__setattr__(self, "expert_bytes", check_positive_int("cost.expert_bytes", self.expert_bytes))
+        if self.experts_per_token is not None:
+            object.__setattr__(self, "experts_per_token",
+                               check_positive_int("cost.experts_per_token", self.experts_per_token))
         if self.fixed_ms + self.per_node_ms <= 0:
             raise SpecFitInputError("cost.fixed_ms", "fixed_ms + per_node_ms must be > 0 so that every cycle takes time")
 
@@ -174,7 +184,7 @@ class CostModel:
             Device memory bandwidth and host-to-device link bandwidth, GB/s (1 GB = 1e9 bytes).
         name : str
         **meta
-            ``reference_layers``, ``num_experts``, ``draft_level_ms``, ``host_level_ms``.
+            ``reference_layers``, ``num_experts``, ``experts_per_token``, ``draft_level_ms``, ``host_level_ms``.
 
         Raises
         ------
@@ -206,8 +216,9 @@ class CostModel:
 
     def segment_ms(self, num_layers: int) -> np.ndarray:
         """The ms of one item of each item segment the solvers price (:class:`specfit.core.coverage.PricedItems`):
-        ``per_expert_ms`` per layer (the copies of the uncached experts), then, when ``read_ms > 0``,
-        ``read_ms`` per layer (the reads of every routed expert). Float64 of shape (L,) or (2L,), read-only.
+        per layer ``per_expert_ms`` (an uncached expert's copy), plus ``read_ms`` (its read) when that is not 0,
+        then, when ``read_ms > 0``, ``read_ms`` per layer (a resident expert's read). Float64 of shape (L,) or
+        (2L,), read-only.
 
         Raises
         ------
@@ -220,7 +231,8 @@ class CostModel:
         memo = self.__dict__.get("_segment_memo")
         if memo is not None and memo[0] == num_layers and memo[1] == self.read_ms:
             return memo[2]
-        w = np.concatenate([pe, self.read_array(num_layers)])
+        rd = self.read_array(num_layers)
+        w = np.concatenate([pe + rd, rd])
         w.setflags(write=False)
         object.__setattr__(self, "_segment_memo", (num_layers, self.read_ms, w))
         return w
@@ -263,15 +275,18 @@ class CostModel:
         count of uncached experts per layer, shape (L,), and the count of every expert the verify
         routes to per layer (``read_per_layer``, |U_l(S)|, shape (L,)). SPECFIT.md §3, T(S).
 
-        ``read_per_layer`` defaults to ``new_experts_per_layer`` (only the copied experts are known to
-        be read: a lower bound of T when ``read_ms > 0``; exact when ``read_ms`` is 0). It is not used
-        when ``read_ms`` is 0.
+        Without ``read_per_layer`` the verify is taken to read ``max(new_l, experts_per_token)`` experts in
+        layer l (each of its tokens routes to that many distinct experts; ``new_l`` without
+        ``experts_per_token``): exact for one node (the AR step, the root alone), a lower bound of T for
+        more. It is not used when ``read_ms`` is 0.
 
         ``rows_per_layer`` (the (token, expert) rows of those experts) is accepted so that both
         regimes price measured counts through one call, and ignored: a copied expert costs the same
         whatever the number of tokens routed to it (:meth:`HostProfile.cycle_ms` prices rows). The expert
-        term is summed layer by layer, in layer order, the copies first and then the reads (no BLAS dot,
-        whose order and fused multiply-adds vary by machine), so that compiled code reproduces T bit for bit.
+        term is summed layer by layer, in layer order: the uncached experts at ``per_expert_ms[l] + read_ms``
+        each, then the resident ones (``read_per_layer - new_experts_per_layer``) at ``read_ms`` (no BLAS dot,
+        whose order and fused multiply-adds vary by machine), so that compiled code (the item segments of
+        :meth:`segment_ms`) reproduces T bit for bit.
 
         Raises
         ------
@@ -281,13 +296,16 @@ class CostModel:
         if not m.size:  # no expert term (every expert cached, or no MoE layer in the tree)
             return self.fixed_ms + self.per_node_ms * num_nodes
         experts_ms = 0.0  # layer by layer, in order: compiled code (the exact solver) sums the same floats
-        for w, c in zip(self.per_expert_array(m.shape[0]).tolist(), m.reshape(-1).tolist()):
+        w_all = self.segment_ms(m.shape[0]).tolist()
+        L = m.shape[0]
+        for w, c in zip(w_all[:L], m.reshape(-1).tolist()):
             experts_ms += w * c
-        if self.read_ms:
-            r = m if read_per_layer is None else np.asarray(read_per_layer, dtype=np.float64)
+        if self.read_ms and (read_per_layer is not None or self.experts_per_token):
+            r = (np.maximum(m, float(self.experts_per_token)) if read_per_layer is None
+                 else np.asarray(read_per_layer, dtype=np.float64))
             if r.shape != m.shape:
                 raise SpecFitInputError("read_per_layer", f"must have the shape of the uncached counts {m.shape}")
-            for w, c in zip(self.read_array(m.shape[0]).tolist(), r.reshape(-1).tolist()):
+            for w, c in zip(w_all[L:], (r - m).reshape(-1).tolist()):  # the resident experts read
                 experts_ms += w * c
         return self.fixed_ms + self.per_node_ms * num_nodes + experts_ms
 
@@ -371,7 +389,7 @@ class CostModel:
                          num_experts=self.num_experts, draft_level_ms=self.draft_level_ms,
                          host_level_ms=self.host_level_ms, read_ms=self.read_ms * reference_layers / num_layers,
                          expert_bytes=self.expert_bytes, memory_gb_per_s=self.memory_gb_per_s,
-                         link_gb_per_s=self.link_gb_per_s)
+                         link_gb_per_s=self.link_gb_per_s, experts_per_token=self.experts_per_token)
 
     def to_json(self) -> dict:
         """The ``cost`` object of the instance JSON (SPECFIT.md §4); ``read_ms`` only when it is not 0."""
@@ -457,11 +475,13 @@ PROFILES: dict[str, CostModel] = {
     "qwen3-30b-a3b-pcie4": CostModel.from_bandwidths(
         6.0, 0.1, expert_bytes=QWEN3_30B_A3B_EXPERT_BYTES, memory_gb_per_s=GPU_MEMORY_GB_PER_S["rtx-4090"],
         link_gb_per_s=LINK_GB_PER_S["pcie4-x16-achieved"], name="qwen3-30b-a3b-pcie4",
-        reference_layers=REFERENCE_LAYERS, num_experts=QWEN3_30B_A3B_EXPERTS, draft_level_ms=0.5, host_level_ms=0.6),
+        reference_layers=REFERENCE_LAYERS, num_experts=QWEN3_30B_A3B_EXPERTS, experts_per_token=QWEN3_30B_A3B_TOP_K,
+        draft_level_ms=0.5, host_level_ms=0.6),
     "qwen3-30b-a3b-h200": CostModel.from_bandwidths(
         3.0, 0.03, expert_bytes=QWEN3_30B_A3B_EXPERT_BYTES, memory_gb_per_s=GPU_MEMORY_GB_PER_S["h200"],
         link_gb_per_s=LINK_GB_PER_S["pcie5-x16-achieved"], name="qwen3-30b-a3b-h200",
-        reference_layers=REFERENCE_LAYERS, num_experts=QWEN3_30B_A3B_EXPERTS, draft_level_ms=0.25, host_level_ms=0.6),
+        reference_layers=REFERENCE_LAYERS, num_experts=QWEN3_30B_A3B_EXPERTS, experts_per_token=QWEN3_30B_A3B_TOP_K,
+        draft_level_ms=0.25, host_level_ms=0.6),
 }
 
 #: The profile the evaluation uses unless told otherwise (the consumer-GPU deployment).
@@ -694,8 +714,9 @@ class HostProfile:
         ``host_rows_per_layer`` defaults to ``host_experts_per_layer``: one row per host expert, as
         for a single node (the AR step). ``copied_per_layer``: experts copied H2D by the ``auto``
         mode (default none: the host regime). ``resident_per_layer``: resident experts the nodes route
-        to, each read once on the GPU (``gpu.read_ms``; default none: a lower bound of T when
-        ``gpu.read_ms > 0``).
+        to, each read once on the GPU (``gpu.read_ms``); default ``max(0, gpu.experts_per_token - u_l -
+        c_l)``, exact for one node (the AR step), a lower bound of T for more (0 without
+        ``experts_per_token``).
 
         Raises
         ------
@@ -716,6 +737,9 @@ class HostProfile:
                     c = x.reshape(-1).tolist()
                 else:
                     s_ = x.reshape(-1).tolist()
+        k = self.gpu.experts_per_token
+        if s_ is None and k and self.gpu.read_ms:  # each token routes to k distinct experts per layer
+            s_ = [max(0.0, k - a - (c[l] if c else 0.0)) for l, a in enumerate(u.reshape(-1).tolist())]
         return self.layers_ms(num_nodes, u.reshape(-1).tolist(), r.reshape(-1).tolist(), c, s_)[0]
 
     def layers_ms(self, num_nodes: int, host_experts: Sequence[float], host_rows: Sequence[float],
@@ -811,7 +835,8 @@ class HostProfile:
         """
         if not rows_per_layer:
             return self.extra_ms + self.gpu_ms(num_nodes)
-        total = sum(self.split(num_nodes, rows, len(rows))[1] for rows in rows_per_layer)
+        k = self.gpu.experts_per_token or 0  # resident experts read on the GPU: at least k - uncached per layer
+        total = sum(self.split(num_nodes, rows, len(rows), max(0, k - len(rows)))[1] for rows in rows_per_layer)
         return self.extra_ms + total * self.reference_layers / len(rows_per_layer)
 
     def node_added_ms(self, root_new_per_layer, node_new, node_rows) -> np.ndarray:
@@ -919,7 +944,8 @@ def get_profile(name: str) -> CostModel:
 
 #: Keys of a profile file (:func:`load_profile`).
 PROFILE_FILE_KEYS = ("name", "fixed_ms", "per_node_ms", "per_expert_ms", "read_ms", "expert_bytes", "memory_gb_per_s",
-                     "link_gb_per_s", "reference_layers", "num_experts", "draft_level_ms", "host_level_ms", "about")
+                     "link_gb_per_s", "reference_layers", "num_experts", "experts_per_token", "draft_level_ms",
+                     "host_level_ms", "about")
 
 
 def profile_from_json(obj, where: str = "profile") -> CostModel:
@@ -960,7 +986,7 @@ def profile_from_json(obj, where: str = "profile") -> CostModel:
     rd = check_ms(f"{where}.read_ms", obj["read_ms"]) if obj.get("read_ms") is not None else \
         round(bytes_ms(nbytes, bw["memory_gb_per_s"]), 6)
     meta = {}
-    for k in ("reference_layers", "num_experts"):
+    for k in ("reference_layers", "num_experts", "experts_per_token"):
         if obj.get(k) is not None:
             meta[k] = check_positive_int(f"{where}.{k}", obj[k])
     for k in ("draft_level_ms", "host_level_ms"):

@@ -12,10 +12,10 @@ Three views, one source:
   *owns*: those no proper ancestor of v needs (``own[v]``). The root is always verified, so its items
   are paid once, up front, and owned by nobody else.
 * :class:`PricedItems` — the items T(S) prices when resident experts cost their read (``read_ms > 0``):
-  the uncached items (segment l: the copy of an expert of layer l) and, shifted by ``L * num_experts``
-  bits, every routed item (segment L + l: the read of an expert of layer l). An uncached expert is in
-  both segments (copy + read), a resident one in the second only (read). T(S) stays a coverage
-  function with one cost per segment, so the solvers price it as before over 2L segments.
+  the uncached items (segment l: an expert of layer l copied and read) and, shifted by ``L * num_experts``
+  bits, the resident routed items (segment L + l: an expert of layer l the cache holds, read only). The
+  two sets are disjoint; T(S) stays a coverage function with one cost per segment, so the solvers price it
+  as before over 2L segments.
 * :class:`Coverage` — the same accounting priced by a cost model (ms per item, the root's cost, the
   items that couple nodes), read by the exact solver.
 * :class:`GrowingSelection` — the items an ancestor-closed selection covers as it grows node by
@@ -252,16 +252,16 @@ def _concat_words(a: np.ndarray, a_bits: int, b: np.ndarray, b_bits: int) -> np.
 
 class PricedItems:
     """The items of T(S) with resident reads priced (module docstring): segment l < L holds the uncached
-    experts of layer l (one H2D copy each), segment L + l every expert of layer l a node routes to (one read
-    each from device memory). Item ``s * num_experts + e`` of segment s; the bitsets are the two
-    :class:`ItemSets` side by side, the routed items shifted by ``L * num_experts`` bits.
+    experts of layer l (an H2D copy and a read each), segment L + l the resident experts of layer l a node
+    routes to (a read each from device memory). Item ``s * num_experts + e`` of segment s; the bitsets are
+    the two :class:`ItemSets` side by side, the resident items shifted by ``L * num_experts`` bits.
 
     Parameters
     ----------
     uncached : ItemSets
         ``tree.items(cache)``.
     reads : ItemSets
-        ``tree.read_items()`` (the same tree against an empty cache).
+        ``tree.resident_items(cache)`` (the same tree's routed experts the cache holds).
 
     Attributes
     ----------
@@ -305,7 +305,7 @@ class PricedItems:
         return _concat_words(self.uncached.words(copy=False), self._shift, self.reads.words(copy=False), self._shift)
 
     def any_uncached(self) -> bool:
-        """True iff some node needs an item: here, routes to any expert (a read)."""
+        """True iff some node needs an item (an uncached expert or a resident one: a read)."""
         return self.reads.any_uncached() or self.uncached.any_uncached()
 
     def per_layer(self, bits: int) -> list[int]:
@@ -326,8 +326,8 @@ class PricedItems:
         return self.uncached.new_per_layer(nodes)
 
     def read_per_layer(self, nodes: Iterable[int]) -> np.ndarray:
-        """Every routed expert per layer, ``|U_l|``; int64 of shape (L,)."""
-        return self.reads.new_per_layer(nodes)
+        """Every routed expert per layer, ``|U_l|`` (uncached + resident); int64 of shape (L,)."""
+        return self.uncached.new_per_layer(nodes) + self.reads.new_per_layer(nodes)
 
     @property
     def root_new_per_layer(self) -> list[int]:
@@ -342,7 +342,7 @@ def priced_items(tree, cache: np.ndarray, cost) -> "ItemSets | PricedItems":
     items = tree.items(cache)
     if getattr(cost, "regime", "transfer") != "transfer" or not getattr(cost, "read_ms", 0.0) or not items.num_layers:
         return items
-    return PricedItems(items, tree.read_items())
+    return PricedItems(items, tree.resident_items(cache))
 
 
 @dataclass(frozen=True, eq=False)

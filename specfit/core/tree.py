@@ -189,6 +189,7 @@ class DraftTree:
         self.num_experts = None if num_experts is None else int(num_experts)
         self._items: ItemSets | None = None
         self._read_items: ItemSets | None = None
+        self._resident_items: tuple | None = None  # (cache, ItemSets of the routed experts it holds)
         #: Node ids added by the last :meth:`add_level` (empty for a tree built in one go).
         self.last_level: np.ndarray = np.zeros(0, dtype=np.int64)
         #: The caller's node labels, ``labels[v]`` for node v, when built by :meth:`from_networkx`.
@@ -266,6 +267,8 @@ class DraftTree:
             self._items.extend(parents, self._item_experts(n))
         if self._read_items is not None:
             self._read_items.extend(parents, self._item_experts(n))
+        if self._resident_items is not None:
+            self._resident_items[1].extend(parents, self._item_experts(n))
         self.last_level = ids
         self.labels = None
         return ids
@@ -280,6 +283,7 @@ class DraftTree:
         tree.num_experts = None if num_experts is None else int(num_experts)
         tree._items = None
         tree._read_items = None
+        tree._resident_items = None
         tree.last_level = np.zeros(0, dtype=np.int64)
         tree.labels = None
         return tree
@@ -296,6 +300,7 @@ class DraftTree:
         self._experts = check_experts(experts, self.n, self.num_experts)
         self._items = None
         self._read_items = None
+        self._resident_items = None
 
     def _forget_views(self) -> None:
         for name in ("depth", "children", "ancestor_mask"):
@@ -334,6 +339,17 @@ class DraftTree:
             items.extend(self._parents, self._item_experts())
             self._read_items = items
         return self._read_items
+
+    def resident_items(self, cache: np.ndarray) -> ItemSets:
+        """The per-node bitsets of the routed experts that ``cache`` *holds* (:class:`ItemSets` against the
+        complement of the cache): the resident experts a verify reads without a copy (SPECFIT.md §3, the
+        ``read_ms`` term). Computed once per cache array (compared by identity) and extended by
+        :meth:`add_level`, like :meth:`items`."""
+        if self._resident_items is None or self._resident_items[0] is not cache:
+            items = ItemSets(~np.asarray(cache, dtype=bool))
+            items.extend(self._parents, self._item_experts())
+            self._resident_items = (cache, items)
+        return self._resident_items[1]
 
     # --- basic data -------------------------------------------------------------------------
     def __len__(self) -> int:
