@@ -236,3 +236,17 @@ def test_a_profile_file_is_a_profile_and_bad_fields_name_themselves(tmp_path):
     with pytest.raises(SpecFitInputError) as err:
         get_profile(str(tmp_path / "missing.json"))
     assert err.value.field == "profile"
+
+
+def test_a_verify_priced_without_its_routed_counts_reads_at_least_top_k_per_layer():
+    p = get_profile("qwen3-30b-a3b-h200")  # experts_per_token 8
+    assert p.experts_per_token == 8
+    # the AR step (one node): 8 reads per layer, exact, whether its experts are resident or copied
+    assert p.cycle_ms(1, [0] * 48) == pytest.approx(3.03 + 384 * p.read_ms)
+    assert p.cycle_ms(1, [3] * 48) == pytest.approx(3.03 + 144 * p.per_expert_ms + 384 * p.read_ms)
+    assert p.cycle_ms(1, [0] * 48) == p.cycle_ms(1, [0] * 48, None, [8] * 48)
+    # more nodes: a lower bound of what their routed counts give
+    assert p.cycle_ms(5, [0] * 48) < p.cycle_ms(5, [0] * 48, None, [20] * 48)
+    # without experts_per_token only the copied experts are known to be read
+    c = CostModel(3.0, 0.1, 0.2, read_ms=0.01)
+    assert c.cycle_ms(1, [2, 0]) == pytest.approx(3.1 + 2 * 0.21)
