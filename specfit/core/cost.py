@@ -237,6 +237,19 @@ class CostModel:
         object.__setattr__(self, "_segment_memo", (num_layers, self.read_ms, w))
         return w
 
+    def uncached_ms_array(self, num_layers: int) -> np.ndarray:
+        """ms of one uncached expert per layer, its copy and its read: ``per_expert_ms + read_ms``, float64 of
+        shape (num_layers,), read-only and the same array on every call for the same L (callers may memoise
+        on its identity). The price of an expert the predictor missed. Raises as :meth:`per_expert_array`."""
+        if not self.read_ms:
+            return self.per_expert_array(num_layers)
+        memo = self.__dict__.get("_uncached_memo")
+        seg = self.segment_ms(num_layers)
+        if memo is None or memo[0] is not seg:
+            memo = (seg, seg[:num_layers])
+            object.__setattr__(self, "_uncached_memo", memo)
+        return memo[1]
+
     def per_expert_array(self, num_layers: int) -> np.ndarray:
         """``per_expert_ms`` as float64 of shape (num_layers,), read-only (kept for the next call).
 

@@ -69,7 +69,8 @@ def test_select_takes_a_host_regime_profile_by_name_or_object():
     host = get_host_profile(DEFAULT_HOST_PROFILE)
     sel = select(g, DEFAULT_HOST_PROFILE, cache=[[0, 1]])  # num_experts from the profile's GPU side (128)
     assert sel.nodes == ("r", "a")
-    assert sel.predicted_ms == pytest.approx(host.cycle_ms(2, [0], [0]))  # both nodes cached: the GPU forward
+    # both nodes cached: the GPU forward and one read of each of the two resident experts
+    assert sel.predicted_ms == pytest.approx(host.cycle_ms(2, [0], [0], None, [2]))
     g.graph["num_experts"] = 4  # an object, unlike a name, brings no num_experts
     assert select(g, host.for_layers(1), cache=[[0, 1]]).predicted_ms == pytest.approx(sel.predicted_ms)
 
