@@ -117,6 +117,8 @@ def _prepare(inst: Instance) -> None:
     inst.items, inst.node_items, inst.tree.children, inst.tree.depth  # noqa: B018
     if inst.cost.regime == "transfer":
         inst.item_weight  # noqa: B018 (the host regime prices no item on its own)
+        if inst.reads_priced:  # the routed experts' accounting, as the uncached ones' above
+            inst.tree.resident_items(inst.cache)
 
 
 def run_solvers(instances: Iterable[tuple[str, Instance]], solvers: list[str], *, rate: float | None = None,

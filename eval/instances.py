@@ -23,7 +23,7 @@ from typing import Iterator
 
 import numpy as np
 
-from specfit.core.cost import PROFILES, get_host_profile, get_profile
+from specfit.core.cost import get_host_profile, get_profile
 from specfit.core.errors import SpecFitInputError, check_nonnegative_int, lookup
 from specfit.core.instance import Instance
 from specfit.core.tree import DraftTree
@@ -233,7 +233,7 @@ def generate_instance(n: int, spec: InstanceSpec, rng: np.random.Generator) -> I
         ids = np.argsort(-logp[l])[:size] if spec.cache_policy == "popular" else rng.choice(spec.experts, size, replace=False)
         cache[l, ids] = True
     tree = DraftTree(parents, path_prob=prob, experts=experts, num_experts=spec.experts)
-    cost = PROFILES[spec.profile] if spec.host_profile is None else get_host_profile(spec.host_profile).for_layers(spec.layers)
+    cost = get_profile(spec.profile) if spec.host_profile is None else get_host_profile(spec.host_profile).for_layers(spec.layers)
     return Instance(tree, cost, cache, spec.max_nodes, spec.max_new_experts_per_layer)
 
 

@@ -5,14 +5,16 @@ deployment a hardware profile describes (Qwen3-30B-A3B on one GPU, experts behin
 
     modeled_ms = verify_ms + draft_ms + host_ms
 
-    verify_ms = profile.for_layers(L).cycle_ms(nodes_verified, transferred)
-              = fixed_ms + per_node_ms * nodes_verified + per_expert_ms * (48 / L) * sum_l transferred[l]
+    verify_ms = profile.for_layers(L).cycle_ms(nodes_verified, transferred, None, true_experts)
+              = fixed_ms + per_node_ms * nodes_verified
+                + (48 / L) * sum_l [per_expert_ms * transferred[l] + read_ms * true_experts[l]]
     draft_ms  = (levels + levels_ahead) * profile.draft_level_ms
                 + max(0, shadow_levels * profile.draft_level_ms - (verify_ms - fixed_ms - per_node_ms * nodes_verified))
     host_ms   = host_cpu_ms                    (measured here: CPU time of the engine's thread)
 
 * verify: SPECFIT.md §3's T(S) with the *measured* counts of the cycle — nodes the target
-  verified (root included) and experts the runtime really copied per MoE layer. A proxy with
+  verified (root included), experts the runtime really copied per MoE layer, and the distinct experts
+  the verified nodes really routed to per layer (each read once from device memory). A proxy with
   L < 48 MoE layers stands for the 48-layer target: each layer's miss count is taken for 48 / L
   real layers (:meth:`specfit.core.cost.CostModel.for_layers`), so the expert term keeps its weight
   against ``fixed_ms`` and ratios between methods stay honest. The engine's selection uses the
@@ -61,7 +63,7 @@ def cost_scaling_note(num_layers: int, profile: str, offload: str = "transfer", 
         counts, how = "counts (host experts, rows, copies)", "HostProfile.for_layers"
     else:
         name, ref = f"profile {profile}", get_profile(profile).reference_layers
-        counts, how = "expert transfers", "per_expert_ms scaled by that factor, CostModel.for_layers"
+        counts, how = "expert transfers and reads", "per_expert_ms and read_ms scaled by that factor, CostModel.for_layers"
     if num_layers == ref:
         return f"Modeled times use {name} with the measured per-layer {counts} as they are."
     return (f"Modeled times use {name} for the {ref}-layer Qwen3-30B-A3B: the model evaluated has {num_layers} "
@@ -84,7 +86,8 @@ def modeled_cycle_ms(cycle, cost: CostModel) -> dict[str, float]:
     -------
     dict
         ``{"compute_ms", "transfer_ms", "draft_ms", "host_ms", "total_ms"}`` in ms: the verify's
-        expert-independent part, its H2D part, drafting, host predictor + solver, and their sum.
+        expert-independent part, its expert part (H2D copies and reads of the routed experts), drafting,
+        host predictor + solver, and their sum.
 
     Raises
     ------
@@ -95,11 +98,13 @@ def modeled_cycle_ms(cycle, cost: CostModel) -> dict[str, float]:
         raise SpecFitInputError("profile", f"{cost.name} models no draft-level time (draft_level_ms)")
     if isinstance(cost, HostProfile):
         return _host_cycle_ms(cycle, cost)
-    verify = cost.cycle_ms(cycle.nodes_verified, cycle.transferred)
+    reads = cycle.true_experts if len(cycle.true_experts) == len(cycle.transferred) else None
+    verify = cost.cycle_ms(cycle.nodes_verified, cycle.transferred, None, reads)
     compute = cost.fixed_ms + cost.per_node_ms * cycle.nodes_verified
     draft = (cycle.levels + cycle.levels_ahead) * cost.draft_level_ms
     # a shadow cycle's head forwards run while the AR step copies its experts: what exceeds the copies
-    draft += max(0.0, getattr(cycle, "shadow_levels", 0) * cost.draft_level_ms - (verify - compute))
+    copies = float(cost.per_expert_array(len(cycle.transferred)) @ cycle.transferred) if len(cycle.transferred) else 0.0
+    draft += max(0.0, getattr(cycle, "shadow_levels", 0) * cost.draft_level_ms - copies)
     host = cycle.host_cpu_ms
     return {"compute_ms": compute, "transfer_ms": verify - compute, "draft_ms": draft, "host_ms": host,
             "total_ms": verify + draft + host}
@@ -115,7 +120,11 @@ def _host_cycle_ms(cycle, cost: HostProfile) -> dict[str, float]:
     L = cost.num_layers or len(cycle.true_experts) or cost.reference_layers
     experts, rows = host.get("computed") or [0] * L, host.get("rows") or [0] * L
     copied = cycle.transferred if len(cycle.transferred) == len(experts) else None
-    verify = cost.cycle_ms(cycle.nodes_verified, experts, rows, copied)
+    resident = None  # routed experts neither computed on the host nor copied: read on the GPU
+    if cost.read_ms and len(cycle.true_experts) == len(experts):
+        resident = [max(0, t - e - (copied[l] if copied else 0))
+                    for l, (t, e) in enumerate(zip(cycle.true_experts, experts))]
+    verify = cost.cycle_ms(cycle.nodes_verified, experts, rows, copied, resident)
     compute = cost.gpu_ms(cycle.nodes_verified)
     draft = (cycle.levels + cycle.levels_ahead) * cost.draft_level_ms
     solve = cycle.host_cpu_ms

@@ -262,7 +262,8 @@ def markdown(rows: list[dict], meta: dict) -> str:
         f"tok/s wall: new tokens per second of the decode loop on this machine ({meta['machine']['cpu']}, "
         f"{meta['machine']['cpu_count']} CPUs; prefill excluded). tok/s modeled: the same cycles priced on "
         f"the profile (eval/modeled.py): verify = "
-        + ("fixed + per_node × nodes + per_expert × transferred" if c.get("offload", "transfer") == "transfer"
+        + ("fixed + per_node × nodes + per_expert × transferred + read × routed (every distinct expert the verified "
+           "nodes routed to, read once)" if c.get("offload", "transfer") == "transfer"
            else "the host-regime profile's per-layer time (below)")
         + ", draft = "
         f"levels × {meta['draft_level_ms']} ms, plus the host CPU ms measured for the predictor, solver and "

@@ -45,10 +45,13 @@ class BruteForceSolver(Solver):
         par = instance.tree.parents.tolist()
         prob = instance.tree.path_prob.tolist()
         items = [instance.node_items[v].tolist() for v in range(n)]
+        reads = instance.reads_priced  # routed experts read once: their own refcounts, item ids of the tree
+        read_items = [instance.read_node_items[v].tolist() for v in range(n)] if reads else [[] for _ in range(n)]
         cost = instance.cost
         host = cost.regime == "host"
         if not host:
             pe = cost.per_expert_array(L)
+            rd = cost.read_array(L)
             fixed, per_node = cost.fixed_ms, cost.per_node_ms
         rows = instance.items.rows
         layer_rows = np.zeros(L, dtype=np.int64)
@@ -56,7 +59,9 @@ class BruteForceSolver(Solver):
         cap = instance.max_new_experts_per_layer
         lam = None if rate is None else rate / 1000.0
         refs: dict[int, int] = {}
+        read_refs: dict[int, int] = {}
         layer_new = np.zeros(L, dtype=np.int64)
+        layer_read = np.zeros(L, dtype=np.int64)
         chosen = [False] * n
         stack = [0]
         best = [-np.inf, (0,)]
@@ -67,12 +72,17 @@ class BruteForceSolver(Solver):
                 refs[it] = c
                 if (sign > 0 and c == 1) or (sign < 0 and c == 0):
                     layer_new[it // E] += sign
+            for it in read_items[v]:
+                c = read_refs.get(it, 0) + sign
+                read_refs[it] = c
+                if (sign > 0 and c == 1) or (sign < 0 and c == 0):
+                    layer_read[it // E] += sign
 
         def leaf(a: float) -> None:
-            if host:
-                t = cost.cycle_ms(len(stack), layer_new, layer_rows)
+            if host:  # resident experts read on the GPU: routed minus host-computed
+                t = cost.cycle_ms(len(stack), layer_new, layer_rows, None, layer_read - layer_new if reads else None)
             else:
-                t = fixed + per_node * len(stack) + float(pe @ layer_new)
+                t = fixed + per_node * len(stack) + float(pe @ layer_new) + (float(rd @ layer_read) if reads else 0.0)
             value = a / t if lam is None else a - lam * t
             if value > best[0]:
                 best[0], best[1] = value, tuple(stack)

@@ -93,7 +93,14 @@ def _owned_groups(instance: Instance):
     n, L, E = instance.n, instance.num_layers, max(instance.num_experts, 1)
     par = instance.tree.parents
     items = [set(instance.node_items[v].tolist()) for v in range(n)]
-    weight = instance.item_weight
+    LE = L * E
+    # written independently of the solvers' item segments: item l*E + e is the copy of an uncached expert
+    # (per_expert_ms[l]), item LE + l*E + e the read of any routed expert (read_ms), copied or resident
+    weight = np.repeat(instance.cost.per_expert_array(L), E) if L else np.zeros(0)
+    if instance.reads_priced:
+        for v in range(n):
+            items[v] |= {LE + it for it in instance.read_node_items[v].tolist()}
+        weight = np.concatenate([weight, np.repeat(instance.cost.read_array(L), E)])
     above: list[set] = [set() for _ in range(n)]  # items needed by a proper ancestor (incl. the root)
     owners: dict[int, list[int]] = defaultdict(list)
     for v in range(1, n):
@@ -105,12 +112,14 @@ def _owned_groups(instance: Instance):
     for it, own in owners.items():
         if len(own) == 1:
             node_ms[own[0]] += weight[it]
-            node_layers[own[0], it // E] += 1
+            if it < LE:  # a copy: the expert budget counts it
+                node_layers[own[0], it // E] += 1
         else:
             shared[tuple(own)].append(it)
     groups = []
     for own, its in shared.items():
-        counts = np.bincount(np.asarray(its) // E, minlength=L).astype(np.int64)
+        copies = np.asarray([it for it in its if it < LE], dtype=np.int64)
+        counts = np.bincount(copies // E, minlength=L).astype(np.int64)[:L]
         groups.append((own, float(weight[its].sum()), counts))
     root_layers = instance.items.new_per_layer([0])
     return node_ms, node_layers, groups, root_layers
@@ -228,8 +237,9 @@ class CPSATSolver(Solver):
             return _run(solver, model, x, self.time_limit_s - (time.perf_counter() - t0))
 
         def terms(nodes) -> tuple[float, float]:
+            reads = instance.read_per_layer(nodes) if instance.reads_priced else None
             return instance.tree.path_prob[nodes[1:]].sum() + 1.0, instance.cost.cycle_ms(
-                len(nodes), instance.items.new_per_layer(nodes))
+                len(nodes), instance.items.new_per_layer(nodes), None, reads)
 
         return _dinkelbach(best_for, terms, rate)
 
@@ -333,14 +343,27 @@ def _host_model(instance: Instance, lam: float, precision_bits: int, hint: Seque
                 if it not in root:
                     needers[it].append(v)
     root_u = np.bincount(np.asarray(sorted(root), dtype=np.int64) // E, minlength=L)
+    # resident experts the GPU side reads once each (gpu.read_ms): routed items the cache holds
+    cached = instance.cache.reshape(-1)
+    root_res, res_needers = np.zeros(L, dtype=np.int64), defaultdict(list)
+    if instance.reads_priced:
+        root_reads = set(instance.read_node_items[0].tolist())
+        for it in root_reads:
+            if cached[it]:
+                root_res[it // E] += 1
+        for v in range(1, n):
+            for it in instance.read_node_items[v].tolist():
+                if cached[it] and it not in root_reads:
+                    res_needers[it].append(v)
     # weights in tokens (k = λ c converts ms of one real layer into tokens); scale s makes them integers
     k = lam * c
     g_root, g_node = k * (cost.gpu.fixed_ms + cost.gpu.per_node_ms) / R, k * cost.gpu.per_node_ms / R
+    w_read = k * cost.gpu.read_ms
     w_exp, w_row, w_sync = k * cost.host_per_expert_ms, k * cost.host_per_row_ms, k * cost.sync_ms
     h_root = w_exp * root_u + w_row * rows[0]
     w_node = lam * cost.node_extra_ms  # per draft node, outside the per-layer max
     mag = max(float(prob.max()), g_root, g_node, w_exp, w_row * float(rows.max(initial=0)), w_sync,
-              float(h_root.max(initial=0.0)), w_node)
+              float(h_root.max(initial=0.0)), w_node, w_read * float(root_res.max(initial=0)))
     s = 2.0 ** precision_bits / max(mag, 1e-12)
 
     def q(w: float) -> int:
@@ -350,6 +373,10 @@ def _host_model(instance: Instance, lam: float, precision_bits: int, hint: Seque
     for it, vs in needers.items():
         for v in vs:
             model.add_implication(x[v], y[it])
+    zr = {it: model.new_bool_var(f"r{it}") for it in res_needers}  # a resident expert read on the GPU
+    for it, vs in res_needers.items():
+        for v in vs:
+            model.add_implication(x[v], zr[it])
     if instance.max_new_experts_per_layer is not None:
         for l in range(L):
             layer = [y[it] for it in y if it // E == l]
@@ -358,10 +385,12 @@ def _host_model(instance: Instance, lam: float, precision_bits: int, hint: Seque
     objective = [q(p - w_node) * xv for p, xv in zip(prob[1:], x[1:])]
     for l in range(L):
         layer = [y[it] for it in y if it // E == l]
-        gpu = [q(g_root)] + [q(g_node) * xv for xv in x[1:]]
+        reads = [zr[it] for it in zr if it // E == l]
+        gpu = [q(g_root), q(w_read * root_res[l])] + [q(g_node) * xv for xv in x[1:]] + [q(w_read) * zi for zi in reads]
         host = [q(h_root[l])] + [q(w_exp) * yi for yi in layer] + [q(w_row * rows[v, l]) * x[v]
                                                                   for v in range(1, n) if rows[v, l]]
-        ub = max(q(g_root) + q(g_node) * (n - 1), q(h_root[l]) + q(w_exp) * len(layer)
+        ub = max(q(g_root) + q(w_read * root_res[l]) + q(g_node) * (n - 1) + q(w_read) * len(reads),
+                 q(h_root[l]) + q(w_exp) * len(layer)
                  + sum(q(w_row * rows[v, l]) for v in range(1, n)))
         t = model.new_int_var(0, ub, f"t{l}")  # max(g, h_l) of layer l, in objective units
         model.add(t >= sum(gpu))

@@ -49,7 +49,7 @@ from typing import Sequence
 
 import numpy as np
 
-from specfit.core.coverage import Coverage, at_least_twice, coverage
+from specfit.core.coverage import Coverage, PricedItems, at_least_twice, coverage
 from specfit.core.instance import Instance
 from specfit.core.objective import evaluate_uncovered, evaluation
 from specfit.core.cost import check_ms
@@ -252,8 +252,9 @@ class _BranchAndBound:
     def fits(self, bits: int) -> bool:
         if self.max_new is None:
             return True
-        root = self.cov.root_new_per_layer
-        return all(int(r) + k <= self.max_new for r, k in zip(root, self.cov.bits_per_layer(bits)))
+        L = self.cov.num_layers  # the copy segments: the reads (segments L..2L-1) are not budgeted
+        root = self.cov.root_new_per_layer[:L]
+        return all(int(r) + k <= self.max_new for r, k in zip(root, self.cov.bits_per_layer(bits)[:L]))
 
     def run(self, incumbent: Sequence[int]) -> list[int]:
         self.best_nodes = sorted(incumbent)
@@ -353,9 +354,11 @@ class ExactSolver(Solver):
         if rate is not None:
             rate = check_rate(rate)
         fixed_ms = cost.fixed_ms + check_ms("ms", sunk_ms) if sunk_ms else cost.fixed_ms  # as cost.plus_ms
-        per_expert = cost.per_expert_array(L)  # checks the layers (cost.check_layers)
+        per_expert = cost.segment_ms(L)  # checks the layers (cost.check_layers); copies, then reads if priced
         t0 = time.perf_counter()
         items = tree.items(cache)
+        if L and cost.read_ms:  # resident reads priced: the copies and the reads side by side (PricedItems)
+            items = PricedItems(items, tree.resident_items(cache))
         lam = None if rate is None else rate / 1000.0
         if L and items.any_uncached():
             nodes, a, t = self._compiled[2](tree, items, cost, lam, self.tol, fixed_ms, per_expert)
@@ -369,7 +372,9 @@ class ExactSolver(Solver):
         deadline = None if self.time_limit_s is None else time.perf_counter() + self.time_limit_s
         host = instance.cost.regime == "host"
         linear = not host or instance.cost.node_extra_ms <= instance.cost.gpu.fixed_ms + instance.cost.extra_ms
-        if linear and not instance.items.any_uncached():  # no uncached expert: T linear in |S|, a prefix is optimal
+        items = instance.items if host else instance.priced_items
+        linear = linear and not (host and instance.reads_priced)  # GPU reads of resident experts: not linear
+        if linear and not items.any_uncached():  # no priced item: T linear in |S|, a prefix is optimal
             lam = None if rate is None else rate / 1000.0
             cost = instance.cost.gpu_only() if host else instance.cost  # host: nothing on the host, the GPU part
             if self.compiled:  # the same prefix and its A and T, one compiled call
@@ -388,8 +393,9 @@ class ExactSolver(Solver):
         budgeted = instance.has_budget
         if self.compiled and not budgeted:
             select_unbudgeted = self._compiled[0]
-            nodes, new, a, t = select_unbudgeted(instance.tree, instance.items, instance.cost,
+            nodes, new, a, t = select_unbudgeted(instance.tree, items, instance.cost,
                                                  None if rate is None else rate / 1000.0, self.tol)
+            new = new[:instance.num_layers]  # the copy segments: uncached experts per layer
             ev = evaluation(nodes, a, t, new)  # the kernel's A and T: evaluate's floats
             return ev.nodes, "optimal", ev
         cov = coverage(instance)

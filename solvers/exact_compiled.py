@@ -611,10 +611,11 @@ def select_unbudgeted(tree, items, cost, rate_lam: float | None, tol: float,
 def _kernel_args(tree, items, cost, rate_lam, tol, fixed_ms, per_expert) -> tuple:
     """:func:`_select`'s arguments for :func:`select_unbudgeted`'s parameters (the same names)."""
     L, E = tree.num_layers, tree.num_experts or 0
-    _, seg_word, seg_mask, seg_layer = _layout(L, E)
+    weights = cost.segment_ms(L) if per_expert is None else per_expert
+    _, seg_word, seg_mask, seg_layer = _layout(weights.shape[0], E)  # L segments, or 2L with reads priced
     return (kernel_array(tree.parents, np.int64), kernel_array(tree.path_prob, np.float64), items.words(copy=False), E,
-            float(cost.fixed_ms if fixed_ms is None else fixed_ms), float(cost.per_node_ms),
-            cost.per_expert_array(L) if per_expert is None else per_expert, seg_word, seg_mask, seg_layer,
+            float(cost.fixed_ms if fixed_ms is None else fixed_ms), float(cost.per_node_ms), weights,
+            seg_word, seg_mask, seg_layer,
             -1.0 if rate_lam is None else float(rate_lam), float(tol))
 
 

@@ -5,7 +5,10 @@
     g(n) = (gpu.fixed_ms + gpu.per_node_ms · n) / R,   h_l = host_per_expert_ms · u_l + host_per_row_ms · r_l
 
 (u_l the union of the selected nodes' uncached experts in layer l, r_l their rows; SPECFIT.md §3,
-"Host-compute regime").
+"Host-compute regime"). With ``gpu.read_ms > 0`` the GPU part of layer l also reads each resident expert
+the selection routes to, ``g_l = g + gpu.read_ms · s_l(S)``: it only raises the GPU part, so the bound
+below (a node adds at least ``gpu.per_node_ms / R`` where the GPU part binds) holds unchanged; the search
+carries the routed experts' coverage (``tree.read_items()``) to count s_l.
 
 Why it is exact
 ---------------
@@ -89,6 +92,8 @@ class HostSearch:
         self.max_nodes = instance.max_nodes
         self.cap = instance.max_new_experts_per_layer if self.L else None
         self.timed_out = False
+        #: every routed expert per node (the GPU side reads the resident ones), when the profile prices reads
+        self.reads = tree.read_items() if instance.reads_priced else None
 
     # --- the bound -------------------------------------------------------------------------
     def _tables(self, pattern: int) -> tuple[list[float], list[list[float]] | None]:
@@ -140,15 +145,22 @@ class HostSearch:
         self.in_s[0] = True
         u = self.items.per_layer(self.need[0])
         r = list(self.rows[0])
-        _, pattern = self.cost.layers_ms(1, u, r)
+        rcov = self.reads.need[0] if self.reads is not None else 0
+        ru = self.reads.per_layer(rcov) if self.reads is not None else None
+        _, pattern = self.cost.layers_ms(1, u, r, None, self._resident(ru, u))
         dp, _ = self._tables(pattern)
-        self._dfs(1, 1, self.need[0], u, r, 1.0, self._frontier(1, dp), pattern)
+        self._dfs(1, 1, self.need[0], u, r, 1.0, self._frontier(1, dp), pattern, rcov, ru)
         return self.best_nodes
 
+    @staticmethod
+    def _resident(ru: list[int] | None, u: list[int]) -> list[int] | None:
+        """Resident experts read per layer: routed (``ru``) minus host-computed (``u``); None without reads."""
+        return None if ru is None else [a - b for a, b in zip(ru, u)]
+
     def _dfs(self, j: int, count: int, covered: int, u: list[int], r: list[int], a: float, frontier: float,
-             pattern: int) -> None:
+             pattern: int, rcov: int = 0, ru: list[int] | None = None) -> None:
         n, in_s = self.n, self.in_s
-        t, now = self.cost.layers_ms(count, u, r)
+        t, now = self.cost.layers_ms(count, u, r, None, self._resident(ru, u))
         value = a - self.lam * t
         if value > self.best_value + 1e-12:
             self.best_value = value
@@ -178,10 +190,15 @@ class HostSearch:
             if self.cap is None or max(u2) <= self.cap:
                 in_s[v] = True
                 r2 = [a_ + b_ for a_, b_ in zip(r, self.rows[v])]
+                rcov2, ru2 = rcov, ru
+                if self.reads is not None:
+                    fresh = self.reads.need[v] & ~rcov
+                    rcov2 = rcov | fresh
+                    ru2 = [a_ + b_ for a_, b_ in zip(ru, self.reads.per_layer(fresh))] if fresh else ru
                 self._dfs(j + 1, count + 1, covered | new, u2, r2, a + self.pp[v],
-                          rest + sum(dp[ch] for ch in self.children[v]), now)
+                          rest + sum(dp[ch] for ch in self.children[v]), now, rcov2, ru2)
                 in_s[v] = False
-        self._dfs(j + 1, count, covered, u, r, a, rest, now)
+        self._dfs(j + 1, count, covered, u, r, a, rest, now, rcov, ru)
 
 
 def select_host(instance: Instance, rate: float | None, start: Sequence[int], tol: float,

@@ -51,7 +51,7 @@ def best_prefix(instance: Instance, lam: float | None = None) -> list[int]:
         Sorted node ids of the best prefix, root included (ancestor-closed). The scan stops at the
         first prefix that breaks a budget (a longer prefix breaks it too).
     """
-    if instance.cost.regime != "host" and not instance.items.union(range(instance.n)):
+    if instance.cost.regime != "host" and not instance.priced_items.union(range(instance.n)):
         return linear_prefix(instance, lam)
     return scan_prefix(instance, lam)
 

@@ -26,7 +26,9 @@ _q = st.one_of(st.sampled_from([0.0, 0.25, 0.5, 1.0]), st.floats(0.01, 1.0))
 
 @st.composite
 def costs(draw, layers: int, per_expert_zero: bool = False) -> CostModel:
-    """A cost model with fixed_ms in [0.5, 20], per_node_ms in [0, 3], per_expert_ms in [0, 3]."""
+    """A cost model with fixed_ms in [0.5, 20], per_node_ms in [0, 3], per_expert_ms in [0, 3] and
+    read_ms (the read of every routed expert, resident or not) 0 or in [0, 2] (0 with ``per_expert_zero``:
+    no expert term at all)."""
     fixed = draw(st.floats(0.5, 20.0))
     per_node = draw(st.floats(0.0, 3.0))
     if per_expert_zero:
@@ -35,7 +37,8 @@ def costs(draw, layers: int, per_expert_zero: bool = False) -> CostModel:
         per_expert = draw(st.lists(st.floats(0.0, 3.0), min_size=layers, max_size=layers))
     else:
         per_expert = draw(st.floats(0.0, 3.0))
-    return CostModel(fixed, per_node, per_expert)
+    read = 0.0 if per_expert_zero else draw(st.sampled_from([0.0]) | st.floats(0.0, 2.0))
+    return CostModel(fixed, per_node, per_expert, read_ms=read)
 
 
 @st.composite
@@ -43,9 +46,11 @@ def host_costs(draw, layers: int) -> HostProfile:
     """A host-regime profile for ``layers`` MoE layers: a GPU side as :func:`costs` (its per-expert
     term unused) standing for R in [max(layers, 1), 8] reference layers, host ms per expert in [0, 3],
     per row in [0, 1], sync in [0, 1], a sunk extra in [0, 5] ms and a per-draft-node extra in [0, 2]
-    ms, so that either side of the per-layer max can bind."""
+    ms, so that either side of the per-layer max can bind; the GPU side reads each resident expert the
+    nodes route to at read_ms 0 or in [0, 1]."""
     ref = draw(st.integers(max(layers, 1), 8))
-    gpu = CostModel(draw(st.floats(0.5, 20.0)), draw(st.floats(0.0, 3.0)), 0.0, reference_layers=ref)
+    gpu = CostModel(draw(st.floats(0.5, 20.0)), draw(st.floats(0.0, 3.0)), 0.0, reference_layers=ref,
+                    read_ms=draw(st.sampled_from([0.0]) | st.floats(0.0, 1.0)))
     prof = HostProfile("drawn", gpu, 80.0, draw(st.floats(0.0, 3.0)), draw(st.floats(0.0, 1.0)),
                        draw(st.floats(0.0, 1.0)), extra_ms=draw(st.sampled_from([0.0]) | st.floats(0.0, 5.0)),
                        node_extra_ms=draw(st.sampled_from([0.0]) | st.floats(0.0, 2.0)))

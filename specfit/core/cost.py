@@ -2,15 +2,18 @@
 
 The model (SPECFIT.md §3) predicts the time of one verify cycle that verifies the node set S:
 
-    T(S) = fixed_ms + per_node_ms * |S| + sum_l per_expert_ms[l] * |(union_{v in S} E[v][l]) \\ C[l]|
+    T(S) = fixed_ms + per_node_ms * |S| + sum_l [per_expert_ms[l] * |U_l(S) \\ C[l]| + read_ms * |U_l(S)|]
 
-where ``E[v][l]`` are the experts node v routes to in MoE layer l and ``C[l]`` the experts already
-resident in the device expert cache. ``|S|`` counts the root.
+where ``U_l(S) = union_{v in S} E[v][l]`` are the experts the nodes of S route to in MoE layer l and
+``C[l]`` the experts already resident in the device expert cache. ``|S|`` counts the root. Every expert
+of ``U_l(S)`` is read once from device memory (``read_ms``: its bytes over the memory bandwidth); a
+missing one is first copied host-to-device (``per_expert_ms``: its bytes over the link bandwidth).
 """
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from dataclasses import dataclass, field, replace
 from typing import ClassVar, Sequence
 
@@ -24,6 +27,8 @@ QWEN3_30B_A3B_EXPERT_BYTES = 9_437_184
 REFERENCE_LAYERS = 48
 #: Experts per MoE layer of Qwen3-30B-A3B.
 QWEN3_30B_A3B_EXPERTS = 128
+#: Experts each token routes to per MoE layer in Qwen3-30B-A3B (``num_experts_per_tok``).
+QWEN3_30B_A3B_TOP_K = 8
 
 
 def check_ms(name: str, value) -> float:
@@ -45,6 +50,30 @@ def check_ms(name: str, value) -> float:
     return v
 
 
+def check_bandwidth(name: str, value) -> float:
+    """``value`` as a bandwidth in GB/s: a finite float > 0.
+
+    Raises
+    ------
+    SpecFitInputError
+        On ``name``: missing (None), not a number, not finite, or <= 0.
+    """
+    if value is None:
+        raise SpecFitInputError(name, "is required (a bandwidth in GB/s, 1 GB = 1e9 bytes)")
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise SpecFitInputError(name, f"must be a number (GB/s), got {value!r}") from None
+    if isinstance(value, bool) or not math.isfinite(v) or v <= 0:
+        raise SpecFitInputError(name, f"must be a finite number > 0 (GB/s), got {value!r}")
+    return v
+
+
+def bytes_ms(num_bytes: int, gb_per_s: float) -> float:
+    """Milliseconds to move ``num_bytes`` at ``gb_per_s`` (1 GB = 1e9 bytes): ``bytes / (GB/s * 1e9) * 1e3``."""
+    return num_bytes / (gb_per_s * 1e9) * 1e3
+
+
 @dataclass(frozen=True)
 class CostModel:
     """Constants of the cycle-time model, in milliseconds.
@@ -57,6 +86,10 @@ class CostModel:
         Extra time per verified node (root included).
     per_expert_ms : float or sequence of float
         H2D transfer time of one uncached expert; one number, or one per MoE layer.
+    read_ms : float
+        Time of one read of one expert's weights from device memory (expert bytes / memory
+        bandwidth), paid by every expert the verify routes to, resident or copied (default 0: a
+        model without the resident-read term, as instance JSON written before the term existed).
     name : str
         A label, e.g. the profile name; informational.
     reference_layers : int, optional
@@ -71,14 +104,24 @@ class CostModel:
         forward, in ms: the level's share of calibration, tree building, expert prediction and exact
         solves (level-by-level selection), the prior the engine uses until it has measured its own.
         Charged by the whole-cycle objective (SPECFIT.md §3, "Whole-cycle objective").
+    expert_bytes : int, optional
+        Bytes of one expert's weights (Qwen3-30B-A3B in bf16: 9,437,184), the source of the expert terms.
+    memory_gb_per_s, link_gb_per_s : float, optional
+        Device memory and host-to-device link bandwidths (GB/s, 1 GB = 1e9 bytes) that give ``read_ms``
+        and ``per_expert_ms`` (:meth:`from_bandwidths`); informational once those are set.
+    experts_per_token : int, optional
+        Experts each token routes to per MoE layer (Qwen3-30B-A3B: top-8). When a caller prices a verify
+        without its routed-expert counts, :meth:`cycle_ms` reads at least this many per layer (exact for
+        one node, e.g. the AR step; a lower bound for more).
 
-    The last four describe the deployment and take no part in T(S); they are not compared and not
+    The last seven describe the deployment and take no part in T(S); they are not compared and not
     written to the instance JSON.
 
     Raises
     ------
     SpecFitInputError
-        If any constant is negative, NaN or infinite.
+        If any constant is negative, NaN or infinite, or a bandwidth or ``expert_bytes`` is not > 0
+        (the error names the field).
     """
 
     #: The offload regime whose verify time the model prices (:class:`HostProfile`: ``"host"``).
@@ -92,6 +135,11 @@ class CostModel:
     num_experts: int | None = field(default=None, compare=False)
     draft_level_ms: float | None = field(default=None, compare=False)
     host_level_ms: float | None = field(default=None, compare=False)
+    read_ms: float = 0.0
+    expert_bytes: int | None = field(default=None, compare=False)
+    memory_gb_per_s: float | None = field(default=None, compare=False)
+    link_gb_per_s: float | None = field(default=None, compare=False)
+    experts_per_token: int | None = field(default=None, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "fixed_ms", check_ms("cost.fixed_ms", self.fixed_ms))
@@ -107,13 +155,100 @@ class CostModel:
         for name in ("draft_level_ms", "host_level_ms"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, check_ms(f"cost.{name}", getattr(self, name)))
+        object.__setattr__(self, "read_ms", check_ms("cost.read_ms", self.read_ms))
+        for name in ("memory_gb_per_s", "link_gb_per_s"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, check_bandwidth(f"cost.{name}", getattr(self, name)))
+        if self.expert_bytes is not None:
+            object.__setattr__(self, "expert_bytes", check_positive_int("cost.expert_bytes", self.expert_bytes))
+        if self.experts_per_token is not None:
+            object.__setattr__(self, "experts_per_token",
+                               check_positive_int("cost.experts_per_token", self.experts_per_token))
         if self.fixed_ms + self.per_node_ms <= 0:
             raise SpecFitInputError("cost.fixed_ms", "fixed_ms + per_node_ms must be > 0 so that every cycle takes time")
+
+    @classmethod
+    def from_bandwidths(cls, fixed_ms: float, per_node_ms: float, *, expert_bytes: int, memory_gb_per_s: float,
+                        link_gb_per_s: float, name: str = "custom", **meta) -> "CostModel":
+        """A model whose expert terms come from datasheet (or measured) bandwidths:
+        ``read_ms = expert_bytes / memory bandwidth`` and ``per_expert_ms = expert_bytes / link bandwidth``
+        (:func:`bytes_ms`; the copy rounded to 1e-4 ms, the read to 1e-6 ms).
+
+        Parameters
+        ----------
+        fixed_ms, per_node_ms : float
+            As the class (ms).
+        expert_bytes : int
+            Bytes of one expert's weights.
+        memory_gb_per_s, link_gb_per_s : float
+            Device memory bandwidth and host-to-device link bandwidth, GB/s (1 GB = 1e9 bytes).
+        name : str
+        **meta
+            ``reference_layers``, ``num_experts``, ``experts_per_token``, ``draft_level_ms``, ``host_level_ms``.
+
+        Raises
+        ------
+        SpecFitInputError
+            Naming the field: a bandwidth missing (None), not a number, NaN, infinite or <= 0;
+            ``expert_bytes`` not a positive integer; a time negative or not finite.
+        """
+        nbytes = check_positive_int("cost.expert_bytes", expert_bytes)
+        mem = check_bandwidth("cost.memory_gb_per_s", memory_gb_per_s)
+        link = check_bandwidth("cost.link_gb_per_s", link_gb_per_s)
+        return cls(fixed_ms, per_node_ms, round(bytes_ms(nbytes, link), 4), name=name,
+                   read_ms=round(bytes_ms(nbytes, mem), 6), expert_bytes=nbytes, memory_gb_per_s=mem,
+                   link_gb_per_s=link, **meta)
 
     @property
     def level_ms(self) -> float:
         """ms paid per draft level: ``draft_level_ms + host_level_ms`` (a missing field counts 0)."""
         return (self.draft_level_ms or 0.0) + (self.host_level_ms or 0.0)
+
+    def read_array(self, num_layers: int) -> np.ndarray:
+        """``read_ms`` per layer: float64 of shape (num_layers,), read-only (kept for the next call)."""
+        memo = self.__dict__.get("_read_memo")
+        if memo is not None and memo[0] == num_layers and memo[1] == self.read_ms:
+            return memo[2]
+        w = np.full(num_layers, float(self.read_ms))
+        w.setflags(write=False)
+        object.__setattr__(self, "_read_memo", (num_layers, self.read_ms, w))
+        return w
+
+    def segment_ms(self, num_layers: int) -> np.ndarray:
+        """The ms of one item of each item segment the solvers price (:class:`specfit.core.coverage.PricedItems`):
+        per layer ``per_expert_ms`` (an uncached expert's copy), plus ``read_ms`` (its read) when that is not 0,
+        then, when ``read_ms > 0``, ``read_ms`` per layer (a resident expert's read). Float64 of shape (L,) or
+        (2L,), read-only.
+
+        Raises
+        ------
+        SpecFitInputError
+            As :meth:`per_expert_array`.
+        """
+        pe = self.per_expert_array(num_layers)
+        if not self.read_ms:
+            return pe
+        memo = self.__dict__.get("_segment_memo")
+        if memo is not None and memo[0] == num_layers and memo[1] == self.read_ms:
+            return memo[2]
+        rd = self.read_array(num_layers)
+        w = np.concatenate([pe + rd, rd])
+        w.setflags(write=False)
+        object.__setattr__(self, "_segment_memo", (num_layers, self.read_ms, w))
+        return w
+
+    def uncached_ms_array(self, num_layers: int) -> np.ndarray:
+        """ms of one uncached expert per layer, its copy and its read: ``per_expert_ms + read_ms``, float64 of
+        shape (num_layers,), read-only and the same array on every call for the same L (callers may memoise
+        on its identity). The price of an expert the predictor missed. Raises as :meth:`per_expert_array`."""
+        if not self.read_ms:
+            return self.per_expert_array(num_layers)
+        memo = self.__dict__.get("_uncached_memo")
+        seg = self.segment_ms(num_layers)
+        if memo is None or memo[0] is not seg:
+            memo = (seg, seg[:num_layers])
+            object.__setattr__(self, "_uncached_memo", memo)
+        return memo[1]
 
     def per_expert_array(self, num_layers: int) -> np.ndarray:
         """``per_expert_ms`` as float64 of shape (num_layers,), read-only (kept for the next call).
@@ -148,21 +283,43 @@ class CostModel:
         self.per_expert_array(num_layers)
 
     def cycle_ms(self, num_nodes: int, new_experts_per_layer: Sequence[int] | np.ndarray,
-                 rows_per_layer=None) -> float:
-        """Predicted cycle time in ms for ``num_nodes`` verified nodes (root included) and the
-        given count of uncached experts per layer, shape (L,). SPECFIT.md §3, T(S).
+                 rows_per_layer=None, read_per_layer=None) -> float:
+        """Predicted cycle time in ms for ``num_nodes`` verified nodes (root included), the given
+        count of uncached experts per layer, shape (L,), and the count of every expert the verify
+        routes to per layer (``read_per_layer``, |U_l(S)|, shape (L,)). SPECFIT.md §3, T(S).
+
+        Without ``read_per_layer`` the verify is taken to read ``max(new_l, experts_per_token)`` experts in
+        layer l (each of its tokens routes to that many distinct experts; ``new_l`` without
+        ``experts_per_token``): exact for one node (the AR step, the root alone), a lower bound of T for
+        more. It is not used when ``read_ms`` is 0.
 
         ``rows_per_layer`` (the (token, expert) rows of those experts) is accepted so that both
         regimes price measured counts through one call, and ignored: a copied expert costs the same
         whatever the number of tokens routed to it (:meth:`HostProfile.cycle_ms` prices rows). The expert
-        term is summed layer by layer, in layer order (no BLAS dot, whose order and fused multiply-adds vary
-        by machine), so that compiled code reproduces T bit for bit."""
+        term is summed layer by layer, in layer order: the uncached experts at ``per_expert_ms[l] + read_ms``
+        each, then the resident ones (``read_per_layer - new_experts_per_layer``) at ``read_ms`` (no BLAS dot,
+        whose order and fused multiply-adds vary by machine), so that compiled code (the item segments of
+        :meth:`segment_ms`) reproduces T bit for bit.
+
+        Raises
+        ------
+        SpecFitInputError
+            If ``read_per_layer`` does not have the shape of the uncached counts."""
         m = np.asarray(new_experts_per_layer, dtype=np.float64)
         if not m.size:  # no expert term (every expert cached, or no MoE layer in the tree)
             return self.fixed_ms + self.per_node_ms * num_nodes
         experts_ms = 0.0  # layer by layer, in order: compiled code (the exact solver) sums the same floats
-        for w, c in zip(self.per_expert_array(m.shape[0]).tolist(), m.reshape(-1).tolist()):
+        w_all = self.segment_ms(m.shape[0]).tolist()
+        L = m.shape[0]
+        for w, c in zip(w_all[:L], m.reshape(-1).tolist()):
             experts_ms += w * c
+        if self.read_ms and (read_per_layer is not None or self.experts_per_token):
+            r = (np.maximum(m, float(self.experts_per_token)) if read_per_layer is None
+                 else np.asarray(read_per_layer, dtype=np.float64))
+            if r.shape != m.shape:
+                raise SpecFitInputError("read_per_layer", f"must have the shape of the uncached counts {m.shape}")
+            for w, c in zip(w_all[L:], (r - m).reshape(-1).tolist()):  # the resident experts read
+                experts_ms += w * c
         return self.fixed_ms + self.per_node_ms * num_nodes + experts_ms
 
     @property
@@ -200,8 +357,9 @@ class CostModel:
 
     def node_added_ms(self, root_new_per_layer, node_new, node_rows) -> np.ndarray:
         """Per draft node v, a lower bound (ms) on what verifying v beside the root adds to T(root
-        alone) beyond :attr:`min_node_ms`: the transfer of v's experts that neither the cache nor the
-        root holds.
+        alone) beyond :attr:`min_node_ms`: the transfer and the read of v's experts that neither the
+        cache nor the root holds (``per_expert_ms + read_ms`` each; the reads of v's cached experts that
+        the root does not route to are left out, so the bound holds without knowing them).
 
         Parameters
         ----------
@@ -217,7 +375,7 @@ class CostModel:
         numpy.ndarray of float64, shape (m,)
         """
         new = np.asarray(node_new)
-        return new @ self.per_expert_array(new.shape[1])
+        return new @ (self.per_expert_array(new.shape[1]) + self.read_ms)
 
     def for_layers(self, num_layers: int, reference_layers: int | None = None) -> "CostModel":
         """This model for a target with ``num_layers`` MoE layers standing in for one with
@@ -225,8 +383,8 @@ class CostModel:
         Qwen3-30B-A3B): ``per_expert_ms`` is scaled by
         ``reference_layers / num_layers``, i.e. each layer's miss count is taken as representative
         of ``reference_layers / num_layers`` real layers, so that the expert term keeps its weight
-        against ``fixed_ms`` and ratios between methods stay honest. A per-layer list is first
-        averaged. Used for modeled times of the small proxy models; label results as modeled.
+        against ``fixed_ms`` and ratios between methods stay honest; ``read_ms`` likewise. A per-layer
+        list is first averaged. Used for modeled times of the small proxy models; label results as modeled.
 
         Raises
         ------
@@ -242,12 +400,17 @@ class CostModel:
         return CostModel(self.fixed_ms, self.per_node_ms, mean * reference_layers / num_layers,
                          name=f"{self.name}@{num_layers}/{reference_layers}layers", reference_layers=reference_layers,
                          num_experts=self.num_experts, draft_level_ms=self.draft_level_ms,
-                         host_level_ms=self.host_level_ms)
+                         host_level_ms=self.host_level_ms, read_ms=self.read_ms * reference_layers / num_layers,
+                         expert_bytes=self.expert_bytes, memory_gb_per_s=self.memory_gb_per_s,
+                         link_gb_per_s=self.link_gb_per_s, experts_per_token=self.experts_per_token)
 
     def to_json(self) -> dict:
-        """The ``cost`` object of the instance JSON (SPECFIT.md §4)."""
+        """The ``cost`` object of the instance JSON (SPECFIT.md §4); ``read_ms`` only when it is not 0."""
         pe = list(self.per_expert_ms) if isinstance(self.per_expert_ms, tuple) else self.per_expert_ms
-        return {"fixed_ms": self.fixed_ms, "per_node_ms": self.per_node_ms, "per_expert_ms": pe}
+        out = {"fixed_ms": self.fixed_ms, "per_node_ms": self.per_node_ms, "per_expert_ms": pe}
+        if self.read_ms:
+            out["read_ms"] = self.read_ms
+        return out
 
     @classmethod
     def from_json(cls, obj, name: str = "custom") -> "CostModel | HostProfile":
@@ -257,7 +420,8 @@ class CostModel:
         Raises
         ------
         SpecFitInputError
-            If ``obj`` is not an object, a key is missing or unknown, or a value is bad.
+            If ``obj`` is not an object, a key is missing or unknown, or a value is bad. ``read_ms`` is
+        optional (default 0: an instance written without the resident-read term).
         """
         if not isinstance(obj, dict):
             raise SpecFitInputError("cost", "must be an object with fixed_ms, per_node_ms, per_expert_ms")
@@ -267,21 +431,33 @@ class CostModel:
         for k in keys:
             if k not in obj:
                 raise SpecFitInputError(f"cost.{k}", "is required")
-        extra = set(obj) - keys - {"regime"}
+        extra = set(obj) - keys - {"regime", "read_ms"}
         if extra:
             raise SpecFitInputError(f"cost.{sorted(extra)[0]}", "is not a known cost field")
-        return cls(obj["fixed_ms"], obj["per_node_ms"], obj["per_expert_ms"], name=name)
+        return cls(obj["fixed_ms"], obj["per_node_ms"], obj["per_expert_ms"], name=name,
+                   read_ms=obj.get("read_ms", 0.0))
 
 
-def _h2d_ms(expert_bytes: int, gb_per_s: float) -> float:
-    """Milliseconds to copy ``expert_bytes`` host-to-device at ``gb_per_s`` (1 GB = 1e9 bytes)."""
-    return expert_bytes / (gb_per_s * 1e9) * 1e3
-
+#: Datasheet bandwidths of the profiles' GPUs and links, GB/s (1 GB = 1e9 bytes), and their sources.
+#: RTX 4090: 1,008 GB/s GDDR6X (NVIDIA GeForce RTX 4090 specifications: 21 Gbps on a 384-bit bus).
+#: H200: 4,800 GB/s HBM3e (NVIDIA H200 Tensor Core GPU datasheet, "GPU memory bandwidth 4.8 TB/s").
+#: PCIe Gen4 x16: 31.5 GB/s per direction on paper, pinned host-to-device copies achieve 22-26 GB/s
+#: (SPECFIT.md §5): the profile takes 24. PCIe Gen5 x16: 63 GB/s on paper, 45-55 GB/s achieved
+#: (SPECFIT.md §5); this runtime's pinned copies moved 48-53 GB/s on an H200 (BENCHMARKS.md, "First CUDA
+#: run"): the profile takes 50. A read at the datasheet peak is a lower bound on the time of the real
+#: read (a batch-1 expert GEMV reaches 70-90% of peak): the model's reads are optimistic, not pessimistic.
+GPU_MEMORY_GB_PER_S = {"rtx-4090": 1008.0, "h200": 4800.0}
+LINK_GB_PER_S = {"pcie4-x16-achieved": 24.0, "pcie5-x16-achieved": 50.0}
 
 #: Named hardware profiles for Qwen3-30B-A3B (datasheet-derived, not measured here).
 #:
-#: ``qwen3-30b-a3b-pcie4`` — a 24 GB consumer GPU (RTX 4090 class) on PCIe Gen4 x16. H2D: pinned
-#: copies achieve 22-26 GB/s (SPECFIT.md §5); at 24 GB/s one 9,437,184-byte expert takes 0.393 ms.
+#: Expert terms (both profiles): one expert is :data:`QWEN3_30B_A3B_EXPERT_BYTES` = 9,437,184 bytes in
+#: bf16 (gate, up and down projections, 3 x 2048 x 768 parameters x 2 bytes). ``read_ms`` = those bytes
+#: over the GPU's memory bandwidth (:data:`GPU_MEMORY_GB_PER_S`), ``per_expert_ms`` = over the link's
+#: (:data:`LINK_GB_PER_S`); :meth:`CostModel.from_bandwidths`.
+#:
+#: ``qwen3-30b-a3b-pcie4`` — a 24 GB consumer GPU (RTX 4090 class) on PCIe Gen4 x16. H2D at 24 GB/s:
+#: one expert takes 0.393 ms; its read at 1,008 GB/s 0.0094 ms (an AR step's 8 x 48 experts: 3.6 ms).
 #: fixed_ms: the ~3.1 GB of non-expert weights read once per forward at ~1 TB/s (~3.1 ms) plus
 #: ~48 layers of attention/router/norm kernel launches (~3 ms in eager PyTorch) ≈ 6 ms.
 #: per_node_ms: attention + expert FLOPs per extra verified token (3.3 B active params, 6.6 GFLOP
@@ -299,22 +475,26 @@ def _h2d_ms(expert_bytes: int, gb_per_s: float) -> float:
 #: benchmark, n = 64), plus the default frequency predictor on one level's nodes, 50 µs per call
 #: (BENCHMARKS.md, predictor table) ≈ 0.6 ms. Measured on this project's CPU, not on the deployment's.
 #:
-#: ``qwen3-30b-a3b-h200`` — an H200 on PCIe Gen5 x16: pinned copies achieve 45-55 GB/s
-#: (SPECFIT.md §5); at 50 GB/s one expert takes 0.189 ms. fixed_ms: 3.1 GB at ~4.3 TB/s (~0.7 ms)
-#: plus launches (~2.3 ms) ≈ 3 ms; per_node_ms ≈ 0.03 ms (~790 bf16 TFLOP/s peak, ~25% achieved).
+#: ``qwen3-30b-a3b-h200`` — an H200 on PCIe Gen5 x16: at 50 GB/s one expert's copy takes 0.189 ms; its
+#: read at 4,800 GB/s 0.00197 ms (an AR step's 384 experts: 0.75 ms). fixed_ms: 3.1 GB at ~4.3 TB/s
+#: (~0.7 ms) plus launches (~2.3 ms) ≈ 3 ms; per_node_ms ≈ 0.03 ms (~790 bf16 TFLOP/s peak, ~25% achieved).
 #: Measured on an H200 (BENCHMARKS.md, "First CUDA run"): this runtime's pinned copies move 48-53 GB/s,
 #: 0.178-0.196 ms per expert, so the transfer term holds; its eager forward took ~3 ms per decoder layer
 #: (per-operation host cost, inferred; not profiled; ~145 ms for 48 layers) with one call per expert, so
-#: fixed_ms describes a runtime with fused MoE kernels and CUDA graphs. The runtime's expert rounds
-#: (issue 9, thirtieth round: a layer's experts run together) are not measured on a GPU yet; ``.ci/gpu-check`` fits a measured
-#: profile (``specfit.eval.measured_profile``) when one is lent.
+#: fixed_ms describes a runtime with fused MoE kernels and CUDA graphs. ``python -m specfit.eval.cost_fit``
+#: measures a profile of the runtime on the machine it runs on (BENCHMARKS.md, "Cycle-time model against
+#: the runtime").
 PROFILES: dict[str, CostModel] = {
-    "qwen3-30b-a3b-pcie4": CostModel(6.0, 0.1, round(_h2d_ms(QWEN3_30B_A3B_EXPERT_BYTES, 24.0), 4),
-                                     name="qwen3-30b-a3b-pcie4", reference_layers=REFERENCE_LAYERS,
-                                     num_experts=QWEN3_30B_A3B_EXPERTS, draft_level_ms=0.5, host_level_ms=0.6),
-    "qwen3-30b-a3b-h200": CostModel(3.0, 0.03, round(_h2d_ms(QWEN3_30B_A3B_EXPERT_BYTES, 50.0), 4),
-                                    name="qwen3-30b-a3b-h200", reference_layers=REFERENCE_LAYERS,
-                                    num_experts=QWEN3_30B_A3B_EXPERTS, draft_level_ms=0.25, host_level_ms=0.6),
+    "qwen3-30b-a3b-pcie4": CostModel.from_bandwidths(
+        6.0, 0.1, expert_bytes=QWEN3_30B_A3B_EXPERT_BYTES, memory_gb_per_s=GPU_MEMORY_GB_PER_S["rtx-4090"],
+        link_gb_per_s=LINK_GB_PER_S["pcie4-x16-achieved"], name="qwen3-30b-a3b-pcie4",
+        reference_layers=REFERENCE_LAYERS, num_experts=QWEN3_30B_A3B_EXPERTS, experts_per_token=QWEN3_30B_A3B_TOP_K,
+        draft_level_ms=0.5, host_level_ms=0.6),
+    "qwen3-30b-a3b-h200": CostModel.from_bandwidths(
+        3.0, 0.03, expert_bytes=QWEN3_30B_A3B_EXPERT_BYTES, memory_gb_per_s=GPU_MEMORY_GB_PER_S["h200"],
+        link_gb_per_s=LINK_GB_PER_S["pcie5-x16-achieved"], name="qwen3-30b-a3b-h200",
+        reference_layers=REFERENCE_LAYERS, num_experts=QWEN3_30B_A3B_EXPERTS, experts_per_token=QWEN3_30B_A3B_TOP_K,
+        draft_level_ms=0.25, host_level_ms=0.6),
 }
 
 #: The profile the evaluation uses unless told otherwise (the consumer-GPU deployment).
@@ -357,17 +537,20 @@ class HostProfile:
 
     with ``u_l`` the experts computed on the host (the union of the uncached experts the nodes need:
     each is read from DRAM once per verify), ``r_l`` their (token, expert) rows and ``R`` the
-    profile's reference layers (48); T = extra_ms + sum_l T_l. With nothing on the host T equals the
-    GPU profile's ``fixed_ms + per_node_ms * n``. A proxy with L < R MoE layers stands for the
+    profile's reference layers (48); T = extra_ms + sum_l T_l. The GPU part also reads each resident
+    expert the nodes route to once from device memory: ``g_l = g + gpu.read_ms * s_l`` with ``s_l =
+    |U_l(S) ∩ C_l|`` (``resident_per_layer``; 0 when not given, and when the GPU side has no
+    ``read_ms``). With nothing on the host T equals the GPU profile's ``fixed_ms + per_node_ms * n``
+    plus its reads. A proxy with L < R MoE layers stands for the
     deployed target as in :meth:`CostModel.for_layers`: each of its layers counts for R / L real ones.
 
     The ``auto`` offload mode (issue 13, "choose per expert") may also copy some uncached experts
     H2D into the device cache, each at :attr:`copy_ms` on the link, in series with the GPU part
     while the host computes the rest: with ``c_l`` experts copied in layer l,
 
-        T_l = max(g + copy_ms * c_l, h_l) + sync_ms * [u_l > 0]
+        T_l = max(g + gpu.read_ms * s_l + (copy_ms + gpu.read_ms) * c_l, h_l) + sync_ms * [u_l > 0]
 
-    (``u_l``, ``r_l`` now count only the experts left to the host). ``c_l = 0`` is the host regime,
+    (``u_l``, ``r_l`` now count only the experts left to the host; a copied expert is read too). ``c_l = 0`` is the host regime,
     ``u_l = 0`` the transfer regime's ``g + per_expert_ms * c_l``. :meth:`split` chooses ``c_l``.
 
     The selection's cost model in the host regime (SPECFIT.md §3, "Host-compute regime"): an
@@ -445,6 +628,11 @@ class HostProfile:
     def level_ms(self) -> float:
         """ms paid per draft level (the GPU side's :attr:`CostModel.level_ms`)."""
         return self.gpu.level_ms
+
+    @property
+    def read_ms(self) -> float:
+        """ms to read one expert resident on the GPU (the GPU side's :attr:`CostModel.read_ms`)."""
+        return self.gpu.read_ms
 
     @property
     def min_node_ms(self) -> float:
@@ -533,12 +721,15 @@ class HostProfile:
         return float(np.mean(pe)) if isinstance(pe, tuple) else float(pe)
 
     def cycle_ms(self, num_nodes: int, host_experts_per_layer, host_rows_per_layer=None,
-                 copied_per_layer=None) -> float:
+                 copied_per_layer=None, resident_per_layer=None) -> float:
         """Modeled verify ms (class docstring) for counts of shape (L,) each.
 
         ``host_rows_per_layer`` defaults to ``host_experts_per_layer``: one row per host expert, as
         for a single node (the AR step). ``copied_per_layer``: experts copied H2D by the ``auto``
-        mode (default none: the host regime).
+        mode (default none: the host regime). ``resident_per_layer``: resident experts the nodes route
+        to, each read once on the GPU (``gpu.read_ms``); default ``max(0, gpu.experts_per_token - u_l -
+        c_l)``, exact for one node (the AR step), a lower bound of T for more (0 without
+        ``experts_per_token``).
 
         Raises
         ------
@@ -549,19 +740,28 @@ class HostProfile:
         r = u if host_rows_per_layer is None else np.asarray(host_rows_per_layer, dtype=np.float64)
         if u.shape != r.shape:
             raise SpecFitInputError("host_rows_per_layer", f"must have the shape of the expert counts {u.shape}")
-        c = None
-        if copied_per_layer is not None:
-            c = np.asarray(copied_per_layer, dtype=np.float64)
-            if c.shape != u.shape:
-                raise SpecFitInputError("copied_per_layer", f"must have the shape of the expert counts {u.shape}")
-            c = c.reshape(-1).tolist()
-        return self.layers_ms(num_nodes, u.reshape(-1).tolist(), r.reshape(-1).tolist(), c)[0]
+        c = s_ = None
+        for name, arr in (("copied_per_layer", copied_per_layer), ("resident_per_layer", resident_per_layer)):
+            if arr is not None:
+                x = np.asarray(arr, dtype=np.float64)
+                if x.shape != u.shape:
+                    raise SpecFitInputError(name, f"must have the shape of the expert counts {u.shape}")
+                if name == "copied_per_layer":
+                    c = x.reshape(-1).tolist()
+                else:
+                    s_ = x.reshape(-1).tolist()
+        k = self.gpu.experts_per_token
+        if s_ is None and k and self.gpu.read_ms:  # each token routes to k distinct experts per layer
+            s_ = [max(0.0, k - a - (c[l] if c else 0.0)) for l, a in enumerate(u.reshape(-1).tolist())]
+        return self.layers_ms(num_nodes, u.reshape(-1).tolist(), r.reshape(-1).tolist(), c, s_)[0]
 
     def layers_ms(self, num_nodes: int, host_experts: Sequence[float], host_rows: Sequence[float],
-                  copied: Sequence[float] | None = None) -> tuple[float, int]:
+                  copied: Sequence[float] | None = None, resident: Sequence[float] | None = None) -> tuple[float, int]:
         """:meth:`cycle_ms` on plain per-layer lists (no checks; the solvers' inner loop), and the
-        bitmask of the layers where the GPU part binds (bit l set iff ``g + copy_ms * c_l >= h_l``)."""
+        bitmask of the layers where the GPU part binds (bit l set iff ``g_l >= h_l``, ``g_l = g +
+        read_ms * s_l + (copy_ms + read_ms) * c_l``)."""
         extra = self.extra_ms + self.node_extra_ms * (num_nodes - 1) if self.node_extra_ms else self.extra_ms
+        rd = self.gpu.read_ms
         if not host_experts:
             return extra + self.gpu_ms(num_nodes), 0
         g = self.gpu_ms(num_nodes) / self.reference_layers
@@ -570,6 +770,8 @@ class HostProfile:
         for l, (u, r) in enumerate(zip(host_experts, host_rows)):
             h = pe * u + pr * r
             gl = g + a * copied[l] if copied else g
+            if rd:
+                gl += rd * ((resident[l] if resident else 0.0) + (copied[l] if copied else 0.0))
             if gl >= h:
                 total += gl
                 gpu_bound |= 1 << l
@@ -579,7 +781,7 @@ class HostProfile:
                 total += sync
         return extra + total * self.reference_layers / len(host_experts), gpu_bound
 
-    def split(self, num_nodes: int, rows: Sequence[int], max_copy: int) -> tuple[int, float]:
+    def split(self, num_nodes: int, rows: Sequence[int], max_copy: int, resident: int = 0) -> tuple[int, float]:
         """The ``auto`` mode's choice in one MoE layer: how many of its uncached experts to copy H2D
         (into the device cache) rather than compute on the host, to minimise the layer's time.
 
@@ -598,6 +800,9 @@ class HostProfile:
             (token, expert) rows of each uncached expert the forward needs, **in decreasing order**.
         max_copy : int
             Copies allowed (free device slots for this forward), >= 0.
+        resident : int
+            Resident experts of the layer the forward routes to, each read once on the GPU
+            (``gpu.read_ms``; a copied expert is read too: ``copy_ms + read_ms`` each). Default 0.
 
         Returns
         -------
@@ -608,8 +813,9 @@ class HostProfile:
         ----------
         Issue 13 ("choose per expert"); SPECFIT.md §3, "Host-compute regime" (the ``auto`` mode).
         """
-        g = self.gpu_ms(num_nodes) / self.reference_layers
-        pe, pr, sync, a = self.host_per_expert_ms, self.host_per_row_ms, self.sync_ms, self.copy_ms
+        rd = self.gpu.read_ms
+        g = self.gpu_ms(num_nodes) / self.reference_layers + rd * resident
+        pe, pr, sync, a = self.host_per_expert_ms, self.host_per_row_ms, self.sync_ms, self.copy_ms + rd
         u = len(rows)
         host = pe * u + pr * float(sum(rows))
         best_k, best = 0, max(g, host) + (sync if u else 0.0)
@@ -642,17 +848,22 @@ class HostProfile:
         """
         if not rows_per_layer:
             return self.extra_ms + self.gpu_ms(num_nodes)
-        total = sum(self.split(num_nodes, rows, len(rows))[1] for rows in rows_per_layer)
+        k = self.gpu.experts_per_token or 0  # resident experts read on the GPU: at least k - uncached per layer
+        total = sum(self.split(num_nodes, rows, len(rows), max(0, k - len(rows)))[1] for rows in rows_per_layer)
         return self.extra_ms + total * self.reference_layers / len(rows_per_layer)
 
     def node_added_ms(self, root_new_per_layer, node_new, node_rows) -> np.ndarray:
         """Per draft node v, what verifying v beside the root adds to T(root alone) beyond
         :attr:`min_node_ms` (``node_extra_ms``, which every draft node adds), ms:
         ``T({root, v}) - T({root}) - node_extra_ms`` (>= 0: the per-layer max is monotone). T is
-        monotone in S, so any selection holding v costs at least T(root) + min_node_ms plus this.
+        monotone in S, so any selection holding v costs at least T(root) + min_node_ms plus this. With
+        ``gpu.read_ms > 0`` it is 0 (the resident reads, unknown here, can raise the GPU part above the
+        host part's growth: no positive bound holds without them).
         Arguments and shapes as :meth:`CostModel.node_added_ms` (the root's uncached experts are also
         its rows); float64 of shape (m,)."""
         root = np.asarray(root_new_per_layer)
+        if self.gpu.read_ms:  # the resident reads are unknown here: raising g can hide h's growth; 0 is sound
+            return np.zeros(len(node_new), dtype=np.float64)
         base = self.cycle_ms(1, root) + self.node_extra_ms
         return np.array([self.cycle_ms(2, root + new, root + rows) - base
                          for new, rows in zip(np.asarray(node_new), np.asarray(node_rows))], dtype=np.float64)
@@ -729,14 +940,87 @@ def get_host_profile(name: str) -> HostProfile:
 
 
 def get_profile(name: str) -> CostModel:
-    """Return the named hardware profile (see :data:`PROFILES` for the sources of each number).
+    """Return the named hardware profile (see :data:`PROFILES` for the sources of each number), or the
+    profile in the JSON file ``name`` when it is not a profile name but a path ending in ``.json`` or an
+    existing file (:func:`load_profile`: e.g. one written by ``python -m specfit.eval.cost_fit``).
 
     Raises
     ------
     SpecFitInputError
-        If ``name`` is not a known profile.
+        If ``name`` is neither a known profile nor a profile file, or the file is invalid
+        (:func:`load_profile`).
     """
+    if isinstance(name, str) and name not in PROFILES and (name.endswith(".json") or Path(name).is_file()):
+        return load_profile(name)
     return lookup(PROFILES, name, "profile")
+
+
+#: Keys of a profile file (:func:`load_profile`).
+PROFILE_FILE_KEYS = ("name", "fixed_ms", "per_node_ms", "per_expert_ms", "read_ms", "expert_bytes", "memory_gb_per_s",
+                     "link_gb_per_s", "reference_layers", "num_experts", "experts_per_token", "draft_level_ms",
+                     "host_level_ms", "about")
+
+
+def profile_from_json(obj, where: str = "profile") -> CostModel:
+    """A hardware profile from its JSON object (the file ``specfit eval --profile FILE`` reads).
+
+    Keys: ``fixed_ms`` and ``per_node_ms`` (required, ms); the copy of a missing expert, ``per_expert_ms``
+    (ms) or ``expert_bytes`` with ``link_gb_per_s``; the read of a routed expert, ``read_ms`` (ms) or
+    ``expert_bytes`` with ``memory_gb_per_s`` (a time given in ms wins; the bandwidths are then kept as
+    the profile's stated sources); optional ``name``, ``reference_layers``, ``num_experts``,
+    ``draft_level_ms``, ``host_level_ms`` and ``about`` (free text or object: where the numbers come from).
+
+    Raises
+    ------
+    SpecFitInputError
+        One error naming the field (``profile.<key>``): not an object, an unknown key, a required key
+        missing (a missing bandwidth names the bandwidth), a time negative or not finite, a bandwidth
+        not a finite number > 0, a count not a positive integer.
+    """
+    if not isinstance(obj, dict):
+        raise SpecFitInputError(where, "must be a JSON object of profile constants")
+    extra = set(obj) - set(PROFILE_FILE_KEYS)
+    if extra:
+        raise SpecFitInputError(f"{where}.{sorted(extra)[0]}", f"is not a known profile field ({', '.join(PROFILE_FILE_KEYS)})")
+    for k in ("fixed_ms", "per_node_ms"):
+        if k not in obj:
+            raise SpecFitInputError(f"{where}.{k}", "is required (ms)")
+    nbytes = obj.get("expert_bytes")
+    if nbytes is not None:
+        nbytes = check_positive_int(f"{where}.expert_bytes", nbytes)
+    bw = {}
+    for ms_key, bw_key in (("per_expert_ms", "link_gb_per_s"), ("read_ms", "memory_gb_per_s")):
+        if obj.get(bw_key) is not None or obj.get(ms_key) is None:
+            bw[bw_key] = check_bandwidth(f"{where}.{bw_key}", obj.get(bw_key))  # missing both: names the bandwidth
+        if obj.get(ms_key) is None and nbytes is None:
+            raise SpecFitInputError(f"{where}.expert_bytes", f"is required to derive {ms_key} from {bw_key}")
+    pe = check_ms(f"{where}.per_expert_ms", obj["per_expert_ms"]) if obj.get("per_expert_ms") is not None else \
+        round(bytes_ms(nbytes, bw["link_gb_per_s"]), 6)
+    rd = check_ms(f"{where}.read_ms", obj["read_ms"]) if obj.get("read_ms") is not None else \
+        round(bytes_ms(nbytes, bw["memory_gb_per_s"]), 6)
+    meta = {}
+    for k in ("reference_layers", "num_experts", "experts_per_token"):
+        if obj.get(k) is not None:
+            meta[k] = check_positive_int(f"{where}.{k}", obj[k])
+    for k in ("draft_level_ms", "host_level_ms"):
+        if obj.get(k) is not None:
+            meta[k] = check_ms(f"{where}.{k}", obj[k])
+    return CostModel(check_ms(f"{where}.fixed_ms", obj["fixed_ms"]), check_ms(f"{where}.per_node_ms", obj["per_node_ms"]),
+                     pe, name=str(obj.get("name", where)), read_ms=rd, expert_bytes=nbytes,
+                     memory_gb_per_s=bw.get("memory_gb_per_s"), link_gb_per_s=bw.get("link_gb_per_s"), **meta)
+
+
+def load_profile(path: str | Path) -> CostModel:
+    """Read a profile file (:func:`profile_from_json`), e.g. the output of ``python -m specfit.eval.cost_fit``.
+
+    Raises
+    ------
+    SpecFitInputError
+        If the file is missing, unreadable or not JSON (field ``profile``), or its content is invalid.
+    """
+    from specfit.core.readers import read_json
+
+    return profile_from_json(read_json(path, "profile"), "profile")
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,11 @@ Three views, one source:
   when node v joins a selection all of its ancestors are already in it, so v adds only the items it
   *owns*: those no proper ancestor of v needs (``own[v]``). The root is always verified, so its items
   are paid once, up front, and owned by nobody else.
+* :class:`PricedItems` — the items T(S) prices when resident experts cost their read (``read_ms > 0``):
+  the uncached items (segment l: an expert of layer l copied and read) and, shifted by ``L * num_experts``
+  bits, the resident routed items (segment L + l: an expert of layer l the cache holds, read only). The
+  two sets are disjoint; T(S) stays a coverage function with one cost per segment, so the solvers price it
+  as before over 2L segments.
 * :class:`Coverage` — the same accounting priced by a cost model (ms per item, the root's cost, the
   items that couple nodes), read by the exact solver.
 * :class:`GrowingSelection` — the items an ancestor-closed selection covers as it grows node by
@@ -230,6 +235,116 @@ class ItemSets:
         return self._rows[0].tolist() if self._n else [0] * self.num_layers
 
 
+def _concat_words(a: np.ndarray, a_bits: int, b: np.ndarray, b_bits: int) -> np.ndarray:
+    """Rows of 64-bit words ``a`` (``a_bits`` bits used) followed by ``b``'s bits: bit i of b becomes bit
+    ``a_bits + i``; uint64 of shape (n, ceil((a_bits + b_bits) / 64))."""
+    if a_bits % 64 == 0:
+        return np.ascontiguousarray(np.concatenate([a, b], axis=1))
+    n, total = a.shape[0], a_bits + b_bits
+    bits = np.concatenate([np.unpackbits(a.view(np.uint8), axis=1, bitorder="little", count=a_bits),
+                           np.unpackbits(b.view(np.uint8), axis=1, bitorder="little", count=b_bits)], axis=1)
+    words = (total + 63) // 64
+    out = np.zeros((n, words * 8), dtype=np.uint8)
+    packed = np.packbits(bits, axis=1, bitorder="little")
+    out[:, :packed.shape[1]] = packed
+    return out.view(np.uint64).reshape(n, words)
+
+
+class PricedItems:
+    """The items of T(S) with resident reads priced (module docstring): segment l < L holds the uncached
+    experts of layer l (an H2D copy and a read each), segment L + l the resident experts of layer l a node
+    routes to (a read each from device memory). Item ``s * num_experts + e`` of segment s; the bitsets are
+    the two :class:`ItemSets` side by side, the resident items shifted by ``L * num_experts`` bits.
+
+    Parameters
+    ----------
+    uncached : ItemSets
+        ``tree.items(cache)``.
+    reads : ItemSets
+        ``tree.resident_items(cache)`` (the same tree's routed experts the cache holds).
+
+    Attributes
+    ----------
+    num_layers : int
+        L, the MoE layers.
+    num_segments : int
+        2L: the per-segment costs are ``CostModel.segment_ms(L)``.
+    need, above, own : list of int
+        As :class:`ItemSets`, over ``2 L num_experts`` bits.
+    """
+
+    def __init__(self, uncached: ItemSets, reads: ItemSets):
+        self.uncached, self.reads = uncached, reads
+        self.num_layers, self.num_experts = uncached.num_layers, uncached.num_experts
+        self.num_segments = 2 * self.num_layers
+        self._shift = self.num_layers * self.num_experts
+        self._mask = (1 << self.num_experts) - 1
+
+    def _joined(self, name: str) -> list[int]:
+        got = self.__dict__.get(name)
+        if got is None or len(got) != len(self.uncached):
+            got = [u | (r << self._shift) for u, r in zip(getattr(self.uncached, name), getattr(self.reads, name))]
+            self.__dict__[name] = got
+        return got
+
+    need = property(lambda self: self._joined("need"), doc="``need[v]``: copies and reads node v needs.")
+    above = property(lambda self: self._joined("above"), doc="``above[v]``: those a proper ancestor needs.")
+    own = property(lambda self: self._joined("own"), doc="``own[v] = need[v] & ~above[v]``; ``own[0] = 0``.")
+
+    @property
+    def rows(self) -> np.ndarray:
+        """The uncached (token, expert) rows per node and layer (:attr:`ItemSets.rows`)."""
+        return self.uncached.rows
+
+    def __len__(self) -> int:
+        return len(self.uncached)
+
+    def words(self, copy: bool = True) -> np.ndarray:
+        """:meth:`ItemSets.words` of both item sets side by side: uint64 of shape (n, ceil(2 L E / 64)), a new
+        array (``copy`` is accepted for the interface of :class:`ItemSets`)."""
+        return _concat_words(self.uncached.words(copy=False), self._shift, self.reads.words(copy=False), self._shift)
+
+    def any_uncached(self) -> bool:
+        """True iff some node needs an item (an uncached expert or a resident one: a read)."""
+        return self.reads.any_uncached() or self.uncached.any_uncached()
+
+    def per_layer(self, bits: int) -> list[int]:
+        """Items of bitset ``bits`` per segment: the uncached counts of the L layers, then the routed ones."""
+        E, mask = self.num_experts, self._mask
+        return [((bits >> (s * E)) & mask).bit_count() for s in range(self.num_segments)]
+
+    def union(self, nodes: Iterable[int]) -> int:
+        """Bitset of the items any node of ``nodes`` needs."""
+        out = 0
+        need = self.need
+        for v in nodes:
+            out |= need[v]
+        return out
+
+    def new_per_layer(self, nodes: Iterable[int]) -> np.ndarray:
+        """Uncached experts per layer, ``|U_l \\ C_l|``; int64 of shape (L,)."""
+        return self.uncached.new_per_layer(nodes)
+
+    def read_per_layer(self, nodes: Iterable[int]) -> np.ndarray:
+        """Every routed expert per layer, ``|U_l|`` (uncached + resident); int64 of shape (L,)."""
+        return self.uncached.new_per_layer(nodes) + self.reads.new_per_layer(nodes)
+
+    @property
+    def root_new_per_layer(self) -> list[int]:
+        """The root's items per segment (2L)."""
+        return self.uncached.root_new_per_layer + self.reads.root_new_per_layer
+
+
+def priced_items(tree, cache: np.ndarray, cost) -> "ItemSets | PricedItems":
+    """The items T(S) of ``cost`` prices for ``tree`` against ``cache``: ``tree.items(cache)`` when the cost
+    has no resident-read term (``read_ms`` 0, or the host regime), else :class:`PricedItems`. Their
+    per-segment costs are ``cost.segment_ms(L)``."""
+    items = tree.items(cache)
+    if getattr(cost, "regime", "transfer") != "transfer" or not getattr(cost, "read_ms", 0.0) or not items.num_layers:
+        return items
+    return PricedItems(items, tree.resident_items(cache))
+
+
 @dataclass(frozen=True, eq=False)
 class Coverage:
     """Coverage accounting of one instance priced by its cost model (computed by :func:`coverage`).
@@ -255,9 +370,12 @@ class Coverage:
         Uncached experts the root alone needs, per layer.
     num_experts : int
     layer_ms : list of float
-        Transfer time (ms) of one item of each layer (``per_expert_ms[l]``).
+        Time (ms) of one item of each segment (``CostModel.segment_ms``: ``per_expert_ms[l]`` for the
+        copies, then ``read_ms`` for the reads when that term is priced, :class:`PricedItems`).
     uniform_ms : float or None
-        The per-item time when every layer's is the same, else None.
+        The per-item time when every segment's is the same, else None.
+    num_layers : int
+        L: the first L segments are the uncached experts, the ones an expert budget counts.
     """
 
     n: int
@@ -273,6 +391,7 @@ class Coverage:
     num_experts: int
     layer_ms: list
     uniform_ms: float | None
+    num_layers: int = 0
 
     @property
     def num_items(self) -> int:
@@ -315,8 +434,10 @@ class Coverage:
 
 
 def _layer_ms(instance: "Instance") -> tuple[list[float], float | None]:
+    """Per-segment item ms (``cost.segment_ms(L)``: L copies, then L reads when ``read_ms > 0``) and the
+    common value when all are equal."""
     L = instance.num_layers
-    layer_ms = instance.cost.per_expert_array(L).tolist()
+    layer_ms = instance.cost.segment_ms(L).tolist()
     uniform = 0.0 if L == 0 else (layer_ms[0] if all(w == layer_ms[0] for w in layer_ms) else None)
     return layer_ms, uniform
 
@@ -337,14 +458,15 @@ def coverage(instance: "Instance") -> Coverage:
     O(n) bitset operations on ``L * num_experts``-bit integers; the per-node bitsets come from the
     tree's accounting, computed once as the tree grew.
     """
-    tree, cost, items = instance.tree, instance.cost, instance.items
+    tree, cost, items = instance.tree, instance.cost, instance.priced_items
     layer_ms, uniform = _layer_ms(instance)
     root_new = items.root_new_per_layer
     base_ms = cost.fixed_ms + cost.per_node_ms + sum(w * c for w, c in zip(layer_ms, root_new))
     own = list(items.own)
     _, shared = at_least_twice(own)
     cov = Coverage(tree.n, tree.parents.tolist(), [list(c) for c in tree.children], tree.path_prob.tolist(), base_ms,
-                   cost.per_node_ms, own, shared, [], root_new, instance.num_experts, layer_ms, uniform)
+                   cost.per_node_ms, own, shared, [], root_new, instance.num_experts, layer_ms, uniform,
+                   instance.num_layers)
     cov.exclusive_ms.extend(cov.bits_ms(o & ~shared) for o in own)
     return cov
 
@@ -375,8 +497,9 @@ class GrowingSelection:
 
     def __init__(self, instance: "Instance"):
         self.inst = instance
-        self.items = instance.items
         self.host = instance.cost.regime == "host"
+        self.items = instance.items if self.host else instance.priced_items
+        self.num_layers = instance.num_layers
         self.layer_ms, self.uniform_ms = ([], None) if self.host else _layer_ms(instance)
         self.cap = instance.max_new_experts_per_layer if instance.num_layers else None
         self.max_nodes = instance.max_nodes
@@ -384,6 +507,9 @@ class GrowingSelection:
         # host regime: the selection's host experts and rows per layer, and every node's rows
         self.host_u, self.host_r = [0] * instance.num_layers, [0] * instance.num_layers
         self.host_rows = self.items.rows.tolist() if self.host else None
+        # host regime with GPU reads: every routed expert covered so far (resident = routed - host)
+        self.reads = instance.tree.read_items() if self.host and instance.reads_priced else None
+        self.read_covered, self.host_read = 0, [0] * instance.num_layers
         self.prob = instance.tree.path_prob
         self.covered = 0
         self.in_set = np.zeros(instance.n, dtype=bool)
@@ -409,13 +535,17 @@ class GrowingSelection:
             return False
         if self.cap is None:
             return True
-        return max(self.items.per_layer(self.covered | self.items.need[v]), default=0) <= self.cap
+        return max(self.items.per_layer(self.covered | self.items.need[v])[:self.num_layers], default=0) <= self.cap
 
     def _host_step(self, v: int) -> tuple[list[int], list[int], float]:
         """Host regime: the per-layer host experts and rows, and T, of the selection with v added."""
         u = [a + b for a, b in zip(self.host_u, self.items.per_layer(self.new_bits(v)))]
         r = [a + b for a, b in zip(self.host_r, self.host_rows[v])]
-        return u, r, self.cost.layers_ms(self.size + 1, u, r)[0]
+        resident = None
+        if self.reads is not None:
+            read = [a + b for a, b in zip(self.host_read, self.reads.per_layer(self.reads.need[v] & ~self.read_covered))]
+            resident = [a - b for a, b in zip(read, u)]
+        return u, r, self.cost.layers_ms(self.size + 1, u, r, None, resident)[0]
 
     def step_ms(self, v: int) -> float:
         """Time (ms) adding v would add: one node plus the experts it newly needs (host regime:
@@ -430,6 +560,10 @@ class GrowingSelection:
         self.a += 1.0 if v == 0 else float(self.prob[v])
         if self.host:
             self.host_u, self.host_r, self.t = self._host_step(v)
+            if self.reads is not None:
+                fresh = self.reads.need[v] & ~self.read_covered
+                self.host_read = [a + b for a, b in zip(self.host_read, self.reads.per_layer(fresh))]
+                self.read_covered |= fresh
         else:
             self.t += self.cost.per_node_ms + self.bits_ms(new)
         self.covered |= new

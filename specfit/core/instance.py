@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from specfit.core.cost import CostModel, HostProfile
-from specfit.core.coverage import ItemSets, item_ids
+from specfit.core.coverage import ItemSets, item_ids, priced_items
 from specfit.core.errors import SpecFitInputError
 from specfit.core.readers import read_text
 from specfit.core.io import atomic_write_text
@@ -149,9 +149,34 @@ class Instance:
 
     @cached_property
     def item_weight(self) -> np.ndarray:
-        """Transfer time of each item id ``l * num_experts + e`` in ms, float64 of shape (L * num_experts,)
-        (transfer regime only: in the host regime an item has no time of its own)."""
-        return np.repeat(self.cost.per_expert_array(self.num_layers), self.num_experts)
+        """Time of each item id ``s * num_experts + e`` in ms per segment s (``cost.segment_ms``: the copy of
+        an uncached expert of layer s < L, then, when ``read_ms > 0``, the read of a routed expert of layer
+        s - L), float64 of shape (segments * num_experts,) (transfer regime only: in the host regime an item
+        has no time of its own)."""
+        return np.repeat(self.cost.segment_ms(self.num_layers), self.num_experts)
+
+    @property
+    def reads_priced(self) -> bool:
+        """True iff T(S) charges reads of routed experts from device memory (``read_ms > 0``, L > 0): every
+        routed expert in the transfer regime, the resident ones on the GPU side of the host regime."""
+        return bool(self.cost.read_ms) and self.num_layers > 0
+
+    @property
+    def priced_items(self):
+        """The items T(S) prices (:func:`specfit.core.coverage.priced_items`): :attr:`items`, or with
+        resident reads priced a :class:`~specfit.core.coverage.PricedItems` over 2L segments."""
+        return priced_items(self.tree, self.cache, self.cost)
+
+    @cached_property
+    def read_node_items(self) -> list[np.ndarray]:
+        """``read_node_items[v]``: sorted ids ``l * num_experts + e`` of every expert node v routes to
+        (cached or not): the experts its verify reads (int64 arrays)."""
+        reads = self.tree.read_items()
+        return [item_ids(bits, self.num_layers * self.num_experts) for bits in reads.need]
+
+    def read_per_layer(self, nodes) -> np.ndarray:
+        """``|U_l(S)|``: the distinct experts the nodes route to, per layer; int64 of shape (L,)."""
+        return self.tree.read_items().new_per_layer(nodes)
 
     # --- JSON ---------------------------------------------------------------------------------
     @classmethod

@@ -1,7 +1,8 @@
 """The throughput objective of SPECFIT.md §3 evaluated on a node set.
 
     A(S) = 1 + sum_{v in S, v != root} P_v                      expected committed tokens
-    T(S) = fixed_ms + per_node_ms |S| + sum_l per_expert_ms[l] |(U_{v in S} E[v][l]) \\ C[l]|
+    T(S) = fixed_ms + per_node_ms |S| + sum_l [per_expert_ms[l] |U_l(S) \\ C[l]| + read_ms |U_l(S)|],
+    U_l(S) = U_{v in S} E[v][l]
     throughput = 1000 * A(S) / T(S)                             tokens/s
 
 In the host-compute regime (the instance's cost a :class:`specfit.core.cost.HostProfile`),
@@ -61,7 +62,10 @@ def expected_tokens(instance: Instance, nodes: Iterable[int]) -> float:
 def _cycle_ms(instance: Instance, s: tuple[int, ...], new: np.ndarray) -> float:
     """T(S) from the uncached experts per layer ``new``; the host regime also reads the rows."""
     if instance.cost.regime == "host":
-        return instance.cost.cycle_ms(len(s), new, instance.items.rows_per_layer(s))
+        resident = instance.read_per_layer(s) - new if instance.reads_priced else None  # |U_l ∩ C_l|
+        return instance.cost.cycle_ms(len(s), new, instance.items.rows_per_layer(s), None, resident)
+    if instance.reads_priced:
+        return instance.cost.cycle_ms(len(s), new, None, instance.read_per_layer(s))
     return instance.cost.cycle_ms(len(s), new)
 
 

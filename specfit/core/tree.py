@@ -188,6 +188,8 @@ class DraftTree:
         self._experts = exp
         self.num_experts = None if num_experts is None else int(num_experts)
         self._items: ItemSets | None = None
+        self._read_items: ItemSets | None = None
+        self._resident_items: tuple | None = None  # (cache, ItemSets of the routed experts it holds)
         #: Node ids added by the last :meth:`add_level` (empty for a tree built in one go).
         self.last_level: np.ndarray = np.zeros(0, dtype=np.int64)
         #: The caller's node labels, ``labels[v]`` for node v, when built by :meth:`from_networkx`.
@@ -263,6 +265,10 @@ class DraftTree:
         self._forget_views()
         if self._items is not None:
             self._items.extend(parents, self._item_experts(n))
+        if self._read_items is not None:
+            self._read_items.extend(parents, self._item_experts(n))
+        if self._resident_items is not None:
+            self._resident_items[1].extend(parents, self._item_experts(n))
         self.last_level = ids
         self.labels = None
         return ids
@@ -276,6 +282,8 @@ class DraftTree:
         tree._parents, tree._path_prob, tree._tokens, tree._experts = parents, path_prob, tokens, experts
         tree.num_experts = None if num_experts is None else int(num_experts)
         tree._items = None
+        tree._read_items = None
+        tree._resident_items = None
         tree.last_level = np.zeros(0, dtype=np.int64)
         tree.labels = None
         return tree
@@ -291,6 +299,8 @@ class DraftTree:
         """
         self._experts = check_experts(experts, self.n, self.num_experts)
         self._items = None
+        self._read_items = None
+        self._resident_items = None
 
     def _forget_views(self) -> None:
         for name in ("depth", "children", "ancestor_mask"):
@@ -318,6 +328,28 @@ class DraftTree:
             items.extend(self._parents, self._item_experts())
             self._items = items
         return self._items
+
+    def read_items(self) -> ItemSets:
+        """The per-node bitsets of *every* expert each node routes to (:class:`ItemSets` against an empty
+        cache): the experts a verify reads from device memory, resident or not (SPECFIT.md §3, the
+        ``read_ms`` term). Computed once and extended by :meth:`add_level`, like :meth:`items`."""
+        if self._read_items is None:
+            L, E = self.num_layers, self.num_experts or 0
+            items = ItemSets(np.zeros((L, E), dtype=bool))
+            items.extend(self._parents, self._item_experts())
+            self._read_items = items
+        return self._read_items
+
+    def resident_items(self, cache: np.ndarray) -> ItemSets:
+        """The per-node bitsets of the routed experts that ``cache`` *holds* (:class:`ItemSets` against the
+        complement of the cache): the resident experts a verify reads without a copy (SPECFIT.md §3, the
+        ``read_ms`` term). Computed once per cache array (compared by identity) and extended by
+        :meth:`add_level`, like :meth:`items`."""
+        if self._resident_items is None or self._resident_items[0] is not cache:
+            items = ItemSets(~np.asarray(cache, dtype=bool))
+            items.extend(self._parents, self._item_experts())
+            self._resident_items = (cache, items)
+        return self._resident_items[1]
 
     # --- basic data -------------------------------------------------------------------------
     def __len__(self) -> int:

@@ -74,4 +74,5 @@ def test_split_cycle_ms_is_never_above_the_host_regime():
         auto = p.split_cycle_ms(1, [[1] * x for x in u])
         assert auto <= p.cycle_ms(1, u) + 1e-12
     assert p.split_cycle_ms(1, [[1] * 8] * 4) < p.cycle_ms(1, [8] * 4)                 # 8 misses: copying pays
-    assert p.split_cycle_ms(1, [[]] * 4) == pytest.approx(p.gpu_ms(1))
+    # every expert resident: the GPU forward and the reads of the token's 8 experts in each of 48 real layers
+    assert p.split_cycle_ms(1, [[]] * 4) == pytest.approx(p.gpu_ms(1) + 48 * 8 * p.read_ms)

@@ -124,3 +124,129 @@ def test_per_expert_array_is_kept_read_only_and_rechecked_per_layer_count():
     assert flat.plus_ms(1.0).cycle_ms(1, [1, 1, 1, 1]) == 1.0 + 1.0 + 0.1 + 2.0  # a copy prices the same
     assert flat == CostModel(1.0, 0.1, 0.5)  # equality and hashing ignore what is kept
     assert hash(flat) == hash(CostModel(1.0, 0.1, 0.5))
+
+
+def test_resident_experts_cost_their_read_and_missing_ones_copy_plus_read():
+    # the instance of the union test, with read_ms: every routed expert of S is read once per layer
+    exp = [[[1, 2], [3, 3]], [[2, 4], [3, 3]], [[5, 6], [0, 0]]]
+    cache = np.zeros((2, 8), dtype=bool)
+    cache[0, 4] = True
+    inst = Instance(DraftTree([-1, 0, 0], path_prob=[1, 0.5, 0.25], experts=exp, num_experts=8),
+                    CostModel(10.0, 1.0, [0.5, 2.0], read_ms=0.25), cache)
+    ev = evaluate(inst, [0, 1])
+    # U_0 = {1, 2, 4} (4 resident: read only), U_1 = {3}: copies 2 + 1, reads 3 + 1
+    assert ev.new_experts.tolist() == [2, 1]
+    assert ev.predicted_ms == 10.0 + 2 * 1.0 + (2 * 0.5 + 1 * 2.0) + (3 * 0.25 + 1 * 0.25)
+    assert inst.read_per_layer([0, 1]).tolist() == [3, 1]
+    # every expert resident: no copy, but the reads remain and grow with the union
+    full = Instance(inst.tree, inst.cost, np.ones((2, 8), dtype=bool))
+    assert evaluate(full, [0]).predicted_ms == 10.0 + 1.0 + 3 * 0.25
+    assert evaluate(full, [0, 1, 2]).predicted_ms == 10.0 + 3.0 + (5 + 2) * 0.25
+
+
+def test_read_term_prices_a_wide_tree_at_qwen3_shape_above_the_root():
+    # issue's example: 33 nodes over 48 layers x 128 experts, top-8, every expert resident (h200)
+    rng = np.random.default_rng(0)
+    n, L, E, k = 33, 48, 128, 8
+    experts = np.stack([np.stack([rng.choice(E, k, replace=False) for _ in range(L)]) for _ in range(n)])
+    tree = DraftTree([-1] + [0] * (n - 1), path_prob=[1.0] + [0.5] * (n - 1), experts=experts, num_experts=E)
+    prof = get_profile("qwen3-30b-a3b-h200")
+    inst = Instance(tree, prof, np.ones((L, E), dtype=bool))
+    root, full = evaluate(inst, [0]).predicted_ms, evaluate(inst, range(n)).predicted_ms
+    assert root == pytest.approx(3.0 + 0.03 + L * k * prof.read_ms)  # 384 reads at 4.8 TB/s: 0.75 ms
+    reads = int(inst.read_per_layer(range(n)).sum())
+    assert reads > 100 * L  # ~110 distinct experts per layer
+    assert full == pytest.approx(3.0 + 0.03 * n + reads * prof.read_ms)
+    assert full - root > 9.0  # ~50 GB of bf16 weights at 4.8 TB/s
+
+
+def test_profiles_state_bandwidths_and_derive_the_expert_terms():
+    for name, mem, link in (("qwen3-30b-a3b-pcie4", 1008.0, 24.0), ("qwen3-30b-a3b-h200", 4800.0, 50.0)):
+        p = get_profile(name)
+        assert (p.expert_bytes, p.memory_gb_per_s, p.link_gb_per_s) == (QWEN3_30B_A3B_EXPERT_BYTES, mem, link)
+        assert p.read_ms == pytest.approx(QWEN3_30B_A3B_EXPERT_BYTES / (mem * 1e9) * 1e3, abs=1e-6)
+        assert p.per_expert_ms == pytest.approx(QWEN3_30B_A3B_EXPERT_BYTES / (link * 1e9) * 1e3, abs=1e-4)
+
+
+@pytest.mark.parametrize("field", ["memory_gb_per_s", "link_gb_per_s"])
+@pytest.mark.parametrize("bad", [None, -1.0, 0.0, float("nan"), float("inf"), "fast", True])
+def test_bad_or_missing_bandwidth_is_one_error_naming_the_field(field, bad):
+    kw = dict(expert_bytes=QWEN3_30B_A3B_EXPERT_BYTES, memory_gb_per_s=1000.0, link_gb_per_s=25.0)
+    kw[field] = bad
+    with pytest.raises(SpecFitInputError) as err:
+        CostModel.from_bandwidths(3.0, 0.1, **kw)
+    assert err.value.field == f"cost.{field}"
+
+
+@pytest.mark.parametrize("bad", [-0.1, float("nan"), float("inf"), "x"])
+def test_bad_read_ms_or_expert_bytes_is_one_error_naming_the_field(bad):
+    with pytest.raises(SpecFitInputError) as err:
+        CostModel(3.0, 0.1, 0.2, read_ms=bad)
+    assert err.value.field == "cost.read_ms"
+    with pytest.raises(SpecFitInputError) as err:
+        CostModel.from_bandwidths(3.0, 0.1, expert_bytes=0, memory_gb_per_s=1.0, link_gb_per_s=1.0)
+    assert err.value.field == "cost.expert_bytes"
+
+
+def test_read_ms_round_trips_in_json_and_defaults_to_zero_for_old_instances():
+    c = CostModel(3.0, 0.1, 0.2, read_ms=0.01)
+    assert c.to_json()["read_ms"] == 0.01 and CostModel.from_json(c.to_json()) == c
+    old = {"fixed_ms": 3.0, "per_node_ms": 0.1, "per_expert_ms": 0.2}
+    assert CostModel.from_json(old).read_ms == 0.0 and "read_ms" not in CostModel.from_json(old).to_json()
+    with pytest.raises(SpecFitInputError) as err:
+        CostModel.from_json({**old, "read_ms": -1})
+    assert err.value.field == "cost.read_ms"
+
+
+def test_for_layers_scales_the_read_term_like_the_copy_term():
+    p = get_profile("qwen3-30b-a3b-pcie4").for_layers(4)
+    assert p.read_ms == pytest.approx(get_profile("qwen3-30b-a3b-pcie4").read_ms * 12)
+    assert p.per_expert_ms == pytest.approx(get_profile("qwen3-30b-a3b-pcie4").per_expert_ms * 12)
+    assert p.cycle_ms(1, [1, 0, 0, 0], None, [8, 8, 8, 8]) == pytest.approx(
+        6.0 + 0.1 + p.per_expert_ms + 32 * p.read_ms)
+
+
+def test_a_profile_file_is_a_profile_and_bad_fields_name_themselves(tmp_path):
+    import json
+
+    from specfit.core.cost import load_profile
+
+    good = {"name": "mine", "fixed_ms": 3.0, "per_node_ms": 0.03, "expert_bytes": QWEN3_30B_A3B_EXPERT_BYTES,
+            "memory_gb_per_s": 4800.0, "link_gb_per_s": 50.0, "draft_level_ms": 0.25, "reference_layers": 48,
+            "about": {"source": "datasheet"}}
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(good))
+    p = get_profile(str(path))  # a path where a name is expected
+    h200 = get_profile("qwen3-30b-a3b-h200")
+    assert (p.name, p.read_ms, p.draft_level_ms, p.reference_layers) == ("mine", h200.read_ms, 0.25, 48)
+    assert p.per_expert_ms == pytest.approx(h200.per_expert_ms, abs=1e-4)
+    fitted = {"fixed_ms": 3.0, "per_node_ms": 0.03, "per_expert_ms": 0.2, "read_ms": 0.002}  # times in ms suffice
+    path.write_text(json.dumps(fitted))
+    assert (load_profile(path).per_expert_ms, load_profile(path).read_ms) == (0.2, 0.002)
+    for bad, field in (({**good, "memory_gb_per_s": -1}, "profile.memory_gb_per_s"),
+                       ({**good, "link_gb_per_s": float("nan")}, "profile.link_gb_per_s"),
+                       ({k: v for k, v in good.items() if k != "memory_gb_per_s"}, "profile.memory_gb_per_s"),
+                       ({**fitted, "read_ms": -0.1}, "profile.read_ms"),
+                       ({**good, "fast": 1}, "profile.fast"),
+                       ({k: v for k, v in good.items() if k != "fixed_ms"}, "profile.fixed_ms")):
+        path.write_text(json.dumps(bad, allow_nan=True))
+        with pytest.raises(SpecFitInputError) as err:
+            load_profile(path)
+        assert err.value.field == field, (bad, err.value)
+    with pytest.raises(SpecFitInputError) as err:
+        get_profile(str(tmp_path / "missing.json"))
+    assert err.value.field == "profile"
+
+
+def test_a_verify_priced_without_its_routed_counts_reads_at_least_top_k_per_layer():
+    p = get_profile("qwen3-30b-a3b-h200")  # experts_per_token 8
+    assert p.experts_per_token == 8
+    # the AR step (one node): 8 reads per layer, exact, whether its experts are resident or copied
+    assert p.cycle_ms(1, [0] * 48) == pytest.approx(3.03 + 384 * p.read_ms)
+    assert p.cycle_ms(1, [3] * 48) == pytest.approx(3.03 + 144 * p.per_expert_ms + 384 * p.read_ms)
+    assert p.cycle_ms(1, [0] * 48) == p.cycle_ms(1, [0] * 48, None, [8] * 48)
+    # more nodes: a lower bound of what their routed counts give
+    assert p.cycle_ms(5, [0] * 48) < p.cycle_ms(5, [0] * 48, None, [20] * 48)
+    # without experts_per_token only the copied experts are known to be read
+    c = CostModel(3.0, 0.1, 0.2, read_ms=0.01)
+    assert c.cycle_ms(1, [2, 0]) == pytest.approx(3.1 + 2 * 0.21)

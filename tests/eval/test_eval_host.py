@@ -52,9 +52,11 @@ def test_host_cycle_pricing_uses_the_host_counts():
     cost = get_host_profile("qwen3-30b-a3b-pcie4+host-ddr5-5600-2ch").for_layers(2)
     idle = CycleRecord(nodes_verified=1, true_experts=[8, 8], host={"computed": [0, 0], "rows": [0, 0]})
     busy = CycleRecord(nodes_verified=1, true_experts=[8, 8], host={"computed": [8, 4], "rows": [8, 4]})
-    assert modeled_cycle_ms(idle, cost)["total_ms"] == pytest.approx(cost.gpu_ms(1))
+    # every routed expert resident: the GPU forward plus one read of each (48 / 2 real layers per layer)
+    assert modeled_cycle_ms(idle, cost)["total_ms"] == pytest.approx(cost.gpu_ms(1) + 24 * 16 * cost.read_ms)
     parts = modeled_cycle_ms(busy, cost)
-    assert parts["total_ms"] == pytest.approx(cost.cycle_ms(1, [8, 4], [8, 4]))
+    # 0 and 4 experts resident (routed minus host-computed), read on the GPU side
+    assert parts["total_ms"] == pytest.approx(cost.cycle_ms(1, [8, 4], [8, 4], None, [0, 4]))
     assert parts["compute_ms"] == pytest.approx(cost.gpu_ms(1)) and parts["transfer_ms"] > 0
 
 
@@ -89,8 +91,9 @@ def test_auto_cycle_pricing_charges_copies_beside_the_host():
                        transferred=[0, 0])
     auto = CycleRecord(nodes_verified=1, true_experts=[8, 8], host={"computed": [5, 4], "rows": [5, 4]},
                        transferred=[1, 0])
-    assert modeled_cycle_ms(host, cost)["total_ms"] == pytest.approx(cost.cycle_ms(1, [6, 4], [6, 4]))
-    assert modeled_cycle_ms(auto, cost)["total_ms"] == pytest.approx(cost.cycle_ms(1, [5, 4], [5, 4], [1, 0]))
+    # resident experts (routed minus host-computed minus copied) are read on the GPU side
+    assert modeled_cycle_ms(host, cost)["total_ms"] == pytest.approx(cost.cycle_ms(1, [6, 4], [6, 4], None, [2, 4]))
+    assert modeled_cycle_ms(auto, cost)["total_ms"] == pytest.approx(cost.cycle_ms(1, [5, 4], [5, 4], [1, 0], [2, 4]))
     assert modeled_cycle_ms(auto, cost)["total_ms"] < modeled_cycle_ms(host, cost)["total_ms"]  # the split pays
 
 

@@ -93,6 +93,17 @@ def test_modeled_cycle_ms_by_hand():
         modeled_cycle_ms(cycle, CostModel(6.0, 0.1, 0.4))
 
 
+def test_modeled_cycle_reads_every_routed_expert_once():
+    cost = CostModel(6.0, 0.1, 0.4, draft_level_ms=0.5, read_ms=0.01).for_layers(4)  # x 48/4: 4.8 and 0.12
+    cycle = CycleRecord(nodes_verified=5, transferred=[1, 0, 2, 0], true_experts=[9, 8, 12, 10], levels=3,
+                        host_cpu_ms=0.5)
+    got = modeled_cycle_ms(cycle, cost)
+    assert got["compute_ms"] == pytest.approx(6.5)
+    assert got["transfer_ms"] == pytest.approx(3 * 4.8 + 39 * 0.12)  # copies, and the reads of all 39 routed
+    ar = CycleRecord(nodes_verified=1, transferred=[0, 0, 0, 0], true_experts=[8, 8, 8, 8])  # every expert resident
+    assert modeled_cycle_ms(ar, cost)["total_ms"] == pytest.approx(6.1 + 32 * 0.12)
+
+
 def test_every_profile_has_a_draft_level_time_and_the_note_states_the_scaling():
     assert all(p.draft_level_ms > 0 and p.reference_layers == 48 for p in PROFILES.values())
     assert all(p.for_layers(6).draft_level_ms == p.draft_level_ms for p in PROFILES.values())

@@ -50,7 +50,8 @@ def test_select_takes_a_profile_name_and_num_experts_from_graph_or_profile():
     g.add_edges_from([("r", "a"), ("r", "b")])
     sel = select(g, "qwen3-30b-a3b-pcie4", cache=[[0, 1]])  # num_experts from the profile (128)
     assert sel.nodes == ("r", "a")
-    assert sel.predicted_ms == pytest.approx(get_profile("qwen3-30b-a3b-pcie4").cycle_ms(2, [0]))
+    # both resident experts are read once (read_ms each), none copied
+    assert sel.predicted_ms == pytest.approx(get_profile("qwen3-30b-a3b-pcie4").cycle_ms(2, [0], None, [2]))
     g.graph["num_experts"] = 3
     with pytest.raises(SpecFitInputError) as err:  # the graph's num_experts wins: id 3 is out of range
         select(g, "qwen3-30b-a3b-pcie4")
@@ -68,7 +69,8 @@ def test_select_takes_a_host_regime_profile_by_name_or_object():
     host = get_host_profile(DEFAULT_HOST_PROFILE)
     sel = select(g, DEFAULT_HOST_PROFILE, cache=[[0, 1]])  # num_experts from the profile's GPU side (128)
     assert sel.nodes == ("r", "a")
-    assert sel.predicted_ms == pytest.approx(host.cycle_ms(2, [0], [0]))  # both nodes cached: the GPU forward
+    # both nodes cached: the GPU forward and one read of each of the two resident experts
+    assert sel.predicted_ms == pytest.approx(host.cycle_ms(2, [0], [0], None, [2]))
     g.graph["num_experts"] = 4  # an object, unlike a name, brings no num_experts
     assert select(g, host.for_layers(1), cache=[[0, 1]]).predicted_ms == pytest.approx(sel.predicted_ms)
 

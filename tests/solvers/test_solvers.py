@@ -200,11 +200,14 @@ def test_best_prefix_without_uncached_experts_is_the_scan(inst, lam, all_cached)
 @settings(max_examples=100, deadline=None)
 @given(instances(max_nodes=12, budget="nodes"), RATES)
 def test_exact_without_uncached_experts_evaluates_its_prefix_as_evaluate_does(inst, rate):
-    """With every expert resident the exact solver returns the best prefix with its own A and T
-    (objective.evaluate_uncovered): the optimum, and bit for bit evaluate's floats."""
+    """With every expert resident and no resident-read term (``read_ms`` 0: a resident expert costs
+    nothing) the exact solver returns the best prefix with its own A and T (objective.evaluate_uncovered):
+    the optimum, and bit for bit evaluate's floats. With ``read_ms > 0`` a resident expert costs its read
+    and T is not linear in |S| (the agreement tests cover that case)."""
     from specfit.core.objective import evaluate_uncovered
 
-    inst = Instance(inst.tree, inst.cost, np.ones_like(inst.cache), inst.max_nodes, inst.max_new_experts_per_layer)
+    cost = replace(inst.cost, read_ms=0.0)
+    inst = Instance(inst.tree, cost, np.ones_like(inst.cache), inst.max_nodes, inst.max_new_experts_per_layer)
     sel = get_solver("exact").solve(inst, rate)
     ev = evaluate(inst, sel.nodes)
     assert (sel.nodes, sel.expected_tokens, sel.predicted_ms, sel.throughput) == (
