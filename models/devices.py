@@ -75,3 +75,114 @@ def device_name(device) -> str | None:
     """The GPU model of ``device`` (``torch.cuda.get_device_name`` of *that* index), None on the CPU."""
     dev = resolve_device(device)
     return torch.cuda.get_device_name(dev) if dev.type == "cuda" else None
+
+
+#: aten ops (overload packets) that make the host wait for the device on CUDA, or would: reading a
+#: value (``_local_scalar_dense``: ``.item()``, ``int(t)``, ``.tolist()``), ops whose output shape
+#: depends on values (``nonzero``, ``masked_select``, ``unique``; boolean indexing and ``torch.where``
+#: with one argument go through ``nonzero``), and ``bincount``/``histc``/``repeat_interleave`` with
+#: tensor repeats (their CUDA kernels read a maximum or a sum back); an entry with a dot names one overload.
+#: Copies between the device and
+#: the host are caught separately (:class:`HostSyncGuard`).
+SYNC_OPS = ("_local_scalar_dense", "nonzero", "nonzero_static", "masked_select", "_unique", "_unique2",
+            "unique_dim", "unique_consecutive", "unique_dim_consecutive", "bincount", "histc",
+            "repeat_interleave.Tensor", "repeat_interleave.self_Tensor", "equal", "is_nonzero", "_assert_async")
+
+
+def _op_name(func) -> str:
+    """The overload packet name of an aten op (``aten.nonzero.default`` -> ``nonzero``)."""
+    return func.overloadpacket.__name__
+
+
+class OpCounter:
+    """Count the aten operations dispatched inside a ``with`` block (a ``TorchDispatchMode``).
+
+    Every op that reaches the dispatcher from Python-visible code is counted once (its own internal
+    calls are not); views (``view``, ``transpose``, ``select``, ... : ``OpOverload.is_view``) are
+    counted apart, since they launch no kernel on a GPU.
+
+    Attributes
+    ----------
+    total : int
+        Ops dispatched.
+    views : int
+        Of which views.
+    by_name : dict of str -> int
+        Count per overload packet name.
+    """
+
+    def __init__(self):
+        self.total, self.views, self.by_name = 0, 0, {}
+        self._mode = None
+
+    def __enter__(self) -> "OpCounter":
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counter = self
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                counter.total += 1
+                counter.views += bool(func.is_view)
+                name = _op_name(func)
+                counter.by_name[name] = counter.by_name.get(name, 0) + 1
+                return func(*args, **(kwargs or {}))
+
+        self._mode = _Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._mode.__exit__(*exc)
+        self._mode = None
+
+
+class HostSyncGuard:
+    """Fail on any op inside a ``with`` block that makes (or on CUDA would make) the host wait for the device.
+
+    Caught: the ops of :data:`SYNC_OPS`, and copies to or from the host that involve a tensor of
+    ``device`` (``.cpu()``, ``.to("cpu")``, ``.numpy()`` after a device tensor, a tensor built from
+    host data and moved over). On a CPU ``device`` every tensor is a host tensor, so copies are not
+    caught there: only :data:`SYNC_OPS` are (what a CUDA run of the same code would wait on); a
+    ``torch.from_numpy``/``torch.tensor`` of host data inside the block is caught on CPU as well as
+    ``lift_fresh`` (a host tensor created from Python data, which a CUDA forward would copy over).
+
+    Raises
+    ------
+    AssertionError
+        At the first such op, naming it.
+    """
+
+    def __init__(self, device="cpu", allow_lift: bool = False):
+        self.device = torch.device(device)
+        self.allow_lift = allow_lift
+        self._mode = None
+
+    def __enter__(self) -> "HostSyncGuard":
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        guard = self
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                name = _op_name(func)
+                if name in SYNC_OPS or f"{name}.{func._overloadname}" in SYNC_OPS:
+                    raise AssertionError(f"host sync: aten.{name} inside a sync-free block")
+                if name in ("lift_fresh", "lift_fresh_copy") and not guard.allow_lift:
+                    raise AssertionError(f"host data made into a tensor (aten.{name}) inside a sync-free block")
+                if name in ("_to_copy", "copy_", "to") and guard.device.type != "cpu":
+                    devs = {a.device.type for a in (*args, *(kwargs or {}).values()) if isinstance(a, torch.Tensor)}
+                    target = (kwargs or {}).get("device")
+                    if "cpu" in devs and (len(devs) > 1 or (target is not None and torch.device(target).type != "cpu")):
+                        raise AssertionError(f"host-device copy (aten.{name}) inside a sync-free block")
+                    if target is not None and torch.device(target).type == "cpu" and "cpu" not in devs:
+                        raise AssertionError(f"device-to-host copy (aten.{name}) inside a sync-free block")
+                return func(*args, **(kwargs or {}))
+
+        self._mode = _Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._mode.__exit__(*exc)
+        self._mode = None
