@@ -80,10 +80,10 @@ def device_name(device) -> str | None:
 #: aten ops (overload packets) that make the host wait for the device on CUDA, or would: reading a
 #: value (``_local_scalar_dense``: ``.item()``, ``int(t)``, ``.tolist()``), ops whose output shape
 #: depends on values (``nonzero``, ``masked_select``, ``unique``; boolean indexing and ``torch.where``
-#: with one argument go through ``nonzero``), and ``bincount``/``histc``/``repeat_interleave`` with
-#: tensor repeats (their CUDA kernels read a maximum or a sum back); an entry with a dot names one overload.
-#: Copies between the device and
-#: the host are caught separately (:class:`HostSyncGuard`).
+#: with one argument go through ``nonzero``), ``bincount``/``histc``/``repeat_interleave`` with tensor
+#: repeats (their CUDA kernels read a maximum or a sum back), ``equal``/``is_nonzero`` (a bool back) and
+#: ``_assert_async``; an entry with a dot names one overload. Copies between the device and the host are
+#: caught separately (:class:`HostSyncGuard`).
 SYNC_OPS = ("_local_scalar_dense", "nonzero", "nonzero_static", "masked_select", "_unique", "_unique2",
             "unique_dim", "unique_consecutive", "unique_dim_consecutive", "bincount", "histc",
             "repeat_interleave.Tensor", "repeat_interleave.self_Tensor", "equal", "is_nonzero", "_assert_async")
@@ -140,12 +140,20 @@ class OpCounter:
 class HostSyncGuard:
     """Fail on any op inside a ``with`` block that makes (or on CUDA would make) the host wait for the device.
 
-    Caught: the ops of :data:`SYNC_OPS`, and copies to or from the host that involve a tensor of
-    ``device`` (``.cpu()``, ``.to("cpu")``, ``.numpy()`` after a device tensor, a tensor built from
-    host data and moved over). On a CPU ``device`` every tensor is a host tensor, so copies are not
-    caught there: only :data:`SYNC_OPS` are (what a CUDA run of the same code would wait on); a
-    ``torch.from_numpy``/``torch.tensor`` of host data inside the block is caught on CPU as well as
-    ``lift_fresh`` (a host tensor created from Python data, which a CUDA forward would copy over).
+    Caught, at the op that does it:
+
+    * the ops of :data:`SYNC_OPS` (a value read back, a shape that depends on values), and indexing with a
+      boolean mask (``aten.index``/``index_put_`` with a bool index: a ``nonzero`` inside), on any device: on
+      the CPU nothing waits, but the same code on CUDA would, so a CPU run of this guard checks the code path
+      a GPU takes;
+    * on a CUDA ``device``: copies from the device to the host (``.cpu()``, ``.to("cpu")``), and copies from
+      pageable host memory to the device (CUDA synchronises the stream before those; a copy from page-locked
+      memory with ``non_blocking=True`` does not wait and is allowed).
+
+    Not caught: Python-side waits that dispatch no aten op (``torch.cuda.synchronize``, an event's
+    ``synchronize``), ``.tolist()``/``.numpy()`` of a host tensor (they read host memory without an op; of a
+    CUDA tensor they copy to the host first, which is caught on a CUDA device), and host work that is
+    merely slow.
 
     Raises
     ------
@@ -153,31 +161,33 @@ class HostSyncGuard:
         At the first such op, naming it.
     """
 
-    def __init__(self, device="cpu", allow_lift: bool = False):
+    def __init__(self, device="cpu"):
         self.device = torch.device(device)
-        self.allow_lift = allow_lift
         self._mode = None
 
     def __enter__(self) -> "HostSyncGuard":
         from torch.utils._python_dispatch import TorchDispatchMode
 
-        guard = self
+        cuda = self.device.type == "cuda"
 
         class _Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                kwargs = kwargs or {}
                 name = _op_name(func)
                 if name in SYNC_OPS or f"{name}.{func._overloadname}" in SYNC_OPS:
-                    raise AssertionError(f"host sync: aten.{name} inside a sync-free block")
-                if name in ("lift_fresh", "lift_fresh_copy") and not guard.allow_lift:
-                    raise AssertionError(f"host data made into a tensor (aten.{name}) inside a sync-free block")
-                if name in ("_to_copy", "copy_", "to") and guard.device.type != "cpu":
-                    devs = {a.device.type for a in (*args, *(kwargs or {}).values()) if isinstance(a, torch.Tensor)}
-                    target = (kwargs or {}).get("device")
-                    if "cpu" in devs and (len(devs) > 1 or (target is not None and torch.device(target).type != "cpu")):
-                        raise AssertionError(f"host-device copy (aten.{name}) inside a sync-free block")
-                    if target is not None and torch.device(target).type == "cpu" and "cpu" not in devs:
+                    raise AssertionError(f"host sync: aten.{name}.{func._overloadname} inside a sync-free block")
+                if name in ("index", "index_put", "index_put_", "_index_put_impl_") and any(
+                        isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] or ())):
+                    raise AssertionError(f"host sync: aten.{name} with a boolean index (a nonzero) inside a sync-free block")
+                if cuda and name in ("_to_copy", "copy_"):
+                    src = args[1] if name == "copy_" else args[0]
+                    dst_type = (args[0].device.type if name == "copy_" else
+                                torch.device(kwargs.get("device") or src.device).type)
+                    if src.device.type == "cuda" and dst_type == "cpu":
                         raise AssertionError(f"device-to-host copy (aten.{name}) inside a sync-free block")
-                return func(*args, **(kwargs or {}))
+                    if src.device.type == "cpu" and dst_type == "cuda" and not src.is_pinned():
+                        raise AssertionError(f"copy from pageable host memory (aten.{name}) inside a sync-free block")
+                return func(*args, **kwargs)
 
         self._mode = _Mode()
         self._mode.__enter__()

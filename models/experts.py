@@ -527,10 +527,10 @@ class DeviceExpertCache:
             Per MoE layer, the experts routed by the accepted path's nodes (the root included);
             ``None`` discards the record without ranking (the tentative forward was abandoned).
         """
-        self._flush_touches()
         journal, self._held = self._held, None
         if journal is None or accepted is None:
             return
+        self._flush_touches()
         for layer, (seen, keep) in enumerate(zip(journal, accepted)):
             keep = set(int(e) for e in keep)
             self._stats[layer].rejected_misses += sum(not r and e not in keep for e, (_, _, r) in seen.items())
@@ -620,6 +620,8 @@ class DeviceExpertCache:
         :meth:`recency`, :meth:`settle`, or the next forward that needs the host's routing), all pending
         routings in one device-to-host copy. The same counters as :meth:`run_rounds` with hits only."""
         self._deferred.append((layer, routing, self._journal))
+        if len(self._deferred) >= 4096:  # a long run nobody reads the counters of: apply them in bulk
+            self._flush_touches()
 
     def _flush_touches(self) -> None:
         """Apply the pending :meth:`touch_resident` counts (one device-to-host copy of their routings)."""

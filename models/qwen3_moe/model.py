@@ -253,6 +253,13 @@ class OffloadedQwen3Moe:
         each expert). The same outputs: bitwise on the CPU, in float32 and bfloat16.
     grouped_kernel : bool
         Whether those rounds use the grouped kernel (:func:`grouped_kernel_available`, probed at load).
+    gather_max_tokens, gather_max_bytes : int, int or None
+        The resident path (every expert of a layer in the cache, :attr:`grouped_experts`) runs without a
+        host sync (:meth:`_experts_resident`): with the grouped kernel for any forward, otherwise by gathering
+        each (token, expert) row's weights for a forward of at most ``gather_max_tokens`` tokens (default 1:
+        an AR step) whose gathered weights take at most ``gather_max_bytes`` (default 4 MiB on the CPU, where
+        a bigger copy costs more than the host reading the routing; no limit on CUDA). Larger forwards read
+        the routing on the host once per layer and run the rounds path.
     offload : str
         ``"transfer"`` (default): uncached experts are copied host-to-device into the cache;
         ``"host"``: they are computed on the CPU from :attr:`store` and the cache holds a static hot
@@ -302,12 +309,15 @@ class OffloadedQwen3Moe:
         self.expert_compute_ms = 0.0
         self.grouped_experts = True
         self.grouped_kernel = grouped_kernel_available(self.device, dtype, spec.hidden_size, spec.moe_intermediate_size)
-        self.gather_max_tokens = 1 if self.device.type == "cpu" else 8
+        self.gather_max_tokens = 1
+        self.gather_max_bytes = 4 << 20 if self.device.type == "cpu" else None
         self._layers = self._fuse_layers()
         self._kv = [(self.k_cache[i], self.v_cache[i]) for i in range(L)]  # per layer (Hk, max_len, d) views
         pos = torch.arange(max_len, dtype=torch.float32, device=self.device)[:, None] * self._inv_freq
         emb = torch.cat((pos, pos), dim=-1)
         self._cos, self._sin = emb.cos().to(dtype), emb.sin().to(dtype)  # (max_len, d) rotary tables
+        h = spec.head_dim // 2  # rope(x) = x cos + roll(x, d/2) sin_signed: rotate_half's sign folded into sin
+        self._sin_signed = torch.cat((-self._sin[:, :h], self._sin[:, h:]), dim=-1)
         self._row_token: dict[int, torch.Tensor] = {}  # n -> (n*k,) token of each (token, rank) row
         self._slot_range: torch.Tensor | None = None
 
@@ -463,7 +473,7 @@ class OffloadedQwen3Moe:
         mask = None
         if n > 1:  # token i sees the prefix and new tokens 0..i: a lower triangle shifted by P, made on the device
             mask = torch.ones(n, P + n, dtype=torch.bool, device=self.device).tril(P)
-        out = self._forward(ids, self._cos[P:P + n], self._sin[P:P + n], mask)
+        out = self._forward(ids, self._cos[P:P + n], self._sin_signed[P:P + n], mask)
         self.kv_len += n
         self._pending = None
         self.cache.settle(None)                         # a pending verify's record is abandoned
@@ -483,7 +493,7 @@ class OffloadedQwen3Moe:
             raise SpecFitInputError("token_id", f"must be one integer token id, got {token_id!r}") from None
         if not 0 <= tok < self.spec.vocab_size:
             raise SpecFitInputError("input_ids", f"must lie in [0, {self.spec.vocab_size})")
-        return self._chain(torch.tensor([tok], device=self.device))
+        return self._chain(self._to_device(torch.tensor([tok])))
 
     def verify(self, tokens, parents: Sequence[int]) -> ForwardOutput:
         """One forward over a draft tree after the committed prefix; nothing is committed.
@@ -524,7 +534,7 @@ class OffloadedQwen3Moe:
         mask[:, P:] = dev[:, 1:].bool()
         self.cache.begin_tentative()
         try:
-            out = self._forward(ids, self._cos[pos], self._sin[pos], mask)
+            out = self._forward(ids, self._cos[pos], self._sin_signed[pos], mask)
         finally:
             self.cache.end_tentative()
         self._pending = (self.kv_len, tree.parents, out)
@@ -628,8 +638,16 @@ class OffloadedQwen3Moe:
         if t.is_floating_point() or t.is_complex():
             raise SpecFitInputError("input_ids", f"must be integer token ids, got dtype {t.dtype}")
         t = t.reshape(-1).to(torch.long)
-        if int(t.min()) < 0 or int(t.max()) >= self.spec.vocab_size:
+        values = t.numpy() if t.device.type == "cpu" else t  # host ids are checked on the host
+        if int(values.min()) < 0 or int(values.max()) >= self.spec.vocab_size:
             raise SpecFitInputError("input_ids", f"must lie in [0, {self.spec.vocab_size})")
+        return self._to_device(t)
+
+    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` on the model's device; from a host tensor on CUDA through page-locked memory without
+        waiting (a copy from pageable memory would synchronise the stream first)."""
+        if self.device.type == "cuda" and t.device.type == "cpu":
+            return t.pin_memory().to(self.device, non_blocking=True)
         return t.to(self.device)
 
     def _check_room(self, n: int) -> None:
@@ -639,7 +657,8 @@ class OffloadedQwen3Moe:
     def _forward(self, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  mask: torch.Tensor | None) -> ForwardOutput:
         """Forward ``ids`` (n,) after the committed prefix of P = ``kv_len`` tokens and write their KV rows
-        ``P .. P+n-1``. ``cos``/``sin`` (n, d): the rotary rows of each token's position; ``mask`` (n, P+n)
+        ``P .. P+n-1``. ``cos``/``sin`` (n, d): the rotary rows of each token's position, ``sin`` with the
+        sign of rotate-half folded in (``-sin`` on the first half: bitwise :func:`rope`); ``mask`` (n, P+n)
         bool on the device, which KV rows each token attends to (None: all of them, an AR step).
 
         Per layer: one product for q, k and v; one RMSNorm over the q and k heads together, one rotary
@@ -662,7 +681,8 @@ class OffloadedQwen3Moe:
         for i, lw in enumerate(self._layers):
             h = rms_norm(x, lw.input_norm, eps)
             qkv = F.linear(h, lw.qkv)
-            qk = rope(rms_norm(qkv[:, :qk_cols].view(n, hq + hk, d), lw.qk_norm, eps), cos, sin).transpose(0, 1)
+            qk = rms_norm(qkv[:, :qk_cols].view(n, hq + hk, d), lw.qk_norm, eps)
+            qk = (qk * cos + qk.roll(d // 2, dims=-1) * sin).transpose(0, 1)
             kc, vc = self._kv[i]
             kc[:, P:T] = qk[hq:]
             vc[:, P:T] = qkv[:, qk_cols:].view(n, hk, d).transpose(0, 1)
@@ -705,7 +725,10 @@ class OffloadedQwen3Moe:
             top_w = top_w / top_w.sum(dim=-1, keepdim=True)
         top_w = top_w.to(h.dtype)
         resident = self.grouped_experts and self.cache.grouped and self.cache.all_resident(layer)
-        if resident and (self.grouped_kernel or h.shape[0] <= self.gather_max_tokens):
+        n = h.shape[0]
+        gather = n <= self.gather_max_tokens and (self.gather_max_bytes is None or
+                                                 n * self.spec.top_k * self.store.expert_bytes <= self.gather_max_bytes)
+        if resident and (self.grouped_kernel or gather):
             return self._experts_resident(layer, h, top_w, top_i), top_i
         out = torch.zeros_like(h)
         top_cpu = top_i.cpu()
