@@ -790,7 +790,11 @@ class OffloadedQwen3Moe:
         n, k = top_i.shape
         ids, order = torch.sort(top_i, dim=1)
         w = top_w.gather(1, order).reshape(n * k, 1)
-        slots = self.cache.slot_table(layer)[ids.reshape(-1)]  # (n*k,) in (token, rank) order
+        if self.cache.slots == self.spec.num_experts and type(self.cache) is DeviceExpertCache:
+            self.cache.wait_copies(layer)
+            slots = ids.reshape(-1)  # a full cache keeps expert e in slot e (loaded so, nothing is ever evicted)
+        else:
+            slots = self.cache.slot_table(layer)[ids.reshape(-1)]  # (n*k,) in (token, rank) order
         gu, dn = self.cache.gate_up[layer], self.cache.down[layer]
         S, H = gu.shape[0], h.shape[1]
         tok = self._row_token.get(n)
