@@ -255,11 +255,16 @@ class OffloadedQwen3Moe:
         Whether those rounds use the grouped kernel (:func:`grouped_kernel_available`, probed at load).
     gather_max_tokens, gather_max_bytes : int, int or None
         The resident path (every expert of a layer in the cache, :attr:`grouped_experts`) runs without a
-        host sync (:meth:`_experts_resident`): with the grouped kernel for any forward, otherwise by gathering
-        each (token, expert) row's weights for a forward of at most ``gather_max_tokens`` tokens (default 1:
-        an AR step) whose gathered weights take at most ``gather_max_bytes`` (default 4 MiB on the CPU, where
-        a bigger copy costs more than the host reading the routing; no limit on CUDA). Larger forwards read
-        the routing on the host once per layer and run the rounds path.
+        host sync (:meth:`_experts_resident`): by gathering each (token, expert) row's weights for a forward
+        of at most ``gather_max_tokens`` tokens (default 1: an AR step) whose gathered weights take at most
+        ``gather_max_bytes`` (default 4 MiB on the CPU; no limit on CUDA), otherwise with ``grouped_mm`` where
+        :attr:`resident_grouped_mm`.
+    resident_grouped_mm : bool
+        Whether larger resident forwards use ``grouped_mm``: where the grouped kernel runs
+        (:func:`grouped_kernel_available`: bfloat16 on compute capability 9.x/10.x) and on the CPU (torch's
+        CPU ``grouped_mm`` multiplies group by group on the host: no sync, one product per group, bitwise the
+        per-expert path). Elsewhere (other GPUs, float32 on CUDA) they read the routing on the host once per
+        layer and run the rounds path.
     offload : str
         ``"transfer"`` (default): uncached experts are copied host-to-device into the cache;
         ``"host"``: they are computed on the CPU from :attr:`store` and the cache holds a static hot
@@ -310,6 +315,9 @@ class OffloadedQwen3Moe:
         self.grouped_experts = True
         self.grouped_kernel = grouped_kernel_available(self.device, dtype, spec.hidden_size, spec.moe_intermediate_size)
         self.gather_max_tokens = 1
+        # torch's CPU grouped_mm multiplies group by group on the host (no sync there, bitwise one mm per
+        # group); CUDA's fallback reads the group ends back, so there only the grouped kernel itself is used
+        self.resident_grouped_mm = self.grouped_kernel or (self.device.type == "cpu" and grouped_mm_function() is not None)
         self.gather_max_bytes = 4 << 20 if self.device.type == "cpu" else None
         self._layers = self._fuse_layers()
         self._kv = [(self.k_cache[i], self.v_cache[i]) for i in range(L)]  # per layer (Hk, max_len, d) views
@@ -728,8 +736,8 @@ class OffloadedQwen3Moe:
         n = h.shape[0]
         gather = n <= self.gather_max_tokens and (self.gather_max_bytes is None or
                                                  n * self.spec.top_k * self.store.expert_bytes <= self.gather_max_bytes)
-        if resident and (self.grouped_kernel or gather):
-            return self._experts_resident(layer, h, top_w, top_i), top_i
+        if resident and (gather or self.resident_grouped_mm):
+            return self._experts_resident(layer, h, top_w, top_i, grouped=not gather), top_i
         out = torch.zeros_like(h)
         top_cpu = top_i.cpu()
         ids, rows = torch.unique(top_cpu, return_counts=True)
@@ -769,17 +777,19 @@ class OffloadedQwen3Moe:
         self.cache.run(layer, ids, compute, rows=rows, num_tokens=h.shape[0])
         return out, top_i
 
-    def _experts_resident(self, layer: int, h: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor) -> torch.Tensor:
+    def _experts_resident(self, layer: int, h: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor,
+                          grouped: bool) -> torch.Tensor:
         """The MoE block's expert sum when every expert of ``layer`` is in a device slot, without a host sync.
 
         ``h`` (n, H), ``top_w``/``top_i`` (n, k) the routing weights and ids. Each token's experts are sorted
         by id (the order of the per-expert path's adds) and mapped to slots by the cache's device table
         (:meth:`DeviceExpertCache.slot_table`); the (token, expert) rows then go through their experts:
 
-        * with the grouped kernel (:attr:`grouped_kernel`): rows ordered by slot, group ends found by
-          ``searchsorted`` on the device, two ``grouped_mm`` products;
-        * otherwise (up to :attr:`gather_max_tokens` tokens: an AR step): each row's expert weights gathered
-          (``index_select`` of the slot tensors) and two batched products (``bmm``), one row per batch entry.
+        * ``grouped``: rows ordered by slot, group ends found by ``searchsorted`` on the device, two
+          ``grouped_mm`` products (:attr:`resident_grouped_mm`);
+        * otherwise (a forward within :attr:`gather_max_tokens` and :attr:`gather_max_bytes`: an AR step): each
+          row's expert weights gathered (``index_select`` of the slot tensors) and two batched products
+          (``bmm``), one row per batch entry.
 
         The weighted rows are summed per token in increasing expert id: on the CPU in float32 by one
         ``index_add_`` (row by row there, so bitwise the per-expert path's adds), in bfloat16 rank by rank (its
@@ -800,7 +810,7 @@ class OffloadedQwen3Moe:
         tok = self._row_token.get(n)
         if tok is None:
             tok = self._row_token[n] = torch.arange(n * k, device=h.device) // k
-        if self.grouped_kernel:
+        if grouped:
             if self._slot_range is None or len(self._slot_range) != S:
                 self._slot_range = torch.arange(S, device=h.device)
             by_slot, perm = torch.sort(slots, stable=True)
