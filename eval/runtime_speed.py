@@ -11,8 +11,8 @@ One process, one torch thread, on a Qwen3-MoE checkpoint (default: the shipped p
    time of one call, prefill included, over the new tokens), medians, and each runtime's speed as a
    multiple of transformers'. The token ids of all three are checked equal.
 3. **Verify over AR step**: the median wall time of a 32-node verify forward (an EAGLE-like tree) over
-   that of an AR step, interleaved, every expert resident; again with the grouped-kernel path forced on (what
-   a GPU with the grouped kernel runs; on the CPU torch's ``grouped_mm`` multiplies group by group).
+   that of an AR step, interleaved, every expert resident; again with the verify on the host-routed rounds
+   path (``resident_grouped_mm`` off: one product per used slot, what GPUs without the grouped kernel run).
 
 Usage::
 
@@ -165,9 +165,9 @@ def format_table(result: dict) -> str:
     key = next(k for k in v if k.startswith("verify_"))
     lines += ["", f"AR step {v['ar_step_ms']:.3f} ms, {key.split('_')[1]}-node verify {v[key]:.3f} ms: "
               f"verify / AR step = {v['ratio']:.2f} (median of {v['repeats']})"]
-    g = v.get("grouped_mm_forced")
+    g = v.get("rounds_path")
     if g:
-        lines.append(f"the same with grouped_mm forced (no host sync; CPU grouped_mm multiplies every slot's group): "
+        lines.append(f"the same with the verify on the host-routed rounds path (resident_grouped_mm off): "
                      f"verify {g[key]:.3f} ms, AR step {g['ar_step_ms']:.3f} ms, ratio {g['ratio']:.2f}")
     return "\n".join(lines)
 
@@ -198,13 +198,13 @@ def main(argv: list[str] | None = None) -> int:
         ops["every expert resident" if slots == "all" else "0 slots"] = count_ops(model, prompt_t)
         if slots == "all":
             verify = verify_over_ar(model, prompt_t, repeats=args.verify_repeats)
-            # the path a GPU with the grouped kernel takes, forced here: torch's CPU grouped_mm multiplies
-            # every group (all E slots) one product at a time
-            model.grouped_kernel = True
-            ops["every expert resident, grouped_mm forced"] = {
+            # for comparison: the host-routed rounds path (one host read of the routing per layer, one
+            # product per used slot), what a resident verify runs where grouped_mm is not used
+            model.resident_grouped_mm = False
+            ops["every expert resident, rounds path"] = {
                 k: v for k, v in count_ops(model, prompt_t).items() if k.startswith("verify")}
-            verify["grouped_mm_forced"] = verify_over_ar(model, prompt_t, repeats=max(3, args.verify_repeats // 3))
-            model.grouped_kernel = False
+            verify["rounds_path"] = verify_over_ar(model, prompt_t, repeats=max(3, args.verify_repeats // 3))
+            model.resident_grouped_mm = True
         del model
     result = {"ops": ops, "verify": verify, "model": args.model}
     if not args.skip_decode:
