@@ -19,9 +19,8 @@ the tree's KV past the prefix and :meth:`commit` keeps one accepted root path.
 
 from __future__ import annotations
 
-from typing import NamedTuple
 from pathlib import Path
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -57,7 +56,6 @@ class ForwardOutput:
         (n, H) in the model dtype: the final-norm output, the input of ``lm_head``.
     """
 
-
     __slots__ = ("logits", "routing_device", "aux_hidden", "last_hidden", "_routing_host")
 
     def __init__(self, logits: torch.Tensor, routing: torch.Tensor, aux_hidden: torch.Tensor,
@@ -68,6 +66,7 @@ class ForwardOutput:
 
     @property
     def routing(self) -> torch.Tensor:
+        """(n, L, k) int64 on the CPU (copied from :attr:`routing_device` on first access)."""
         if self._routing_host is None:
             self._routing_host = self.routing_device.cpu()
         return self._routing_host
