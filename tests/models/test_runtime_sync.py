@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-from specfit.eval.runtime_bench import eagle_like_tree
 from specfit.models.devices import SYNC_OPS, HostSyncGuard, OpCounter
 from specfit.models.proxy import paths
 from specfit.models.qwen3_moe import OffloadedQwen3Moe
@@ -26,8 +25,9 @@ def proxy(device, slots="all", **attrs) -> OffloadedQwen3Moe:
 
 
 def tree(n: int, seed: int = 0) -> tuple[torch.Tensor, list[int]]:
+    """n random tokens and a random tree of n nodes (each node's parent uniform among the earlier ones)."""
     rng = np.random.default_rng(seed)
-    return torch.as_tensor(rng.integers(0, 4096, n)), eagle_like_tree(n, rng)
+    return torch.as_tensor(rng.integers(0, 4096, n)), [-1] + [int(rng.integers(0, i)) for i in range(1, n)]
 
 
 @pytest.mark.parametrize("sync", ["item", "int", "nonzero", "bool_index", "unique", "masked_select", "where"])
