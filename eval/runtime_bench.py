@@ -14,9 +14,11 @@ Usage::
     python -m specfit.eval.runtime_bench --synthetic tiny --device cpu
     python -m specfit.eval.runtime_bench --model /path/to/Qwen3-30B-A3B --device cuda --cache-slots 0
     python -m specfit.eval.runtime_bench --synthetic qwen3-30b-a3b --layers 4 --device cuda --json out.json
+    python -m specfit.eval.runtime_bench --synthetic qwen3-30b-a3b --in-memory --cache-slots all --device cuda
 
 ``--synthetic`` writes a random-weight checkpoint (per-expert layout, one shard per layer) with the
-named shape to a temporary directory first; ``qwen3-30b-a3b`` has the real dimensions of
+named shape to a temporary directory first (``--in-memory``: builds it in memory instead,
+:func:`synthetic_model`); ``qwen3-30b-a3b`` has the real dimensions of
 Qwen3-30B-A3B (SPECFIT.md §5) and ``--layers`` decoder layers.
 """
 
@@ -59,6 +61,61 @@ SHAPES = {
 TREE_SIZES = (8, 16, 32, 64)
 
 
+def _synthetic_config(shape: str, num_layers: int | None) -> dict:
+    """The ``config.json`` of a synthetic checkpoint of one of the :data:`SHAPES`."""
+    cfg = dict(SHAPES[shape], architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", norm_topk_prob=True,
+               rms_norm_eps=1e-6, tie_word_embeddings=False, max_position_embeddings=40960, hidden_act="silu",
+               intermediate_size=4 * SHAPES[shape]["hidden_size"])
+    cfg.setdefault("rope_theta", 10000.0)
+    if num_layers:
+        cfg["num_hidden_layers"] = num_layers
+    return cfg
+
+
+def synthetic_model(shape: str, num_layers: int | None = None, device="cpu", dtype: torch.dtype = torch.bfloat16,
+                    cache_slots: int | str = 0, max_len: int = 256, seed: int = 0) -> OffloadedQwen3Moe:
+    """A random-weight runtime of one of the :data:`SHAPES` built in memory, without a checkpoint (timing
+    only, not a model): Qwen3-30B-A3B's 48 layers hold ~58 GB of bfloat16 experts, too much to write to disk
+    and read back inside a GPU check.
+
+    Dense weights are drawn on ``device`` as in :func:`write_synthetic_checkpoint`. The host expert store
+    holds ONE layer's experts (N(0, 0.02²), page-locked on CUDA) that every MoE layer's store entry shares,
+    so host memory is one layer's experts (~1.2 GB at the real shape) while every copy moves a full expert;
+    with ``cache_slots="all"`` every layer's slots are filled from it (~58 GB on the device at the real shape).
+
+    Returns
+    -------
+    OffloadedQwen3Moe
+        ``cache_slots`` slots per MoE layer, KV capacity ``max_len``.
+    """
+    from specfit.models.experts import HostExpertStore
+    from specfit.models.qwen3_moe.config import read_spec
+
+    device = resolve_device(device)
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "config.json").write_text(json.dumps(_synthetic_config(shape, num_layers)))
+        spec = read_spec(tmp)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    weights = {}
+    for name, shp in dense_shapes(spec).items():
+        if len(shp) == 1:
+            t = torch.ones(shp, dtype=dtype, device=device)
+        elif name.endswith("mlp.gate.weight"):
+            t = torch.nn.functional.normalize(torch.randn(*shp, generator=gen, device=device), dim=-1) * 2.0
+        else:
+            t = torch.randn(*shp, generator=gen, device=device) * (1.0 if name == "model.embed_tokens.weight" else 0.02)
+        weights[name] = t.to(dtype)
+    E, H, I = spec.num_experts, spec.hidden_size, spec.moe_intermediate_size
+    L = len(spec.moe_layers)
+    store = HostExpertStore(1, E, H, I, dtype, pin_memory=device.type == "cuda")
+    cpu_gen = torch.Generator().manual_seed(seed)
+    for e in range(E):  # expert by expert: no float32 copy of the whole layer
+        store.gate_up[0][e].copy_(torch.randn(2 * I, H, generator=cpu_gen) * 0.02)
+        store.down[0][e].copy_(torch.randn(H, I, generator=cpu_gen) * 0.02)
+    store.num_layers, store.gate_up, store.down = L, store.gate_up * L, store.down * L
+    return OffloadedQwen3Moe(spec, weights, store, device, dtype, cache_slots=cache_slots, max_len=max_len)
+
+
 def write_synthetic_checkpoint(out_dir: Path, shape: str, num_layers: int | None = None,
                                dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> Path:
     """Write a random Qwen3-MoE checkpoint with one of the :data:`SHAPES` (timing only, not a model).
@@ -72,12 +129,7 @@ def write_synthetic_checkpoint(out_dir: Path, shape: str, num_layers: int | None
     Path
         ``out_dir``.
     """
-    cfg = dict(SHAPES[shape], architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", norm_topk_prob=True,
-               rms_norm_eps=1e-6, tie_word_embeddings=False, max_position_embeddings=40960, hidden_act="silu",
-               intermediate_size=4 * SHAPES[shape]["hidden_size"])
-    cfg.setdefault("rope_theta", 10000.0)
-    if num_layers:
-        cfg["num_hidden_layers"] = num_layers
+    cfg = _synthetic_config(shape, num_layers)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.json").write_text(json.dumps(cfg, indent=1))
     spec = read_spec(out_dir)
@@ -242,22 +294,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-expert", action="store_true",
                     help="call each expert on its own instead of running each round of a layer's experts together "
                          "(for comparison)")
+    ap.add_argument("--in-memory", action="store_true",
+                    help="with --synthetic: build the random model in memory (one layer's experts on the host, "
+                         "shared by every layer) instead of writing a checkpoint")
     ap.add_argument("--json", default=None, help="also write the full result to this file")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     slots = int(args.cache_slots) if args.cache_slots.isdigit() else args.cache_slots
     device = resolve_device(args.device)
-    with tempfile.TemporaryDirectory() as tmp:
-        model_dir = args.model or write_synthetic_checkpoint(
-            Path(tmp) / args.synthetic, args.synthetic, args.layers,
-            dtype=torch.float32 if device.type == "cpu" else torch.bfloat16)
-        model = OffloadedQwen3Moe.from_pretrained(model_dir, device=device, cache_slots=slots,
-                                                  pin_memory=False if args.pageable else None,
-                                                  max_len=args.prefix_len + args.repeats + 80)
+    max_len = args.prefix_len + args.repeats + 80
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    if args.in_memory:
+        if not args.synthetic:
+            ap.error("--in-memory needs --synthetic")
+        model = synthetic_model(args.synthetic, args.layers, device, dtype, cache_slots=slots, max_len=max_len)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            model_dir = args.model or write_synthetic_checkpoint(Path(tmp) / args.synthetic, args.synthetic,
+                                                                 args.layers, dtype=dtype)
+            model = OffloadedQwen3Moe.from_pretrained(model_dir, device=device, cache_slots=slots,
+                                                      pin_memory=False if args.pageable else None, max_len=max_len)
     model.grouped_experts = model.grouped_experts and not args.per_expert
     result = run_bench(model, prefix_len=args.prefix_len, repeats=args.repeats)
     result.update(machine=machine(device=device), command=command_line("specfit.eval.runtime_bench", argv),
-                  source=args.model or f"synthetic:{args.synthetic}", layers=model.spec.num_layers)
+                  source=args.model or f"synthetic:{args.synthetic}" + (" (in memory)" if args.in_memory else ""),
+                  layers=model.spec.num_layers)
     publish(result, format_table(result), args.json)
     return 0
 

@@ -238,13 +238,31 @@ class _Timer:
         else:
             sink((time.perf_counter() - start) * 1e3)
 
-    def flush(self) -> None:
-        """Synchronise and deliver the pending CUDA intervals."""
-        if self._pending:
+    def flush(self, block: bool = True) -> None:
+        """Deliver the pending CUDA intervals: all of them after waiting for the last one (``block``), or
+        without waiting only those whose end event has completed, in order (the rest stay pending)."""
+        if not self._pending:
+            return
+        if block:
             self._pending[-1][1].synchronize()
-            for a, b, sink in self._pending:
-                sink(a.elapsed_time(b))
-            self._pending.clear()
+            done = len(self._pending)
+        else:
+            done = 0
+            while done < len(self._pending) and self._pending[done][1].query():
+                done += 1
+        for a, b, sink in self._pending[:done]:
+            sink(a.elapsed_time(b))
+        del self._pending[:done]
+
+
+class _no_stream:
+    """A do-nothing context (the CPU has no streams)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
 
 
 class DeviceExpertCache:
@@ -302,6 +320,10 @@ class DeviceExpertCache:
         # per layer, expert -> (last_use, uses, resident) before the open tentative forward touched it
         self._journal: list[dict[int, tuple[int, int, bool]]] | None = None
         self._held: list[dict[int, tuple[int, int, bool]]] | None = None  # closed, awaiting settle
+        self._deferred: list[tuple[int, torch.Tensor, list | None]] = []  # touch_resident's pending counts
+        self._slot_table: list[torch.Tensor | None] = [None] * L  # expert -> slot on the device, per layer
+        self._copy_stream = None           # CUDA: the stream the H2D copies run on (created on first copy)
+        self._ready: list[object | None] = [None] * L  # CUDA: per layer, the event of its last copies
         if slots == E:
             for layer in range(L):
                 self._load(layer, range(E), range(E))
@@ -321,6 +343,36 @@ class DeviceExpertCache:
             return 0
         per = self.gate_up[0].nbytes + self.down[0].nbytes
         return per * (self.num_layers if self.slots > 0 else 1)
+
+    def all_resident(self, layer: int) -> bool:
+        """Whether every expert of ``layer`` is in a device slot (known on the host: no device sync)."""
+        return bool(self._resident[layer].all())
+
+    def slot_table(self, layer: int) -> torch.Tensor:
+        """The expert -> slot table of ``layer`` on the device: (E,) int64, -1 for an expert not resident.
+
+        Built from the host's slot map the first time it is asked for after the layer's slots changed (one
+        host-to-device copy), so a forward whose experts are all resident maps routed experts to slots on
+        the device without reading the routing back. Before reading the slots, the caller's stream waits for
+        the layer's pending copies (:meth:`wait_copies`).
+        """
+        table = self._slot_table[layer]
+        if table is None:
+            host = np.full(self.store.num_experts, -1, dtype=np.int64)
+            for e, s in self._slot_of[layer].items():
+                host[e] = s
+            table = torch.from_numpy(host).to(self.device)
+            self._slot_table[layer] = table
+        self.wait_copies(layer)
+        return table
+
+    def wait_copies(self, layer: int) -> None:
+        """CUDA: make the current stream wait (on the device, not the host) for the copies last issued into
+        ``layer``'s slots on the copy stream; a no-op elsewhere and when none is pending."""
+        ev = self._ready[layer]
+        if ev is not None:
+            torch.cuda.current_stream(self.device).wait_event(ev)
+            self._ready[layer] = None
 
     def cached_experts(self) -> list[list[int]]:
         """Expert ids resident per MoE layer, sorted (the selector's cache input C[l], SPECFIT.md §3).
@@ -349,6 +401,7 @@ class DeviceExpertCache:
             Experts demoted to the cold end (``admission="accepted"``) are not marked: AR decoding,
             which the twin replays, demotes none.
         """
+        self._flush_touches()
         L, E = self.num_layers, self.store.num_experts
         resident, admitted = np.zeros((L, E), dtype=bool), np.zeros((L, E), dtype=np.int64)
         for layer, slot_of in enumerate(self._slot_of):
@@ -358,7 +411,8 @@ class DeviceExpertCache:
         return resident, np.asarray(self._last_use, dtype=np.int64), np.asarray(self._uses, dtype=np.int64), admitted
 
     def stats(self) -> dict:
-        """Counters per layer and in total.
+        """Counters per layer and in total; never waits for the device (on CUDA, ``transfer_ms`` counts the
+        copies whose end event has completed; synchronise the device first for all of them).
 
         Returns
         -------
@@ -368,7 +422,8 @@ class DeviceExpertCache:
             keys, plus "hit_rate"}}``;
             ``transfer_ms`` in milliseconds (CUDA events on CUDA, wall clock on CPU).
         """
-        self.timer.flush()
+        self._flush_touches()
+        self.timer.flush(block=False)
         layers = [vars(s).copy() for s in self._stats]
         total = {k: sum(d[k] for d in layers) for k in vars(LayerStats())}
         looked_up = total["hits"] + total["misses"]
@@ -379,27 +434,53 @@ class DeviceExpertCache:
 
     def reset_stats(self) -> None:
         """Zero every counter (the cache contents stay)."""
+        self._flush_touches()
         self.timer.flush()
         self._stats = [LayerStats() for _ in range(self.num_layers)]
 
     # -- movement --------------------------------------------------------------------------------
-    def _load(self, layer: int, experts: Sequence[int], slots: Sequence[int]) -> None:
-        """H2D-copy ``experts`` into ``slots`` of ``layer``, count bytes and time."""
+    def _load(self, layer: int, experts: Sequence[int], slots: Sequence[int], defer: bool = False) -> None:
+        """H2D-copy ``experts`` into ``slots`` of ``layer``, count bytes and time.
+
+        On CUDA the copies run on a dedicated copy stream: it first waits (on the device) for the work
+        already queued on the compute stream, the last readers of the slots being overwritten, and an event
+        recorded after the copies is what the compute stream waits for before it reads the layer's slots:
+        at once, or with ``defer`` (:meth:`prefetch`) when the layer is next used (:meth:`wait_copies`), so
+        that copies issued ahead of a forward overlap the kernels queued after them (a draft head's). The
+        host never waits. Not exercised on a GPU in this repository's tests (the CPU path copies in place).
+        """
         if not experts:
             return
         st = self._stats[layer]
-        t0 = self.timer.start()
         gu, dn = self.gate_up[layer], self.down[layer]
-        for e, s in zip(experts, slots):
-            gu[s].copy_(self.store.gate_up[layer][e], non_blocking=True)
-            dn[s].copy_(self.store.down[layer][e], non_blocking=True)
+        self._slot_table[layer] = None
+        if self.slots == 0:  # the staging buffer is shared by every layer
+            self._slot_table = [None] * self.num_layers
+        stream = None
+        if self.device.type == "cuda":
+            if self._copy_stream is None:
+                self._copy_stream = torch.cuda.Stream(self.device)
+            stream = self._copy_stream
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream) if stream is not None else _no_stream():
+            t0 = self.timer.start()
+            for e, s in zip(experts, slots):
+                gu[s].copy_(self.store.gate_up[layer][e], non_blocking=True)
+                dn[s].copy_(self.store.down[layer][e], non_blocking=True)
+            self.timer.stop(t0, lambda ms: setattr(st, "transfer_ms", st.transfer_ms + ms))
+            if stream is not None:
+                ev = torch.cuda.Event()
+                ev.record(stream)
+                self._ready[layer] = ev
+        if not defer:
+            self.wait_copies(layer)
         st.bytes_moved += len(experts) * self.store.expert_bytes
-        self.timer.stop(t0, lambda ms: setattr(st, "transfer_ms", st.transfer_ms + ms))
 
     def _assign(self, layer: int, experts: Sequence[int], busy: set[int]) -> list[int]:
         """Choose slots for non-resident ``experts`` (empty slots first, then the policy's victims
         among resident experts not in ``busy``), update the maps and return the slots."""
         slot_of = self._slot_of[layer]
+        self._slot_table[layer] = None
         free = sorted(set(range(self.slots)) - set(slot_of.values()))
         out = []
         for e in experts:
@@ -449,6 +530,7 @@ class DeviceExpertCache:
         journal, self._held = self._held, None
         if journal is None or accepted is None:
             return
+        self._flush_touches()
         for layer, (seen, keep) in enumerate(zip(journal, accepted)):
             keep = set(int(e) for e in keep)
             self._stats[layer].rejected_misses += sum(not r and e not in keep for e, (_, _, r) in seen.items())
@@ -493,25 +575,79 @@ class DeviceExpertCache:
             If ``layer`` or an expert id is out of range.
         """
         ids = self._prefetch_ids(layer, expert_ids)
-        if self.slots == 0:
+        if self.slots == 0 or self.slots == self.store.num_experts:
             return []
         ids = ids[: self.slots]
+        self._flush_touches()
         self._tick += 1
         for e in ids:
             self._last_use[layer][e] = self._tick
             self._cold[layer].discard(e)
         new = [e for e in ids if e not in self._slot_of[layer]]
-        self._load(layer, new, self._assign(layer, new, set(ids)))
+        self._load(layer, new, self._assign(layer, new, set(ids)), defer=True)
         self._stats[layer].prefetched += len(new)
         return new
+
+    def prefetch_layers(self, layer_expert_ids: Sequence[Iterable[int]]) -> list[list[int]]:
+        """:meth:`prefetch` for every MoE layer at once: what an engine calls with a selected tree's predicted
+        experts while its draft head runs (on CUDA the copies are queued on the copy stream and this returns
+        without waiting for them; results never change, only timing).
+
+        Parameters
+        ----------
+        layer_expert_ids : sequence of iterable of int
+            One list per MoE layer (``num_layers`` of them), experts in priority order.
+
+        Returns
+        -------
+        list of list of int
+            Per layer, the experts transferred.
+
+        Raises
+        ------
+        SpecFitInputError
+            If the number of lists is not ``num_layers`` (field ``layer_expert_ids``) or an id is out of range.
+        """
+        if len(layer_expert_ids) != self.num_layers:
+            raise SpecFitInputError("layer_expert_ids", f"must hold one list per MoE layer ({self.num_layers}), "
+                                    f"got {len(layer_expert_ids)}")
+        return [self.prefetch(layer, ids) for layer, ids in enumerate(layer_expert_ids)]
+
+    def touch_resident(self, layer: int, routing: torch.Tensor) -> None:
+        """Count a forward's use of ``layer``'s experts, all resident, from its routing ``routing`` (n, k) on
+        the device, without reading it now: the count (hits, recency, use counts, the tentative journal) is
+        made, in the order of the forwards, the next time the host reads the bookkeeping (:meth:`stats`,
+        :meth:`recency`, :meth:`settle`, or the next forward that needs the host's routing), all pending
+        routings in one device-to-host copy. The same counters as :meth:`run_rounds` with hits only."""
+        self._deferred.append((layer, routing, self._journal))
+        if len(self._deferred) >= 4096:  # a long run nobody reads the counters of: apply them in bulk
+            self._flush_touches()
+
+    def _flush_touches(self) -> None:
+        """Apply the pending :meth:`touch_resident` counts (one device-to-host copy of their routings)."""
+        if not self._deferred:
+            return
+        pending, self._deferred = self._deferred, []
+        host = torch.cat([r.reshape(-1) for _, r, _ in pending]).cpu().numpy()
+        start = 0
+        for layer, r, journal in pending:
+            ids = np.unique(host[start:start + r.numel()]).tolist()
+            start += r.numel()
+            self._touch_now(layer, ids, journal)
+            self._stats[layer].hits += len(ids)
 
     def _touch(self, layer: int, experts: Sequence[int], journal: bool = True) -> None:
         """Count one use of each of ``experts`` now (recency, use count; journalled in a tentative
         forward unless ``journal`` is False: a static cache has nothing to rank)."""
+        self._flush_touches()
+        self.wait_copies(layer)  # a forward is about to read the layer's slots
+        self._touch_now(layer, experts, self._journal if journal else None)
+
+    def _touch_now(self, layer: int, experts: Sequence[int], journal: list | None) -> None:
         slot_of = self._slot_of[layer]
         self._tick += 1
-        if journal and self._journal is not None:
-            seen = self._journal[layer]
+        if journal is not None:
+            seen = journal[layer]
             for e in experts:
                 if e not in seen:
                     seen[e] = (self._last_use[layer][e], self._uses[layer][e], e in slot_of)

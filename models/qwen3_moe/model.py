@@ -19,9 +19,8 @@ the tree's KV past the prefix and :meth:`commit` keeps one accepted root path.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -36,7 +35,6 @@ from specfit.core.errors import SpecFitInputError, check_positive_int, check_sin
 from specfit.core.tree import DraftTree
 
 
-@dataclass
 class ForwardOutput:
     """What one forward returns, one row per new token (tree node).
 
@@ -46,7 +44,11 @@ class ForwardOutput:
         (n, V) float32, next-token logits of each node.
     routing : torch.Tensor
         (n, L, k) int64 on the CPU, the router's top-k experts per node and MoE layer, in
-        decreasing router probability (the true routing E[v][l] of SPECFIT.md §3).
+        decreasing router probability (the true routing E[v][l] of SPECFIT.md §3). The forward keeps
+        it on the device; the host copy is made on first access (on CUDA that access waits for the
+        forward), so a forward whose experts are all resident never reads anything back itself.
+    routing_device : torch.Tensor
+        The same (n, L, k) int64 on the model's device.
     aux_hidden : torch.Tensor
         (n, len(aux_layers) * H) in the model dtype: the concatenated hidden states an EAGLE-3 head
         reads (see :func:`default_aux_layers` for the index convention).
@@ -54,10 +56,24 @@ class ForwardOutput:
         (n, H) in the model dtype: the final-norm output, the input of ``lm_head``.
     """
 
-    logits: torch.Tensor
-    routing: torch.Tensor
-    aux_hidden: torch.Tensor
-    last_hidden: torch.Tensor
+    __slots__ = ("logits", "routing_device", "aux_hidden", "last_hidden", "_routing_host")
+
+    def __init__(self, logits: torch.Tensor, routing: torch.Tensor, aux_hidden: torch.Tensor,
+                 last_hidden: torch.Tensor):
+        self.logits, self.routing_device = logits, routing
+        self.aux_hidden, self.last_hidden = aux_hidden, last_hidden
+        self._routing_host = routing if routing.device.type == "cpu" else None
+
+    @property
+    def routing(self) -> torch.Tensor:
+        """(n, L, k) int64 on the CPU (copied from :attr:`routing_device` on first access)."""
+        if self._routing_host is None:
+            self._routing_host = self.routing_device.cpu()
+        return self._routing_host
+
+    def __repr__(self) -> str:
+        return (f"ForwardOutput(logits={tuple(self.logits.shape)}, routing={tuple(self.routing_device.shape)}, "
+                f"device={self.logits.device})")
 
 
 def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
@@ -87,6 +103,37 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotary embedding in the rotate-half layout; x (n, heads, d), cos/sin (n, 1, d)."""
     h = x.shape[-1] // 2
     return x * cos + torch.cat((-x[..., h:], x[..., :h]), dim=-1) * sin
+
+
+def gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, scale: float) -> torch.Tensor:
+    """Grouped-query attention (Ainslie et al. 2023) without repeating the key/value heads.
+
+    Query head ``h`` reads key/value head ``h // g`` (``g = Hq / Hk``, the layout of transformers'
+    ``repeat_kv``), so the ``g`` query heads of one key/value head are stacked as ``g * n`` rows of one
+    batched product: ``softmax(bias + scale * q k^T) v`` in three operations (``baddbmm``, ``softmax``,
+    ``bmm``) whatever ``g``.
+
+    Parameters
+    ----------
+    q : torch.Tensor
+        (Hq, n, d) queries.
+    k, v : torch.Tensor
+        (Hk, T, d) keys and values (the KV cache's first T rows).
+    bias : torch.Tensor
+        (g * n, T) float32 or the model dtype: 0 where row ``j % n``'s token may attend, ``-inf`` where not
+        (the same for every head; :meth:`OffloadedQwen3Moe._forward` builds it once per forward).
+    scale : float
+        The logits' scale, ``d ** -0.5``.
+
+    Returns
+    -------
+    torch.Tensor
+        (Hq, n, d).
+    """
+    hq, n, d = q.shape
+    hk = k.shape[0]
+    scores = torch.baddbmm(bias, q.reshape(hk, hq // hk * n, d), k.transpose(1, 2), alpha=scale)
+    return torch.bmm(torch.softmax(scores, dim=-1), v).view(hq, n, d)
 
 
 def grouped_mm_function():
@@ -150,6 +197,31 @@ def grouped_kernel_available(device: torch.device, dtype: torch.dtype, hidden_si
     return True
 
 
+class _Layer(NamedTuple):
+    """One decoder layer's dense weights as the forward reads them (views of :attr:`OffloadedQwen3Moe.w`)."""
+
+    input_norm: torch.Tensor     # (H,)
+    qkv: torch.Tensor            # (Hq*d + 2*Hk*d, H): q_proj, k_proj and v_proj stacked (one product)
+    qk_norm: torch.Tensor        # (Hq + Hk, d): q_norm per query head, then k_norm per key head
+    o_proj: torch.Tensor         # (H, Hq*d)
+    post_norm: torch.Tensor      # (H,)
+    router: torch.Tensor | None  # (E, H) on a MoE layer
+    gate_up: torch.Tensor | None  # (2 * I_dense, H) on a dense layer: gate_proj then up_proj
+    down: torch.Tensor | None    # (H, I_dense) on a dense layer
+
+
+def fuse_rows(weights: dict[str, torch.Tensor], names: Sequence[str]) -> torch.Tensor:
+    """Stack the (rows, H) matrices ``names`` of ``weights`` into one tensor and put views of it back under
+    the same names (no second copy is kept: memory is unchanged). Returns the stacked (sum rows, H) tensor."""
+    fused = torch.cat([weights[n] for n in names])
+    start = 0
+    for n in names:
+        rows = weights[n].shape[0]
+        weights[n] = fused[start:start + rows]
+        start += rows
+    return fused
+
+
 class OffloadedQwen3Moe:
     """A Qwen3-MoE target whose experts stay in host memory behind a device expert cache.
 
@@ -180,6 +252,18 @@ class OffloadedQwen3Moe:
         each expert). The same outputs: bitwise on the CPU, in float32 and bfloat16.
     grouped_kernel : bool
         Whether those rounds use the grouped kernel (:func:`grouped_kernel_available`, probed at load).
+    gather_max_tokens, gather_max_bytes : int, int or None
+        The resident path (every expert of a layer in the cache, :attr:`grouped_experts`) runs without a
+        host sync (:meth:`_experts_resident`): by gathering each (token, expert) row's weights for a forward
+        of at most ``gather_max_tokens`` tokens (default 1: an AR step) whose gathered weights take at most
+        ``gather_max_bytes`` (default 4 MiB on the CPU; no limit on CUDA), otherwise with ``grouped_mm`` where
+        :attr:`resident_grouped_mm`.
+    resident_grouped_mm : bool
+        Whether larger resident forwards use ``grouped_mm``: where the grouped kernel runs
+        (:func:`grouped_kernel_available`: bfloat16 on compute capability 9.x/10.x) and on the CPU (torch's
+        CPU ``grouped_mm`` multiplies group by group on the host: no sync, one product per group, bitwise the
+        per-expert path). Elsewhere (other GPUs, float32 on CUDA) they read the routing on the host once per
+        layer and run the rounds path.
     offload : str
         ``"transfer"`` (default): uncached experts are copied host-to-device into the cache;
         ``"host"``: they are computed on the CPU from :attr:`store` and the cache holds a static hot
@@ -229,6 +313,20 @@ class OffloadedQwen3Moe:
         self.expert_compute_ms = 0.0
         self.grouped_experts = True
         self.grouped_kernel = grouped_kernel_available(self.device, dtype, spec.hidden_size, spec.moe_intermediate_size)
+        self.gather_max_tokens = 1
+        # torch's CPU grouped_mm multiplies group by group on the host (no sync there, bitwise one mm per
+        # group); CUDA's fallback reads the group ends back, so there only the grouped kernel itself is used
+        self.resident_grouped_mm = self.grouped_kernel or (self.device.type == "cpu" and grouped_mm_function() is not None)
+        self.gather_max_bytes = 4 << 20 if self.device.type == "cpu" else None
+        self._layers = self._fuse_layers()
+        self._kv = [(self.k_cache[i], self.v_cache[i]) for i in range(L)]  # per layer (Hk, max_len, d) views
+        pos = torch.arange(max_len, dtype=torch.float32, device=self.device)[:, None] * self._inv_freq
+        emb = torch.cat((pos, pos), dim=-1)
+        self._cos, self._sin = emb.cos().to(dtype), emb.sin().to(dtype)  # (max_len, d) rotary tables
+        h = spec.head_dim // 2  # rope(x) = x cos + roll(x, d/2) sin_signed: rotate_half's sign folded into sin
+        self._sin_signed = torch.cat((-self._sin[:, :h], self._sin[:, h:]), dim=-1)
+        self._row_token: dict[int, torch.Tensor] = {}  # n -> (n*k,) token of each (token, rank) row
+        self._slot_range: torch.Tensor | None = None
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, device="cpu", dtype: torch.dtype | None = None,
@@ -287,6 +385,22 @@ class OffloadedQwen3Moe:
         finally:
             reader.close()
         return cls(spec, weights, store, device, dtype, **kwargs)
+
+    def _fuse_layers(self) -> list[_Layer]:
+        """Each layer's weights as the forward reads them: q/k/v projections stacked into one matrix (and a
+        dense layer's gate/up), the q/k norms into one (Hq + Hk, d) weight; views of :attr:`w`."""
+        s, w, out = self.spec, self.w, []
+        for i in range(s.num_layers):
+            p = f"model.layers.{i}."
+            qkv = fuse_rows(w, [p + f"self_attn.{n}_proj.weight" for n in "qkv"])
+            qk_norm = torch.cat([w[p + "self_attn.q_norm.weight"].expand(s.num_heads, -1),
+                                 w[p + "self_attn.k_norm.weight"].expand(s.num_kv_heads, -1)])
+            moe = i in self._moe_index
+            gate_up = None if moe else fuse_rows(w, [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"])
+            out.append(_Layer(w[p + "input_layernorm.weight"], qkv, qk_norm, w[p + "self_attn.o_proj.weight"],
+                              w[p + "post_attention_layernorm.weight"], w[p + "mlp.gate.weight"] if moe else None,
+                              gate_up, None if moe else w[p + "mlp.down_proj.weight"]))
+        return out
 
     # -- memory ------------------------------------------------------------------------------------
     def _resident_bytes(self) -> int:
@@ -357,10 +471,17 @@ class OffloadedQwen3Moe:
             If the ids are empty, not integers, a batch of more than one sequence, out of the
             vocabulary, or overflow ``max_len``.
         """
-        ids = self._ids(input_ids)
-        n = len(ids)
-        out = self._forward(ids, np.arange(n), torch.ones(n, n, dtype=torch.bool).tril())
-        self.kv_len += len(ids)
+        return self._chain(self._ids(input_ids))
+
+    def _chain(self, ids: torch.Tensor) -> ForwardOutput:
+        """Forward ``ids`` (n,) on the device as a chain after the committed prefix and commit them."""
+        n, P = len(ids), self.kv_len
+        self._check_room(n)
+        mask = None
+        if n > 1:  # token i sees the prefix and new tokens 0..i: a lower triangle shifted by P, made on the device
+            mask = torch.ones(n, P + n, dtype=torch.bool, device=self.device).tril(P)
+        out = self._forward(ids, self._cos[P:P + n], self._sin_signed[P:P + n], mask)
+        self.kv_len += n
         self._pending = None
         self.cache.settle(None)                         # a pending verify's record is abandoned
         return out
@@ -373,7 +494,13 @@ class OffloadedQwen3Moe:
         ForwardOutput
             n = 1.
         """
-        return self.prefill(self._ids([int(token_id)]))
+        try:
+            tok = int(token_id)
+        except (TypeError, ValueError, RuntimeError):
+            raise SpecFitInputError("token_id", f"must be one integer token id, got {token_id!r}") from None
+        if not 0 <= tok < self.spec.vocab_size:
+            raise SpecFitInputError("input_ids", f"must lie in [0, {self.spec.vocab_size})")
+        return self._chain(self._to_device(torch.tensor([tok])))
 
     def verify(self, tokens, parents: Sequence[int]) -> ForwardOutput:
         """One forward over a draft tree after the committed prefix; nothing is committed.
@@ -401,12 +528,23 @@ class OffloadedQwen3Moe:
         tree = DraftTree(parents, q=np.ones(len(parents)))
         if tree.n != len(ids):
             raise SpecFitInputError("parents", f"must have one entry per token ({len(ids)}), got {tree.n}")
+        n, P = tree.n, self.kv_len
+        self._check_room(n)
+        # the tree's positions and its ancestor mask come from the host: one copy of both (from page-locked
+        # memory on CUDA, so the host does not wait)
+        host = torch.empty(n, 1 + n, dtype=torch.long, pin_memory=self.device.type == "cuda")
+        host[:, 0] = torch.from_numpy(tree.depth + P)
+        host[:, 1:] = torch.from_numpy(tree.ancestor_mask)
+        dev = host.to(self.device, non_blocking=True)
+        pos = dev[:, 0]
+        mask = torch.ones(n, P + n, dtype=torch.bool, device=self.device)
+        mask[:, P:] = dev[:, 1:].bool()
         self.cache.begin_tentative()
         try:
-            out = self._forward(ids, tree.depth, torch.from_numpy(tree.ancestor_mask))
+            out = self._forward(ids, self._cos[pos], self._sin_signed[pos], mask)
         finally:
             self.cache.end_tentative()
-        self._pending = (self.kv_len, tree.parents, out.routing)
+        self._pending = (self.kv_len, tree.parents, out)
         return out
 
     def commit(self, path: Sequence[int]) -> None:
@@ -428,7 +566,7 @@ class OffloadedQwen3Moe:
         """
         if self._pending is None:
             raise SpecFitInputError("path", "commit needs a preceding verify (nothing pending)")
-        prefix, par, routing = self._pending
+        prefix, par, verified = self._pending
         path = [int(v) for v in path]
         if not path or path[0] != 0:
             raise SpecFitInputError("path", f"must start at the root node 0, got {path}")
@@ -441,7 +579,8 @@ class OffloadedQwen3Moe:
         self.v_cache[:, :, prefix:prefix + n] = self.v_cache[:, :, src]
         self.kv_len = prefix + n
         self._pending = None
-        self.cache.settle([torch.unique(routing[path, j]).tolist() for j in range(routing.shape[1])])
+        routing = verified.routing.numpy()[path]
+        self.cache.settle([np.unique(routing[:, j]).tolist() for j in range(routing.shape[1])])
 
     def reset(self) -> None:
         """Forget the KV prefix (the expert cache keeps its contents and counters)."""
@@ -506,67 +645,98 @@ class OffloadedQwen3Moe:
         if t.is_floating_point() or t.is_complex():
             raise SpecFitInputError("input_ids", f"must be integer token ids, got dtype {t.dtype}")
         t = t.reshape(-1).to(torch.long)
-        if int(t.min()) < 0 or int(t.max()) >= self.spec.vocab_size:
+        values = t.numpy() if t.device.type == "cpu" else t  # host ids are checked on the host
+        if int(values.min()) < 0 or int(values.max()) >= self.spec.vocab_size:
             raise SpecFitInputError("input_ids", f"must lie in [0, {self.spec.vocab_size})")
+        return self._to_device(t)
+
+    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` on the model's device; from a host tensor on CUDA through page-locked memory without
+        waiting (a copy from pageable memory would synchronise the stream first)."""
+        if self.device.type == "cuda" and t.device.type == "cpu":
+            return t.pin_memory().to(self.device, non_blocking=True)
         return t.to(self.device)
 
-    def _forward(self, ids: torch.Tensor, depth: np.ndarray, new_mask: torch.Tensor) -> ForwardOutput:
-        """Forward ``ids`` (n,) at positions ``kv_len + depth``; ``new_mask`` (n, n) bool says which
-        new tokens each one sees (the prefix is always visible). Writes KV rows ``kv_len .. kv_len+n-1``."""
-        s, w, n, P = self.spec, self.w, len(ids), self.kv_len
-        if P + n > self.max_len:
-            raise SpecFitInputError("max_len", f"KV cache of {self.max_len} tokens cannot hold {P} + {n}")
-        mask = torch.ones(n, P + n, dtype=torch.bool, device=self.device)
-        mask[:, P:] = new_mask.to(self.device)
-        freqs = (torch.from_numpy(depth + P).to(self.device).float()[:, None] * self._inv_freq)
-        emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
-        cos, sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
-        groups, d = s.num_heads // s.num_kv_heads, s.head_dim
+    def _check_room(self, n: int) -> None:
+        if self.kv_len + n > self.max_len:
+            raise SpecFitInputError("max_len", f"KV cache of {self.max_len} tokens cannot hold {self.kv_len} + {n}")
+
+    def _forward(self, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 mask: torch.Tensor | None) -> ForwardOutput:
+        """Forward ``ids`` (n,) after the committed prefix of P = ``kv_len`` tokens and write their KV rows
+        ``P .. P+n-1``. ``cos``/``sin`` (n, d): the rotary rows of each token's position, ``sin`` with the
+        sign of rotate-half folded in (``-sin`` on the first half: bitwise :func:`rope`); ``mask`` (n, P+n)
+        bool on the device, which KV rows each token attends to (None: all of them, an AR step).
+
+        Per layer: one product for q, k and v; one RMSNorm over the q and k heads together, one rotary
+        embedding of both; attention over the KV cache without repeating the key/value heads (float32:
+        :func:`gqa_attention`, three operations; other dtypes: ``scaled_dot_product_attention`` with
+        ``enable_gqa``, whose kernels accumulate in float32); the MoE block (:meth:`_moe`)."""
+        s, n, P = self.spec, len(ids), self.kv_len
+        d, hq, hk = s.head_dim, s.num_heads, s.num_kv_heads
+        qk_cols, eps, T = (hq + hk) * d, s.rms_norm_eps, P + n
+        cos, sin = cos[:, None, :], sin[:, None, :]
+        bias = None
+        if self.dtype == torch.float32:
+            bias = torch.zeros(hq // hk * n, T, dtype=self.dtype, device=self.device)  # every head's mask, once
+            if mask is not None:
+                bias.view(hq // hk, n, T).masked_fill_(~mask, float("-inf"))
+        w = self.w
         x = w["model.embed_tokens.weight"][ids]
         hidden = {0: x} if 0 in self.aux_layers else {}
-        routing = torch.empty(n, len(s.moe_layers), s.top_k, dtype=torch.long)
-        for i in range(s.num_layers):
-            p = f"model.layers.{i}."
-            h = rms_norm(x, w[p + "input_layernorm.weight"], s.rms_norm_eps)
-            q = rms_norm(F.linear(h, w[p + "self_attn.q_proj.weight"]).view(n, -1, d),
-                         w[p + "self_attn.q_norm.weight"], s.rms_norm_eps)
-            k = rms_norm(F.linear(h, w[p + "self_attn.k_proj.weight"]).view(n, -1, d),
-                         w[p + "self_attn.k_norm.weight"], s.rms_norm_eps)
-            v = F.linear(h, w[p + "self_attn.v_proj.weight"]).view(n, -1, d)
-            q, k = rope(q, cos, sin), rope(k, cos, sin)
-            self.k_cache[i, :, P:P + n] = k.transpose(0, 1)
-            self.v_cache[i, :, P:P + n] = v.transpose(0, 1)
-            keys = self.k_cache[i, :, :P + n].repeat_interleave(groups, dim=0)
-            vals = self.v_cache[i, :, :P + n].repeat_interleave(groups, dim=0)
-            att = F.scaled_dot_product_attention(q.transpose(0, 1), keys, vals, attn_mask=mask, scale=d ** -0.5)
-            x = x + F.linear(att.transpose(0, 1).reshape(n, -1), w[p + "self_attn.o_proj.weight"])
-            h = rms_norm(x, w[p + "post_attention_layernorm.weight"], s.rms_norm_eps)
-            if i in self._moe_index:
-                y, routing[:, self._moe_index[i]] = self._moe(self._moe_index[i], h, w[p + "mlp.gate.weight"])
+        routing = []
+        for i, lw in enumerate(self._layers):
+            h = rms_norm(x, lw.input_norm, eps)
+            qkv = F.linear(h, lw.qkv)
+            qk = rms_norm(qkv[:, :qk_cols].view(n, hq + hk, d), lw.qk_norm, eps)
+            qk = (qk * cos + qk.roll(d // 2, dims=-1) * sin).transpose(0, 1)
+            kc, vc = self._kv[i]
+            kc[:, P:T] = qk[hq:]
+            vc[:, P:T] = qkv[:, qk_cols:].view(n, hk, d).transpose(0, 1)
+            if bias is not None:
+                att = gqa_attention(qk[:hq], kc[:, :T], vc[:, :T], bias, d ** -0.5)
+            else:  # bfloat16: the fused kernel, which accumulates in float32
+                att = F.scaled_dot_product_attention(qk[:hq], kc[:, :T], vc[:, :T], attn_mask=mask, scale=d ** -0.5,
+                                                     enable_gqa=True)
+            x = x + F.linear(att.transpose(0, 1).reshape(n, -1), lw.o_proj)
+            h = rms_norm(x, lw.post_norm, eps)
+            if lw.router is not None:
+                y, top_i = self._moe(self._moe_index[i], h, lw.router)
+                routing.append(top_i)
             else:
-                gate, up = F.linear(h, w[p + "mlp.gate_proj.weight"]), F.linear(h, w[p + "mlp.up_proj.weight"])
-                y = F.linear(F.silu(gate) * up, w[p + "mlp.down_proj.weight"])
+                gate, up = F.linear(h, lw.gate_up).chunk(2, dim=-1)
+                y = F.linear(F.silu(gate) * up, lw.down)
             x = x + y
             if i + 1 in self.aux_layers:
                 hidden[i + 1] = x
-        last = rms_norm(x, w["model.norm.weight"], s.rms_norm_eps)
+        last = rms_norm(x, w["model.norm.weight"], eps)
         head = w["model.embed_tokens.weight"] if s.tie_word_embeddings else w["lm_head.weight"]
         logits = F.linear(last, head).float()
         aux = torch.cat([hidden[i] for i in self.aux_layers], dim=-1)
+        routing = (torch.stack(routing, dim=1) if routing else
+                   torch.empty(n, 0, s.top_k, dtype=torch.long, device=self.device))
         return ForwardOutput(logits=logits, routing=routing, aux_hidden=aux, last_hidden=last)
 
     def _moe(self, layer: int, h: torch.Tensor, router: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Sparse MoE block of MoE layer ``layer``: route, then run the needed experts via the cache.
 
-        Returns the block output (n, H) and the top-k expert ids (n, k) on the CPU. With
-        :attr:`grouped_experts` and a device-slot cache each round of the cache's experts runs together
-        (:meth:`_experts_grouped`); otherwise one call per expert.
+        Returns the block output (n, H) and the top-k expert ids (n, k) on the device. When every expert of
+        the layer is resident (known on the host) and :attr:`grouped_experts`, the experts run without the
+        host reading the routing (:meth:`_experts_resident`); otherwise the host reads the layer's routing
+        once (the one device-to-host sync of the layer) and the cache runs the needed experts in rounds
+        (:meth:`_experts_grouped`, or one call per expert).
         """
         probs = torch.softmax(F.linear(h, router), dim=-1, dtype=torch.float32)
         top_w, top_i = torch.topk(probs, self.spec.top_k, dim=-1)
         if self.spec.norm_topk_prob:
             top_w = top_w / top_w.sum(dim=-1, keepdim=True)
         top_w = top_w.to(h.dtype)
+        resident = self.grouped_experts and self.cache.grouped and self.cache.all_resident(layer)
+        n = h.shape[0]
+        gather = n <= self.gather_max_tokens and (self.gather_max_bytes is None or
+                                                 n * self.spec.top_k * self.store.expert_bytes <= self.gather_max_bytes)
+        if resident and (gather or self.resident_grouped_mm):
+            return self._experts_resident(layer, h, top_w, top_i, grouped=not gather), top_i
         out = torch.zeros_like(h)
         top_cpu = top_i.cpu()
         ids, rows = torch.unique(top_cpu, return_counts=True)
@@ -580,7 +750,7 @@ class OffloadedQwen3Moe:
                 self._experts_grouped(h, top_w, flat, rank, experts, slots, gate_up, down, out)
 
             self.cache.run_rounds(layer, ids, compute_round)
-            return out, top_cpu
+            return out, top_i
         timer = self.cache.timer
         # The (token, slot) pairs of every expert, grouped by expert id in row-major order, on the device:
         # each expert takes a slice of them (bounds from the host copy of top_i), so no expert waits
@@ -604,7 +774,68 @@ class OffloadedQwen3Moe:
             return len(flat)
 
         self.cache.run(layer, ids, compute, rows=rows, num_tokens=h.shape[0])
-        return out, top_cpu
+        return out, top_i
+
+    def _experts_resident(self, layer: int, h: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor,
+                          grouped: bool) -> torch.Tensor:
+        """The MoE block's expert sum when every expert of ``layer`` is in a device slot, without a host sync.
+
+        ``h`` (n, H), ``top_w``/``top_i`` (n, k) the routing weights and ids. Each token's experts are sorted
+        by id (the order of the per-expert path's adds) and mapped to slots by the cache's device table
+        (:meth:`DeviceExpertCache.slot_table`); the (token, expert) rows then go through their experts:
+
+        * ``grouped``: rows ordered by slot, group ends found by ``searchsorted`` on the device, two
+          ``grouped_mm`` products (:attr:`resident_grouped_mm`);
+        * otherwise (a forward within :attr:`gather_max_tokens` and :attr:`gather_max_bytes`: an AR step): each
+          row's expert weights gathered (``index_select`` of the slot tensors) and two batched products
+          (``bmm``), one row per batch entry.
+
+        The weighted rows are summed per token in increasing expert id: on the CPU in float32 by one
+        ``index_add_`` (row by row there, so bitwise the per-expert path's adds), in bfloat16 rank by rank (its
+        ``index_add_`` accumulates wider), elsewhere by a sum over the k rows (no atomics). Returns (n, H).
+        """
+        t0 = self.cache.timer.start() if self.profile else None
+        self.cache.touch_resident(layer, top_i)
+        n, k = top_i.shape
+        ids, order = torch.sort(top_i, dim=1)
+        w = top_w.gather(1, order).reshape(n * k, 1)
+        if self.cache.slots == self.spec.num_experts and type(self.cache) is DeviceExpertCache:
+            self.cache.wait_copies(layer)
+            slots = ids.reshape(-1)  # a full cache keeps expert e in slot e (loaded so, nothing is ever evicted)
+        else:
+            slots = self.cache.slot_table(layer)[ids.reshape(-1)]  # (n*k,) in (token, rank) order
+        gu, dn = self.cache.gate_up[layer], self.cache.down[layer]
+        S, H = gu.shape[0], h.shape[1]
+        tok = self._row_token.get(n)
+        if tok is None:
+            tok = self._row_token[n] = torch.arange(n * k, device=h.device) // k
+        if grouped:
+            if self._slot_range is None or len(self._slot_range) != S:
+                self._slot_range = torch.arange(S, device=h.device)
+            by_slot, perm = torch.sort(slots, stable=True)
+            offs = torch.searchsorted(by_slot, self._slot_range, right=True).to(torch.int32)
+            grouped_mm = grouped_mm_function()
+            gate, up = grouped_mm(h[tok[perm]], gu.transpose(1, 2), offs=offs).chunk(2, dim=-1)
+            y = grouped_mm(F.silu(gate) * up, dn.transpose(1, 2), offs=offs) * w[perm]
+            y = torch.empty_like(y).index_copy_(0, perm, y)  # back to (token, rank) order
+        else:
+            w1 = gu.view(S, -1).index_select(0, slots).view(n * k, *gu.shape[1:])
+            w2 = dn.view(S, -1).index_select(0, slots).view(n * k, *dn.shape[1:])
+            x = h[:, None, :].expand(n, k, H).reshape(n * k, 1, H)
+            gate, up = torch.bmm(x, w1.transpose(1, 2)).chunk(2, dim=-1)
+            y = torch.bmm(F.silu(gate) * up, w2.transpose(1, 2)).view(n * k, H) * w
+        if h.device.type != "cpu":
+            out = y.view(n, k, H).sum(dim=1)
+        elif h.dtype == torch.float32:
+            out = torch.zeros_like(h).index_add_(0, tok, y)  # row by row in float32 on the CPU
+        else:  # bfloat16's index_add_ accumulates wider; add rank by rank, rounding after each add
+            y = y.view(n, k, H)
+            out = y[:, 0]
+            for j in range(1, k):
+                out = out + y[:, j]
+        if self.profile:
+            self.cache.timer.stop(t0, self._add_expert_ms)
+        return out
 
     def _experts_grouped(self, h: torch.Tensor, top_w: torch.Tensor, flat: np.ndarray, rank: np.ndarray,
                          experts: list, slots: list, gate_up: torch.Tensor, down: torch.Tensor, out: torch.Tensor) -> None:

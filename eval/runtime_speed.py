@@ -1,0 +1,221 @@
+"""Benchmark of the runtime's per-operation overhead on the CPU: dispatched ops and decode speed.
+
+One process, one torch thread, on a Qwen3-MoE checkpoint (default: the shipped proxy, float32):
+
+1. **Dispatched aten ops** of one eager forward (:class:`specfit.models.devices.OpCounter`), for an AR
+   step and a 32-node verify, with every expert resident and with 0 slots (every expert transferred),
+   in total, per decoder layer (total / L, the embedding and lm_head included) and without views.
+2. **Greedy AR decoding speed**, every expert resident: the runtime's ``greedy_generate``, the public API's
+   ``SpecFit.generate(method="ar")`` and transformers' ``generate`` on the same checkpoint, run interleaved
+   (``--repeats`` rounds, each decodes ``--tokens`` tokens after the same prompt); ms per token (the wall
+   time of one call, prefill included, over the new tokens), medians, and each runtime's speed as a
+   multiple of transformers'. The token ids of all three are checked equal.
+3. **Verify over AR step**: the median wall time of a 32-node verify forward (an EAGLE-like tree) over
+   that of an AR step, interleaved, every expert resident; again with the verify on the host-routed rounds
+   path (``resident_grouped_mm`` off: one product per used slot, what GPUs without the grouped kernel run).
+
+Usage::
+
+    python -m specfit.eval.runtime_speed                    # the shipped proxy
+    python -m specfit.eval.runtime_speed --model DIR --repeats 15 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+
+from specfit.eval.machine import command_line, machine, publish
+from specfit.eval.runtime_bench import eagle_like_tree
+from specfit.models.devices import OpCounter
+from specfit.models.qwen3_moe import OffloadedQwen3Moe, greedy_generate
+
+
+def count_ops(model: OffloadedQwen3Moe, prompt: torch.Tensor, verify_nodes: int = 32, seed: int = 0) -> dict:
+    """Ops dispatched by one AR step and one ``verify_nodes``-node verify after ``prompt`` (each after a
+    warm-up forward of the same shape).
+
+    Returns
+    -------
+    dict
+        ``{"ar_step": {...}, "verify_N": {...}}``, each ``total``, ``views``, ``per_layer`` (total / L),
+        ``per_layer_not_views`` and ``top`` (the ten most frequent ops).
+    """
+    rng = np.random.default_rng(seed)
+    parents = eagle_like_tree(verify_nodes, rng)
+    tokens = torch.as_tensor(rng.integers(0, model.spec.vocab_size, verify_nodes))
+    L = model.spec.num_layers
+    out = {}
+    with torch.no_grad():
+        model.reset()
+        model.prefill(prompt)
+        for name, fn in (("ar_step", lambda: model.decode(int(prompt[-1]))),
+                         (f"verify_{verify_nodes}", lambda: model.verify(tokens, parents))):
+            fn()  # warm-up (first-call paths, caches filled)
+            with OpCounter() as c:
+                fn()
+            out[name] = {"total": c.total, "views": c.views, "per_layer": c.total / L,
+                         "per_layer_not_views": (c.total - c.views) / L,
+                         "top": dict(sorted(c.by_name.items(), key=lambda kv: -kv[1])[:10])}
+    return out
+
+
+def _median_ms(times: list[float]) -> float:
+    return statistics.median(times) * 1e3
+
+
+def decode_speed(model_dir: str, prompt: list[int], tokens: int, repeats: int) -> dict:
+    """ms per token of the three greedy decoders (see the module docstring), interleaved, medians.
+
+    Returns
+    -------
+    dict
+        ``ms_per_token`` (per decoder), ``speed_vs_transformers`` (transformers' ms / the decoder's ms),
+        ``same_tokens`` (bool), ``tokens``, ``repeats``.
+    """
+    from transformers import AutoModelForCausalLM
+
+    from specfit.pipeline import SpecFit
+
+    runtime = OffloadedQwen3Moe.from_pretrained(model_dir, device="cpu", dtype=torch.float32, cache_slots="all",
+                                                max_len=len(prompt) + tokens + 8)
+    sf = SpecFit.from_pretrained(model_dir, cache_slots="all", dtype=torch.float32, device="cpu",
+                                 max_len=len(prompt) + tokens + 80)
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    ids = torch.tensor([prompt])
+    attn = torch.ones_like(ids)
+
+    def run_runtime():
+        with torch.no_grad():
+            return greedy_generate(runtime, prompt, tokens)
+
+    def run_public():
+        out = sf.generate(prompt, method="ar", max_new_tokens=tokens)
+        return list(out.output_ids)
+
+    def run_hf():
+        with torch.no_grad():
+            out = hf.generate(ids, attention_mask=attn, max_new_tokens=tokens, min_new_tokens=tokens,
+                              do_sample=False, eos_token_id=None, pad_token_id=0)
+        return out[0, len(prompt):].tolist()
+
+    runs = {"runtime greedy_generate": run_runtime, "public SpecFit.generate(method='ar')": run_public,
+            "transformers generate": run_hf}
+    times = {name: [] for name in runs}
+    outputs = {}
+    for name, fn in runs.items():  # warm-up
+        outputs[name] = fn()
+    for _ in range(repeats):
+        for name, fn in runs.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    ms = {name: _median_ms(t) / tokens for name, t in times.items()}
+    ref = ms["transformers generate"]
+    same = all(o[:tokens] == outputs["transformers generate"][:tokens] for o in outputs.values())
+    return {"ms_per_token": ms, "speed_vs_transformers": {name: ref / v for name, v in ms.items()},
+            "same_tokens": same, "tokens": tokens, "repeats": repeats,
+            "token_counts": {name: len(o) for name, o in outputs.items()}}
+
+
+def verify_over_ar(model: OffloadedQwen3Moe, prompt: torch.Tensor, nodes: int = 32, repeats: int = 30,
+                   seed: int = 0) -> dict:
+    """Median wall ms of an AR step and of an ``nodes``-node verify (interleaved, the prefix rolled back
+    after each AR step so that both see ``prompt``), and their ratio."""
+    rng = np.random.default_rng(seed)
+    parents = eagle_like_tree(nodes, rng)
+    tokens = torch.as_tensor(rng.integers(0, model.spec.vocab_size, nodes))
+    ar, ver = [], []
+    with torch.no_grad():
+        model.reset()
+        model.prefill(prompt)
+        P = model.kv_len
+        for r in range(repeats + 2):
+            t0 = time.perf_counter()
+            model.decode(int(prompt[-1]))
+            t1 = time.perf_counter()
+            model.kv_len = P
+            model.verify(tokens, parents)
+            t2 = time.perf_counter()
+            if r >= 2:
+                ar.append(t1 - t0)
+                ver.append(t2 - t1)
+    a, v = _median_ms(ar), _median_ms(ver)
+    return {"ar_step_ms": a, f"verify_{nodes}_ms": v, "ratio": v / a, "repeats": repeats}
+
+
+def format_table(result: dict) -> str:
+    """Markdown tables of the three measurements."""
+    lines = ["| forward | experts | ops | ops / layer | not views / layer |", "|---|---|---:|---:|---:|"]
+    for slots, modes in result["ops"].items():
+        for mode, c in modes.items():
+            lines.append(f"| {mode} | {slots} | {c['total']} | {c['per_layer']:.0f} | {c['per_layer_not_views']:.0f} |")
+    d = result["decode"]
+    lines += ["", f"greedy AR decoding, every expert resident, {d['tokens']} tokens, median of {d['repeats']} "
+              f"(token ids equal: {d['same_tokens']})", "", "| decoder | ms / token | tok/s | × transformers |",
+              "|---|---:|---:|---:|"]
+    for name, ms in d["ms_per_token"].items():
+        lines.append(f"| {name} | {ms:.3f} | {1e3 / ms:.0f} | {d['speed_vs_transformers'][name]:.2f} |")
+    v = result["verify"]
+    key = next(k for k in v if k.startswith("verify_"))
+    lines += ["", f"AR step {v['ar_step_ms']:.3f} ms, {key.split('_')[1]}-node verify {v[key]:.3f} ms: "
+              f"verify / AR step = {v['ratio']:.2f} (median of {v['repeats']})"]
+    g = v.get("rounds_path")
+    if g:
+        lines.append(f"the same with the verify on the host-routed rounds path (resident_grouped_mm off): "
+                     f"verify {g[key]:.3f} ms, AR step {g['ar_step_ms']:.3f} ms, ratio {g['ratio']:.2f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None, help="Qwen3-MoE checkpoint directory (default: the shipped proxy)")
+    ap.add_argument("--tokens", type=int, default=48, help="new tokens per generate call")
+    ap.add_argument("--prompt-len", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=9, help="interleaved rounds of the decode-speed comparison")
+    ap.add_argument("--verify-repeats", type=int, default=30)
+    ap.add_argument("--skip-decode", action="store_true", help="ops and verify / AR only (no transformers run)")
+    ap.add_argument("--json", default=None, help="also write the full result to this file")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    if args.model is None:
+        from specfit.models.proxy import paths
+
+        args.model = str(paths()["target"])
+    rng = np.random.default_rng(0)
+    spec_vocab = OffloadedQwen3Moe.from_pretrained(args.model, cache_slots=0, max_len=8).spec.vocab_size
+    prompt = rng.integers(1, spec_vocab, args.prompt_len).tolist()
+    prompt_t = torch.as_tensor(prompt)
+    ops = {}
+    for slots in ("all", 0):
+        model = OffloadedQwen3Moe.from_pretrained(args.model, device="cpu", dtype=torch.float32, cache_slots=slots,
+                                                  max_len=args.prompt_len + 80)
+        ops["every expert resident" if slots == "all" else "0 slots"] = count_ops(model, prompt_t)
+        if slots == "all":
+            verify = verify_over_ar(model, prompt_t, repeats=args.verify_repeats)
+            # for comparison: the host-routed rounds path (one host read of the routing per layer, one
+            # product per used slot), what a resident verify runs where grouped_mm is not used
+            model.resident_grouped_mm = False
+            ops["every expert resident, rounds path"] = {
+                k: v for k, v in count_ops(model, prompt_t).items() if k.startswith("verify")}
+            verify["rounds_path"] = verify_over_ar(model, prompt_t, repeats=max(3, args.verify_repeats // 3))
+            model.resident_grouped_mm = True
+        del model
+    result = {"ops": ops, "verify": verify, "model": args.model}
+    if not args.skip_decode:
+        result["decode"] = decode_speed(args.model, prompt, args.tokens, args.repeats)
+    else:
+        result["decode"] = {"ms_per_token": {}, "speed_vs_transformers": {}, "same_tokens": None,
+                            "tokens": 0, "repeats": 0}
+    result.update(machine=machine(device="cpu"), command=command_line("specfit.eval.runtime_speed", argv))
+    publish(result, format_table(result), args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
