@@ -27,7 +27,7 @@ import numpy as np
 
 from specfit.core.errors import MAX_COUNT, MAX_NODES, SpecFitInputError, check_int, check_seed
 from specfit.core.instance import Instance, load_instance
-from specfit.core.io import atomic_write
+from specfit.core.io import atomic_write, dumps
 from specfit.eval.machine import machine
 from specfit.solvers import get_solver
 
@@ -285,7 +285,7 @@ def write_report(out: str | Path, rows: list[dict], records: list[Record], meta:
     text = markdown_table(rows, meta)
     atomic_write(paths["markdown"], lambda p: p.write_text(text))
     payload = {"meta": meta, "summary": rows, "records": [asdict(r) for r in records]}
-    atomic_write(paths["json"], lambda p: p.write_text(json.dumps(payload, indent=1, allow_nan=True)))
+    atomic_write(paths["json"], lambda p: p.write_text(dumps(payload, indent=1)))
     plot(rows, paths["png"])
     return paths
 

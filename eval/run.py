@@ -471,7 +471,7 @@ def _run(p: Plan, progress: bool) -> dict:
     import torch
     from tqdm import tqdm
 
-    from specfit.core.io import atomic_write_text
+    from specfit.core.io import atomic_write_text, dumps
     from specfit.eval.report import write_summary
 
     config = p.config
@@ -486,7 +486,7 @@ def _run(p: Plan, progress: bool) -> dict:
     cfg_path = out / "config.json"
     old = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
     identity = {**p.identity, **{k: p.identity[k] or old.get(k) for k in _OPTIONAL_PARTS}}
-    atomic_write_text(cfg_path, json.dumps(identity, indent=1) + "\n")
+    atomic_write_text(cfg_path, dumps(identity, indent=1) + "\n")
     results_path = out / "results.jsonl"
     done = {r.key for r in read_results(results_path, repair=True)}
     todo = [(pr, ids, m) for pr, ids in p.prompts for m in p.methods if (pr.id, pr.dataset, m.name) not in done]

@@ -33,7 +33,6 @@ never stay visible (no ghost KV).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -46,6 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specfit.core.errors import SpecFitInputError, check_positive_int, check_single_sequence
+from specfit.core.io import dumps
 from specfit.core.readers import read_json
 
 #: Weight names of the public EAGLE-3 layout (besides the optional ``embed_tokens.weight``).
@@ -495,7 +495,7 @@ def save_eagle3(head: Eagle3Head, out_dir, include_embed: bool = False, dtype=to
     tensors = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in tensors.items()}
 
     def write(tmp: Path):
-        (tmp / "config.json").write_text(json.dumps(head.cfg.to_dict(), indent=2) + "\n")
+        (tmp / "config.json").write_text(dumps(head.cfg.to_dict(), indent=2) + "\n")
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
 
     write_dir_atomically(Path(out_dir), write)
