@@ -99,3 +99,17 @@ def test_head_weights_checked(tmp_path, name, change, words):
     with pytest.raises(SpecFitInputError) as info:
         load_eagle3(dst, embed_weight=torch.zeros(expected_weight_shapes(cfg)["embed_tokens.weight"]))
     assert key in info.value.field and str(f) in info.value.field and words in info.value.rule, info.value
+
+
+@pytest.mark.parametrize("key, value", [("num_experts", 10 ** 9), ("num_hidden_layers", 10 ** 6)])
+def test_config_sizes_bounded(tiny, tmp_path, key, value):
+    """A config.json size the host expert store is allocated from is bounded before any allocation."""
+    from specfit.models.qwen3_moe import read_spec
+
+    shutil.copytree(tiny, tmp_path / "m")
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+    cfg[key] = value
+    (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(SpecFitInputError) as info:
+        read_spec(tmp_path / "m")
+    assert info.value.field.endswith(f"config.json: {key}") and "at most" in info.value.rule
