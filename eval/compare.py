@@ -25,9 +25,9 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from specfit.core.errors import SpecFitInputError, check_nonnegative_int
+from specfit.core.errors import MAX_COUNT, MAX_NODES, SpecFitInputError, check_int, check_seed
 from specfit.core.instance import Instance, load_instance
-from specfit.core.io import atomic_write
+from specfit.core.io import atomic_write, dumps
 from specfit.eval.machine import machine
 from specfit.solvers import get_solver
 
@@ -68,8 +68,9 @@ def parse_sizes(text: str) -> list[int]:
         sizes = [int(s) for s in text.split(",") if s.strip()]
     except ValueError:
         raise SpecFitInputError("sizes", f"must be comma-separated integers, got {text!r}") from None
-    if not sizes or min(sizes) < 1:
-        raise SpecFitInputError("sizes", f"must be integers >= 1, got {text!r}")
+    if not sizes or min(sizes) < 1 or max(sizes) > MAX_NODES:
+        raise SpecFitInputError("sizes", f"must be integers in [1, {MAX_NODES}] (MAX_NODES, nodes of a draft tree), "
+                                f"got {text!r}")
     return sizes
 
 
@@ -286,7 +287,7 @@ def write_report(out: str | Path, rows: list[dict], records: list[Record], meta:
     text = markdown_table(rows, meta)
     atomic_write(paths["markdown"], lambda p: p.write_text(text))
     payload = {"meta": meta, "summary": rows, "records": [asdict(r) for r in records]}
-    atomic_write(paths["json"], lambda p: p.write_text(json.dumps(payload, indent=1, allow_nan=True)))
+    atomic_write(paths["json"], lambda p: p.write_text(dumps(payload, indent=1)))
     plot(rows, paths["png"])
     return paths
 
@@ -319,9 +320,8 @@ def compare_solvers(*, solvers: list[str], out: str | Path, instances_dir: str |
     """
     from specfit.eval.instances import generate_instances
 
-    if count < 1:
-        raise SpecFitInputError("count", f"must be >= 1, got {count}")
-    check_nonnegative_int("seed", seed)
+    check_int("count", count, 1, MAX_COUNT)
+    check_seed("seed", seed)
     if instances_dir is not None:
         items = load_folder(instances_dir)
         if max_nodes is not None:

@@ -9,10 +9,9 @@ the draft tree's τ wins (SPECFIT.md §2). The sweep shows where each method cro
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from specfit.core.io import atomic_write_text
+from specfit.core.io import atomic_write_text, dumps
 
 #: The baselines specfit is compared with: the best of these per dataset and cache size.
 BASELINES = ("ar", "eagle3", "eagle3-scan")
@@ -224,7 +223,7 @@ def write_crossover(out: str | Path, rows: list[dict], meta: dict) -> tuple[str,
     out = Path(out)
     text = crossover_markdown(rows, meta.get("note", ""))
     paths = {"sweep_json": out / "sweep.json", "sweep_md": out / "sweep.md", "crossover_png": out / "crossover.png"}
-    atomic_write_text(paths["sweep_json"], json.dumps({"rows": rows, **meta}, indent=1) + "\n")
+    atomic_write_text(paths["sweep_json"], dumps({"rows": rows, **meta}, indent=1) + "\n")
     atomic_write_text(paths["sweep_md"], text)
     plot_crossover(rows, paths["crossover_png"])
     return text, paths

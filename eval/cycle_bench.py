@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import platform
 import statistics
 import sys
@@ -34,6 +33,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
+from specfit.core.io import dumps
 from specfit.engine import CycleRecord, SpecDecoder, TreeSettings
 from specfit.eval.instances import generate_instances, get_preset
 
@@ -138,7 +138,7 @@ def main(argv=None) -> int:
     result = {"label": args.label, "method": args.method, "count": args.count, "repeat": args.repeat,
               "evict_mb": args.evict_mb, "sizes": bench(sizes, args.count, args.method, args.repeat,
                                                         evict_mb=args.evict_mb), "machine": _machine()}
-    json.dump(result, sys.stdout)
+    sys.stdout.write(dumps(result))
     print()
     return 0
 

@@ -24,7 +24,8 @@ from typing import Iterator
 import numpy as np
 
 from specfit.core.cost import get_host_profile, get_profile
-from specfit.core.errors import SpecFitInputError, check_nonnegative_int, lookup
+from specfit.core.errors import (MAX_EXPERTS, MAX_LAYERS, SpecFitInputError, check_int,
+                                 check_number, check_seed, lookup)
 from specfit.core.instance import Instance
 from specfit.core.tree import DraftTree
 
@@ -85,20 +86,20 @@ class InstanceSpec:
     max_new_experts_per_layer: int | None = None
 
     def __post_init__(self):
-        for name in ("layers", "experts", "top_k", "branch", "vocab"):
-            if int(getattr(self, name)) < 1:
-                raise SpecFitInputError(name, f"must be >= 1, got {getattr(self, name)}")
+        for name, high in (("layers", MAX_LAYERS), ("experts", MAX_EXPERTS), ("top_k", MAX_EXPERTS), ("branch", None),
+                           ("vocab", None)):
+            check_int(name, getattr(self, name), 1, high)
         if self.top_k > self.experts:
             raise SpecFitInputError("top_k", f"must be <= experts ({self.experts}), got {self.top_k}")
         if self.branch > self.vocab:
             raise SpecFitInputError("branch", f"must be <= vocab ({self.vocab}), got {self.branch}")
         for name in ("sharing", "cache_fraction"):
-            if not 0.0 <= float(getattr(self, name)) <= 1.0:
-                raise SpecFitInputError(name, f"must lie in [0, 1], got {getattr(self, name)}")
-        if not (self.skew >= 0.0 and np.isfinite(self.skew)):
-            raise SpecFitInputError("skew", f"must be a finite number >= 0, got {self.skew}")
-        if not (self.alpha > 0.0 and np.isfinite(self.alpha)):
-            raise SpecFitInputError("alpha", f"must be a finite number > 0, got {self.alpha}")
+            object.__setattr__(self, name, check_number(name, getattr(self, name), 0.0, 1.0))
+        object.__setattr__(self, "skew", check_number("skew", self.skew, 0.0))
+        object.__setattr__(self, "alpha", check_number("alpha", self.alpha, 0.0, low_open=True))
+        for name in ("max_nodes", "max_new_experts_per_layer"):
+            if getattr(self, name) is not None:
+                check_int(name, getattr(self, name), 1 if name == "max_nodes" else 0)
         if self.cache_policy not in ("popular", "random"):
             raise SpecFitInputError("cache_policy", f"must be 'popular' or 'random', got {self.cache_policy!r}")
         get_profile(self.profile)
@@ -246,9 +247,9 @@ def generate_instances(spec: InstanceSpec, sizes, count: int, seed: int = 0) -> 
     Raises
     ------
     SpecFitInputError
-        If ``seed`` is not an integer >= 0 (at the first instance: this is a generator).
+        If ``seed`` is not an integer in [0, 2**63) (at the first instance: this is a generator).
     """
-    check_nonnegative_int("seed", seed)
+    check_seed("seed", seed)
     for n in sizes:
         for i in range(count):
             yield n, i, generate_instance(int(n), spec, np.random.default_rng((seed, int(n), i)))

@@ -71,11 +71,9 @@ def command_line(module: str, argv=None) -> str:
 def publish(result: dict, table: str, json_path=None) -> None:
     """Print a benchmark's machine line (``result["machine"]``) and its table, and write ``result``
     as JSON to ``json_path`` if given (atomically: a temporary file renamed)."""
-    import json
+    from specfit.core.io import atomic_write_text, dumps
 
-    print(json.dumps(result["machine"]))
+    print(dumps(result["machine"]))
     print(table)
     if json_path:
-        from specfit.core.io import atomic_write_text
-
-        atomic_write_text(Path(json_path), json.dumps(result, indent=1) + "\n")
+        atomic_write_text(Path(json_path), dumps(result, indent=1) + "\n")

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specfit.core.io import dumps
 from specfit.core.cost import REFERENCE_LAYERS, CostModel, get_profile
 from specfit.core.errors import SpecFitInputError, check_positive_int
 
@@ -140,7 +141,7 @@ def fit_profile(results: list[dict], *, name: str, reference_layers: int = REFER
         raise SpecFitInputError("bench.experts_moved", "no benchmark transferred an expert: add runs with "
                                 "--cache-slots 0, or per_expert_ms would be fitted to nothing")
     for key in SAME:
-        seen = {json.dumps(res.get(key)) for res in results if key in res}
+        seen = {dumps(res.get(key)) for res in results if key in res}
         if len(seen) > 1:
             raise SpecFitInputError(f"bench.{key}", f"differs between the results ({', '.join(sorted(seen))}): "
                                     "fit one runtime configuration at a time")
@@ -179,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
                            "draft_level_ms": cost.draft_level_ms, "host_level_ms": cost.host_level_ms,
                            "draft_and_host_from": args.like},
                "fit": fit, "sources": args.bench}
-        text = json.dumps(out, indent=1)
+        text = dumps(out, indent=1)
         if args.json:
             if not Path(args.json).parent.is_dir():
                 raise SpecFitInputError("--json", f"{args.json}: its folder does not exist")

@@ -26,7 +26,6 @@ Writes ``--out`` (JSON, atomically) and prints a Markdown table.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -40,7 +39,7 @@ from specfit.models.predictors import get_predictor, recall_at_k
 from specfit.models.traces import RoutingTrace, record_prompt
 from specfit.core.errors import SpecFitInputError
 from specfit.core.readers import read_json
-from specfit.core.io import atomic_write_text
+from specfit.core.io import atomic_write_text, dumps
 from specfit.eval.machine import command_line
 
 #: Predictors reported: label → (registry name, options, online). ``online`` False: never observes.
@@ -210,7 +209,7 @@ def markdown(report: dict) -> str:
 
 def write_json(path: Path, obj: dict) -> None:
     """Write ``obj`` as JSON atomically (temporary file in the same folder, then rename)."""
-    atomic_write_text(path, json.dumps(obj, indent=1) + "\n")
+    atomic_write_text(path, dumps(obj, indent=1) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:

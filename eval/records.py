@@ -18,6 +18,7 @@ from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
 from specfit.core.errors import SpecFitInputError
+from specfit.core.io import dumps
 from specfit.eval.metrics import task_score
 from specfit.eval.modeled import MODELED_PARTS, modeled_cycle_ms
 
@@ -290,6 +291,6 @@ def read_results(path: str | Path, repair: bool = False) -> list[ResultRecord]:
 
 def append_result(f, record: ResultRecord) -> None:
     """Append one record as one line to the open file ``f``, flushed and fsync'ed."""
-    f.write(json.dumps(record.to_json(), separators=(",", ":")) + "\n")
+    f.write(dumps(record.to_json(), separators=(",", ":")) + "\n")
     f.flush()
     os.fsync(f.fileno())

@@ -8,12 +8,11 @@ numbers are this machine's.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import platform
 from pathlib import Path
 from statistics import median
 
-from specfit.core.io import atomic_write, atomic_write_text
+from specfit.core.io import atomic_write, atomic_write_text, dumps
 from specfit.eval import metrics
 from specfit.core.readers import read_json
 from specfit.eval.machine import machine
@@ -385,7 +384,7 @@ def write_summary(out: str | Path, records: list[dict], meta: dict, prompts) -> 
             "date_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
     text = markdown(rows, meta)
     paths = {"summary_json": out / "summary.json", "summary_md": out / "summary.md"}
-    atomic_write_text(paths["summary_json"], json.dumps({"rows": [r.to_json() for r in rows], **meta}, indent=1) + "\n")
+    atomic_write_text(paths["summary_json"], dumps({"rows": [r.to_json() for r in rows], **meta}, indent=1) + "\n")
     atomic_write_text(paths["summary_md"], text)
     paths.update(plot(rows, out))
     paths.update(reliability_plot(records, out))

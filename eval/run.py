@@ -21,7 +21,8 @@ Fairness and reproducibility:
 * the selection of the cost-aware methods uses ``get_profile(profile).for_layers(L)`` (with
   ``offload="host"`` or ``"auto"``: ``get_host_profile(host_profile).for_layers(L)``), the cost model the modeled
   times use (:mod:`eval.modeled`);
-* the sampling verifier (temperature > 0) is seeded per prompt from ``seed`` and the prompt id;
+* the sampling verifier (temperature > 0) is seeded per prompt from ``seed`` (an integer in
+  [0, 2**63)) and the prompt's dataset and id (:func:`_prompt_seed`, a hash, not a reduction modulo);
 * each method first decodes 2 tokens after a short prompt untimed, so one-time costs (lazy
   imports, allocator warm-up) do not land in the first prompt's wall-clock time.
 
@@ -32,6 +33,7 @@ interruption is cut off) and skips the (id, dataset, method) triples it already 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import zlib
 from dataclasses import asdict, dataclass, replace
@@ -41,9 +43,11 @@ from specfit.eval.datasets import DATASETS, MAX_ARTICLE_TOKENS, Prompt, encode, 
 from specfit.eval.records import ResultRecord, append_result, read_results
 from specfit.core.cost import DEFAULT_HOST_PROFILE, DEFAULT_PROFILE, get_host_profile, get_profile
 from specfit.engine import METHODS, TreeSettings
-from specfit.core.errors import SpecFitInputError, check_context, check_nonnegative_int, check_positive_int, lookup
+from specfit.core.errors import MAX_NODES, SpecFitInputError, check_context, check_int, check_positive_int, lookup
 from specfit.core.readers import read_json
 
+#: torch CPU threads a run may ask for (``threads``; 0 = torch's default).
+MAX_THREADS = 1024
 #: Methods of the default run (``oracle`` and ``eagle3-scan`` are available on request).
 DEFAULT_METHODS = ("ar", "eagle3-vanilla", "eagle3", "specfit")
 #: Datasets of the default run.
@@ -89,6 +93,8 @@ class EvalConfig:
     temperature, top_p : float
         0 = greedy verification; > 0 = lossless sampling verification.
     seed : int
+        Seed of the sampling verifier, an integer in [0, 2**63) (recorded as given; each prompt's seed
+        is derived from it by :func:`_prompt_seed`).
     total_tokens, depth, top_k : int
         Draft-tree settings (:class:`specfit.engine.TreeSettings`).
     predictor : str
@@ -236,21 +242,22 @@ def plan(config: EvalConfig) -> Plan:
     from specfit.models.qwen3_moe import read_spec
     from specfit.models.qwen3_moe.generate import load_tokenizer
 
+    from specfit.pipeline import check_sampling, max_tree_nodes
+
     named = default_out(config)  # from the settings as given, before they are resolved
     if config.out is None:
         config = replace(config, out=named)
     for name in ("limit", "max_new_tokens", "total_tokens", "depth", "top_k", "max_article_tokens"):
         check_positive_int(name, getattr(config, name))
-    for name in ("threads", "seed"):
-        check_nonnegative_int(name, getattr(config, name))
+    check_int("threads", config.threads, 0, MAX_THREADS)
+    check_sampling(config.temperature, config.top_p, config.seed)
+    if max_tree_nodes(_tree(config)) > MAX_NODES:
+        raise SpecFitInputError("depth", f"top_k={config.top_k} and depth={config.depth} grow draft trees of up to "
+                                f"{max_tree_nodes(_tree(config))} nodes, more than {MAX_NODES} (MAX_NODES)")
     from specfit.models.devices import resolve_device
 
     device = resolve_device(config.device)  # settings as run: a folder's identity compares these
     config = replace(config, device=str(device), dtype=_dtype_name(config.dtype, device))
-    if not config.temperature >= 0:
-        raise SpecFitInputError("temperature", f"must be >= 0, got {config.temperature}")
-    if not 0 < config.top_p <= 1:
-        raise SpecFitInputError("top_p", f"must be in (0, 1], got {config.top_p}")
     if not config.methods:
         raise SpecFitInputError("methods", "name at least one method")
     if len(set(config.methods)) != len(config.methods):
@@ -411,7 +418,11 @@ def _sampling(c: EvalConfig, seed: int) -> dict:
 
 
 def _prompt_seed(seed: int, prompt: Prompt) -> int:
-    return (seed * 1_000_003 + zlib.crc32(f"{prompt.dataset}/{prompt.id}".encode())) % (2**63)
+    """The sampling verifier's seed for one prompt, in [0, 2**63): the first 63 bits of
+    SHA-256(``"<seed>/<dataset>/<id>"``), a function of the run's seed (recorded in config.json as
+    given) and the prompt, never of the prompts before it."""
+    digest = hashlib.sha256(f"{seed}/{prompt.dataset}/{prompt.id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
 
 
 def run_eval(config: EvalConfig, progress: bool = True) -> dict:
@@ -498,7 +509,7 @@ def _run(p: Plan, progress: bool) -> dict:
     import torch
     from tqdm import tqdm
 
-    from specfit.core.io import atomic_write_text
+    from specfit.core.io import atomic_write_text, dumps
     from specfit.eval.report import printed_table, write_summary
 
     config = p.config
@@ -513,7 +524,7 @@ def _run(p: Plan, progress: bool) -> dict:
     cfg_path = out / "config.json"
     old = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
     identity = {**p.identity, **{k: p.identity[k] or old.get(k) for k in _OPTIONAL_PARTS}}
-    atomic_write_text(cfg_path, json.dumps(identity, indent=1) + "\n")
+    atomic_write_text(cfg_path, dumps(identity, indent=1) + "\n")
     results_path = out / "results.jsonl"
     done = {r.key for r in read_results(results_path, repair=True)}
     todo = [(pr, ids, m) for pr, ids in p.prompts for m in p.methods if (pr.id, pr.dataset, m.name) not in done]

@@ -25,7 +25,6 @@ Qwen3-30B-A3B (SPECFIT.md §5) and ``--layers`` decoder layers.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -39,6 +38,7 @@ from safetensors.torch import save_file
 from specfit.models.devices import resolve_device
 from specfit.models.qwen3_moe import OffloadedQwen3Moe, read_spec
 from specfit.models.qwen3_moe.checkpoint import dense_shapes
+from specfit.core.io import dumps
 from specfit.core.cost import calibrate
 from specfit.eval.machine import command_line, machine, publish
 
@@ -131,7 +131,7 @@ def write_synthetic_checkpoint(out_dir: Path, shape: str, num_layers: int | None
     """
     cfg = _synthetic_config(shape, num_layers)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.json").write_text(json.dumps(cfg, indent=1))
+    (out_dir / "config.json").write_text(dumps(cfg, indent=1))
     spec = read_spec(out_dir)
     gen = torch.Generator().manual_seed(seed)
 
@@ -157,7 +157,7 @@ def write_synthetic_checkpoint(out_dir: Path, shape: str, num_layers: int | None
     for key, shapes in shards.items():
         save_file({name: init(name, shape) for name, shape in shapes.items()}, out_dir / f"{key}.safetensors")
         weight_map.update({name: f"{key}.safetensors" for name in shapes})
-    (out_dir / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    (out_dir / "model.safetensors.index.json").write_text(dumps({"metadata": {}, "weight_map": weight_map}))
     return out_dir
 
 
@@ -275,7 +275,7 @@ def format_table(result: dict) -> str:
            "each round of a layer's experts together" + (", grouped kernel" if result.get("grouped_kernel") else ""))
     lines.append(f"\nexperts: {how}; {result.get('dtype')}, cache slots {result.get('cache_slots')}")
     lines.append(f"\nfitted cost model (NNLS over {c['records']} forwards, rel. residual {c['rel_residual']:.3f}): "
-                 f"{json.dumps(c['cost'])}")
+                 f"{dumps(c['cost'])}")
     return "\n".join(lines)
 
 

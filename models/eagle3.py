@@ -33,7 +33,6 @@ never stay visible (no ghost KV).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -46,6 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specfit.core.errors import SpecFitInputError, check_positive_int, check_single_sequence
+from specfit.core.io import dumps
 from specfit.core.readers import read_json
 
 #: Weight names of the public EAGLE-3 layout (besides the optional ``embed_tokens.weight``).
@@ -495,7 +495,7 @@ def save_eagle3(head: Eagle3Head, out_dir, include_embed: bool = False, dtype=to
     tensors = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in tensors.items()}
 
     def write(tmp: Path):
-        (tmp / "config.json").write_text(json.dumps(head.cfg.to_dict(), indent=2) + "\n")
+        (tmp / "config.json").write_text(dumps(head.cfg.to_dict(), indent=2) + "\n")
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
 
     write_dir_atomically(Path(out_dir), write)
@@ -720,7 +720,7 @@ def load_eagle3(path, target_config=None, embed_weight: torch.Tensor | None = No
         if tuple(embed_weight.shape) != shapes["embed_tokens.weight"]:
             raise SpecFitInputError("embed_tokens", f"the target's embedding is {tuple(embed_weight.shape)}, "
                                     f"the head needs {shapes['embed_tokens.weight']}")
-    weights = {}
+    weights, file_of = {}, {}
     for f in ckpt.files:
         if f.suffix == ".safetensors":
             from safetensors import safe_open
@@ -729,6 +729,8 @@ def load_eagle3(path, target_config=None, embed_weight: torch.Tensor | None = No
                 weights.update({k: st.get_tensor(k) for k in st.keys() if k in ckpt.names.values()})
         else:
             weights.update(torch.load(f, map_location="cpu", weights_only=True))
+        file_of.update({k: f for k in weights if k not in file_of})
+    _check_head_weights(ckpt, weights, file_of, Path(path) / "config.json")
     state = {name: weights[stored] for name, stored in ckpt.names.items()}
     state.setdefault("embed_tokens.weight", embed_weight)
     state.setdefault("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
@@ -745,6 +747,34 @@ def load_eagle3(path, target_config=None, embed_weight: torch.Tensor | None = No
                           for k, ref in expected.items()})
     head.aux_layer_ids = ckpt.aux_layer_ids
     return head.to(device).eval()
+
+
+#: Head weights that hold ids or masks, not floats: the draft-to-target id offsets and the mask.
+_INDEX_WEIGHTS = ("d2t", "t2d")
+
+
+def _check_head_weights(ckpt: "Eagle3Checkpoint", weights: dict, file_of: dict, config_path: Path) -> None:
+    """Every stored weight is what the head's config claims, before any cast: floating weights by
+    :func:`specfit.models.qwen3_moe.checkpoint.check_stored_tensor` (a floating dtype, the config's
+    ``torch_dtype`` or float32, finite), ``d2t`` integers and ``t2d`` booleans or integers (a float
+    ``d2t`` was rounded by ``.long()``).
+
+    Raises
+    ------
+    SpecFitInputError
+        ``"<file>: <tensor>"`` and the rule.
+    """
+    from specfit.models.qwen3_moe.checkpoint import check_stored_tensor, claimed_dtype
+
+    claimed = claimed_dtype(config_path)
+    for name, stored in ckpt.names.items():
+        t, where = weights[stored], f"{file_of.get(stored, ckpt.files[0])}: {stored}"
+        if name in _INDEX_WEIGHTS:
+            if t.is_floating_point() or t.is_complex():
+                raise SpecFitInputError(where, f"is stored as {str(t.dtype).removeprefix('torch.')}; {name} holds "
+                                        "integer ids (or a boolean mask), not floats")
+            continue
+        check_stored_tensor(t, where, claimed)
 
 
 @dataclass

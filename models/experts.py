@@ -56,7 +56,7 @@ def parse_bytes(text: str | int, field: str = "gpu_memory") -> int:
     SpecFitInputError
         If the text is not a non-negative number with a known unit.
     """
-    if isinstance(text, int) and text >= 0:
+    if isinstance(text, int) and not isinstance(text, bool) and text >= 0:
         return text
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
     if not m or m.group(2).upper() not in _UNITS:
@@ -85,7 +85,7 @@ def check_cache_args(slots: int | str, policy: str, num_experts: int, admission:
     """
     if slots == "all":
         slots = num_experts
-    elif isinstance(slots, str) and slots.strip().isdigit():  # as typed on a command line
+    elif isinstance(slots, str) and slots.strip().isascii() and slots.strip().isdigit():  # as typed on a command line
         slots = int(slots)
     if isinstance(slots, bool) or not isinstance(slots, int) or not 0 <= slots <= num_experts:
         raise SpecFitInputError("cache_slots", f"must be an integer in [0, {num_experts}] or 'all', got {slots!r}")

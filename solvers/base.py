@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
-from specfit.core.errors import SpecFitInputError, lookup
+from specfit.core.errors import SpecFitInputError, check_number, lookup
 from specfit.core.instance import Instance
 from specfit.core.objective import evaluate
 
@@ -97,19 +97,36 @@ def selection(solver: str, nodes: tuple, expected_tokens: float, predicted_ms: f
 
 
 def check_rate(rate: float | None) -> float | None:
-    """Validate a long-run rate in tokens/s (None = ratio mode).
+    """Validate a long-run rate in tokens/s (None = ratio mode): a finite number in [0, MAX_RATE]
+    (:func:`~specfit.core.errors.check_number`).
 
     Raises
     ------
     SpecFitInputError
-        If the rate is negative, NaN or infinite.
+        If the rate is not a number (a bool or a string), negative, NaN, infinite or above
+        :data:`MAX_RATE`.
     """
     if rate is None:
         return None
-    r = float(rate)
-    if not (r >= 0.0 and r != float("inf")):
-        raise SpecFitInputError("rate", f"must be a finite number >= 0 (tokens/s), got {rate!r}")
-    return r
+    return check_number("rate", rate, 0.0, MAX_RATE, unit="tokens/s")
+
+
+#: Largest long-run rate, tokens/s: far above any decoder, small enough that ``rate / 1000 * T``
+#: stays finite on every instance (:data:`~specfit.core.errors.MAX_MS`).
+MAX_RATE = 1e9
+#: Largest solver time limit, s (a year).
+MAX_TIME_LIMIT_S = 3.2e7
+
+
+def check_time_limit(value) -> float:
+    """A solver's wall-clock limit: a finite number of seconds in (0, MAX_TIME_LIMIT_S].
+
+    Raises
+    ------
+    SpecFitInputError
+        On ``time_limit_s`` otherwise (NaN, infinity, 0, negative, a bool or a string).
+    """
+    return check_number("time_limit_s", value, 0.0, MAX_TIME_LIMIT_S, low_open=True, unit="seconds")
 
 
 class Solver:

@@ -66,8 +66,8 @@ from typing import Sequence
 
 import numpy as np
 
-from specfit.solvers.base import Solver
-from specfit.core.errors import SpecFitInputError
+from specfit.solvers.base import Solver, check_time_limit
+from specfit.core.errors import SpecFitInputError, check_int
 from specfit.core.instance import Instance
 from specfit.core.objective import evaluate
 
@@ -149,17 +149,9 @@ class CPSATSolver(Solver):
     exact = True
 
     def __init__(self, time_limit_s: float = 30.0, workers: int = 1, precision_bits: int = 40):
-        try:
-            t, w, bits = float(time_limit_s), int(workers), int(precision_bits)
-        except (TypeError, ValueError):
-            raise SpecFitInputError("time_limit_s", "time_limit_s, workers and precision_bits must be numbers, got "
-                                    f"{time_limit_s!r}, {workers!r}, {precision_bits!r}") from None
-        if not (0 < t < float("inf")):
-            raise SpecFitInputError("time_limit_s", f"must be a positive number of seconds, got {time_limit_s!r}")
-        if w < 1:
-            raise SpecFitInputError("workers", f"must be >= 1, got {workers!r}")
-        if not 10 <= bits <= 52:
-            raise SpecFitInputError("precision_bits", f"must lie in [10, 52], got {precision_bits!r}")
+        t = check_time_limit(time_limit_s)
+        w = check_int("workers", workers, 1, 1024)
+        bits = check_int("precision_bits", precision_bits, 10, 52)
         self.time_limit_s, self.workers, self.precision_bits = t, w, bits
 
     def _cp_solver(self):

@@ -53,7 +53,7 @@ from specfit.core.coverage import Coverage, PricedItems, at_least_twice, coverag
 from specfit.core.instance import Instance
 from specfit.core.objective import evaluate_uncovered, evaluation
 from specfit.core.cost import check_ms
-from specfit.solvers.base import Selection, Solver, check_rate, selection
+from specfit.solvers.base import Selection, Solver, check_rate, check_time_limit, selection
 from specfit.solvers.exact_host import select_host
 from specfit.solvers.greedy import linear_prefix, scan_prefix
 
@@ -317,7 +317,7 @@ class ExactSolver(Solver):
 
     def __init__(self, tol: float = 1e-12, time_limit_s: float | None = None, compiled: bool = True):
         self.tol = tol
-        self.time_limit_s = time_limit_s
+        self.time_limit_s = None if time_limit_s is None else check_time_limit(time_limit_s)
         self.compiled = compiled
         if compiled:  # compiled (or loaded from numba's cache) here: no solve pays it
             from specfit.core.kernels import item_words_kernel

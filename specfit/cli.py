@@ -11,10 +11,12 @@ argparse's own errors, unreadable or unwritable files) exits 2, Ctrl-C exits 130
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import sys
+import warnings
 
 from specfit.core.errors import SpecFitInputError, check_positive_int
+from specfit.core.io import dumps
 
 #: What the top-level ``specfit --help`` says about the program.
 DESCRIPTION = ("SpecFit: throughput-optimal speculative decoding for Mixture-of-Experts models whose experts are "
@@ -51,7 +53,7 @@ def _run_solve(args) -> int:
     sel = select(load_instance(args.instance), solver=args.solver, max_nodes=args.max_nodes, rate=args.rate,
                  time_limit_s=args.time_limit_s)
     if args.json:
-        print(json.dumps(sel.to_json()))
+        print(dumps(sel.to_json()))
     else:
         print(f"solver      {sel.solver} ({sel.status})")
         print(f"nodes       {list(sel.nodes)}")
@@ -155,7 +157,7 @@ def _run_generate(args) -> int:
             raise SpecFitInputError("prompt_ids", exc.rule) from None
         raise
     if args.json:
-        print(json.dumps(rep))
+        print(dumps(rep))
         return 0
     if rep["text"] is not None:
         print(rep["text"])
@@ -341,25 +343,73 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``specfit`` and ``python -m specfit``. Returns the exit code.
 
     Every error is one stderr line ``specfit <command>: error: <field or flag>: <rule>``: exit 2 for
-    bad input and unreadable or unwritable files, 130 for Ctrl-C.
+    bad input and unreadable or unwritable files (a file under ``--out`` is reported as ``--out``),
+    130 for Ctrl-C. Third-party warnings (transformers, torch) are silenced: the one line is the
+    only one. A closed pipe (``specfit solve ... | head -1``) ends quietly with 141 (128 + SIGPIPE,
+    what a process killed by the signal reports), without a message.
     """
     parser = build_parser()
     args = parser.parse_args(argv)
     run = {name: fn for name, _, fn in _COMMANDS}[args.command]
     where = f"specfit {args.command}"
+    _quiet_third_party()
     try:
-        return run(args)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            rc = run(args)
+            sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+        return rc
+    except BrokenPipeError:
+        _stdout_to_devnull()
+        return 141
     except SpecFitInputError as exc:
         field = _flag_names(parser, args).get(exc.field, exc.field)
         print(f"{where}: error: {field}: {exc.rule}", file=sys.stderr)
         return 2
     except OSError as exc:  # a file we could not read or write (permissions, disk full, ...)
         what = f"{exc.filename}: {exc.strerror}" if exc.filename and exc.strerror else str(exc).splitlines()[0]
+        out = getattr(args, "out", None)
+        if out and exc.filename and _inside(exc.filename, out):
+            what = f"--out: cannot write {exc.filename}: {exc.strerror}"
         print(f"{where}: error: {what}", file=sys.stderr)
         return 2
     except (KeyboardInterrupt, _Interrupted) as exc:
         print(f"{where}: {exc if isinstance(exc, _Interrupted) else 'interrupted'}", file=sys.stderr)
         return 130
+    except Exception as exc:  # a defect, not the input's fault: still one line (SPECFIT_DEBUG=1 raises it)
+        if os.environ.get("SPECFIT_DEBUG"):
+            raise
+        text = str(exc).splitlines()[0] if str(exc) else ""
+        print(f"{where}: internal error: {type(exc).__name__}: {text} (please report it; SPECFIT_DEBUG=1 shows "
+              "where)", file=sys.stderr)
+        return 1
+
+
+def _quiet_third_party() -> None:
+    """Silence transformers' logger warnings (a prompt longer than the tokenizer's maximum, ...): the
+    CLI's output is its own lines. Set before transformers is imported, and on it if it already is."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    if "transformers" in sys.modules:
+        sys.modules["transformers"].logging.set_verbosity_error()
+
+
+def _stdout_to_devnull() -> None:
+    """After a closed pipe: point stdout at /dev/null so that the interpreter's last flush is quiet."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+def _inside(path, folder) -> bool:
+    """True if ``path`` is ``folder`` or lies under it."""
+    from pathlib import Path
+
+    try:
+        return Path(os.path.abspath(path)).is_relative_to(os.path.abspath(folder))
+    except (TypeError, ValueError):
+        return False
 
 
 if __name__ == "__main__":

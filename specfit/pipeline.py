@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from specfit.core.cost import DEFAULT_HOST_PROFILE, DEFAULT_PROFILE, CostModel, HostProfile, get_host_profile, get_profile
-from specfit.core.errors import SpecFitInputError, check_context, check_positive_int, lookup
+from specfit.core.errors import (SpecFitInputError, check_context, check_number, check_positive_int, check_seed,
+                                 has_bool, lookup)
 from specfit.core.readers import read_json
 from specfit.engine.decoder import CycleRecord, Method, SpecDecoder, TreeSettings, get_method, prompt_list, tau
 from specfit.engine.online import OnlineModel
@@ -100,6 +101,26 @@ class GenerateOutput:
     def to_json(self) -> dict:
         """A JSON-ready dict of every attribute and ``tau`` (the ``specfit generate --json`` object)."""
         return {**asdict(self), "tau": self.tau}
+
+
+def check_sampling(temperature, top_p, seed) -> tuple[float, float, int]:
+    """The sampling settings of a generation, checked by the rules every entry point shares.
+
+    Returns
+    -------
+    (float, float, int)
+        ``temperature`` (a finite number >= 0; 0 = greedy), ``top_p`` (a finite number in (0, 1])
+        and ``seed`` (an integer in [0, 2**63), used as given).
+
+    Raises
+    ------
+    SpecFitInputError
+        On ``temperature``, ``top_p`` or ``seed`` (NaN, infinity, a bool, a string, a float seed, a
+        value out of range).
+    """
+    return (check_number("temperature", temperature, 0.0, unit="0 = greedy"),
+            check_number("top_p", top_p, 0.0, 1.0, low_open=True),
+            check_seed("seed", seed))
 
 
 def _as_dtype(dtype) -> "torch.dtype | None":
@@ -375,8 +396,10 @@ class SpecFit:
         ------
         SpecFitInputError
             Unknown method; a method that needs a drafter, predictor or cost model this object
-            lacks.
+            lacks; ``temperature`` not a finite number >= 0, ``top_p`` not in (0, 1], ``seed`` not an
+            integer in [0, 2**63) (:func:`~specfit.core.errors.check_seed`).
         """
+        temperature, top_p, seed = check_sampling(temperature, top_p, seed)
         m = get_method(method) if isinstance(method, str) else method
         if m.needs_reference and self._reference is None and self._reference_loader is not None:
             self._reference = self._reference_loader()
@@ -415,6 +438,8 @@ class SpecFit:
                 raise SpecFitInputError("prompt", "the model directory has no tokenizer; give token ids")
             ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
         else:
+            if has_bool(prompt):  # [True, 5] would read as the ids [1, 5]
+                raise SpecFitInputError("prompt", "must be integer token ids, got a boolean")
             ids = prompt_list(prompt, "prompt")
         if not ids:
             raise SpecFitInputError("prompt", "encodes to no tokens")

@@ -166,3 +166,50 @@ def near_tie_instances(draw, max_nodes: int = 10, budget: str = "none") -> Insta
     experts, cache = draw(_experts_and_cache(n, layers, num_experts))
     tree = DraftTree(parents, path_prob=prob, experts=experts, num_experts=num_experts)
     return _with_budgets(draw, tree, draw(costs(layers)), cache, budget)
+
+
+# --- numeric edges: values a user (or a fuzzer) puts where a number goes --------------------------
+#: Real numbers no field accepts: NaN and the infinities.
+NON_FINITE = (float("nan"), float("inf"), float("-inf"))
+
+
+def non_integers() -> st.SearchStrategy:
+    """Values that are not integers though they may look like one: integral and fractional floats
+    (``2.0``, ``1.5``, ``-0.0``), NaN and infinities, booleans, numeric strings, None, lists."""
+    return st.one_of(
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.sampled_from([0.0, -0.0, 1.0, 2.0, 1e30, *NON_FINITE]),
+        st.booleans(),
+        st.sampled_from(["7", "1", "1.0", "nan", "", " 3 ", "0x10"]),
+        st.none(),
+        st.lists(st.integers(0, 3), max_size=2),
+    )
+
+
+def non_numbers() -> st.SearchStrategy:
+    """Values that are not finite real numbers: NaN, infinities, booleans, numeric strings, None."""
+    return st.one_of(st.sampled_from(NON_FINITE), st.booleans(),
+                     st.sampled_from(["1", "0.5", "nan", "inf", ""]), st.none())
+
+
+def edge_integers(low: int, high: int | None) -> st.SearchStrategy:
+    """Integers just outside ``[low, high]`` and far outside (negatives, beyond int64)."""
+    out = [st.integers(max_value=low - 1), st.sampled_from([low - 1, -(2 ** 63), -(2 ** 64)])]
+    if high is not None:
+        out += [st.integers(min_value=high + 1), st.sampled_from([high + 1, 2 ** 63, 2 ** 64, 10 ** 30])]
+    return st.one_of(*out)
+
+
+def edge_floats(low: float | None, high: float | None) -> st.SearchStrategy:
+    """Finite floats just outside ``[low, high]`` (and huge ones beyond ``high``)."""
+    out = []
+    if low is not None:
+        out.append(st.floats(max_value=low, exclude_max=True, allow_nan=False, allow_infinity=False))
+    if high is not None:
+        out.append(st.floats(min_value=high, exclude_min=True, allow_nan=False, allow_infinity=False))
+    return st.one_of(*out)
+
+
+#: Command-line spellings of the same edges (argparse hands strings to our parsers).
+EDGE_STRINGS = ("nan", "NaN", "inf", "-inf", "infinity", "1e400", "-1e400", "-0", "-0.0", "1.5", "2.0", "-1",
+                "99999999999999999999999", "1e30", "true", "", " ", "0x10", "1_000", "\u0661", "\u00b2", "7\u00a0")

@@ -61,6 +61,9 @@ class CheckpointReader:
             self.file_of = {name: single for name in self._open(single).keys()}
         else:
             raise CheckpointError(str(self.dir), "has neither model.safetensors nor model.safetensors.index.json")
+        #: The dtype config.json says the weights are stored in (``torch_dtype``, or ``dtype`` in
+        #: transformers 5), or None when it names none.
+        self.claimed_dtype = claimed_dtype(self.dir / "config.json")
 
     def _open(self, path: Path):
         if path not in self._handles:
@@ -86,12 +89,13 @@ class CheckpointReader:
         shape : tuple of int
             The shape the config implies.
         dtype : torch.dtype
-            Returned dtype.
+            Returned dtype (the compute dtype; a stored bfloat16 read as float32 is exact).
 
         Raises
         ------
         CheckpointError
-            If the tensor is absent (from the index or from its shard) or its shape differs;
+            If the tensor is absent (from the index or from its shard), its shape differs, it is
+            not stored as the config claims or holds a NaN or infinity (:func:`check_stored_tensor`);
             the error names the file and the tensor.
         """
         if name not in self.file_of:
@@ -104,9 +108,78 @@ class CheckpointReader:
         if got != tuple(shape):
             raise CheckpointError(f"{path}: {name}", f"expected shape {tuple(shape)}, got {got}")
         try:
-            return handle.get_tensor(name).to(dtype)
+            stored = handle.get_tensor(name)
         except (SafetensorError, OSError) as exc:
             raise CheckpointError(f"{path}: {name}", f"cannot be read ({exc})") from None
+        check_stored_tensor(stored, f"{path}: {name}", self.claimed_dtype)
+        return stored.to(dtype)
+
+
+#: Floating dtypes a weight may be stored in. Integer and 8-bit float tensors are quantised weights,
+#: which this runtime does not dequantise: casting them would change the model's output.
+STORED_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+#: A tensor stored in float32 is accepted beside another claimed dtype: exporters keep routers and
+#: norms in float32, and reading float32 loses nothing the claimed dtype had.
+_ALWAYS_ACCEPTED = (torch.float32,)
+
+
+def claimed_dtype(config_path: Path) -> torch.dtype | None:
+    """The storage dtype ``config.json`` names (``torch_dtype`` or transformers 5's ``dtype``), or None.
+
+    Raises
+    ------
+    CheckpointError
+        If it names something that is not a floating torch dtype of :data:`STORED_FLOAT_DTYPES`.
+    """
+    if not Path(config_path).is_file():
+        return None
+    try:
+        cfg = read_json(config_path)
+    except SpecFitInputError:
+        return None  # the config's own reader reports it
+    name = cfg.get("torch_dtype", cfg.get("dtype"))
+    if name is None:
+        return None
+    value = getattr(torch, str(name).removeprefix("torch."), None) if isinstance(name, str) else None
+    if value not in STORED_FLOAT_DTYPES:
+        raise CheckpointError(f"{config_path}: torch_dtype", f"must name a floating dtype "
+                              f"({', '.join(str(d).removeprefix('torch.') for d in STORED_FLOAT_DTYPES)}), got {name!r}")
+    return value
+
+
+def check_stored_tensor(tensor: torch.Tensor, where: str, claimed: torch.dtype | None) -> None:
+    """Refuse a floating weight that is not what its checkpoint claims, before any cast.
+
+    Rules: the tensor is stored in a floating dtype of :data:`STORED_FLOAT_DTYPES` (an int8,
+    uint8, bool or float8 tensor is a quantised weight: refused, never cast); when the config
+    claims a dtype, the tensor is stored in it or in float32; every value is finite (NaN or
+    infinity in a weight poisons every output it touches). The cast to the compute dtype that
+    follows is then the documented one: exact to float32, rounded to bfloat16 when ``--dtype
+    bfloat16`` asks for it.
+
+    Parameters
+    ----------
+    tensor : torch.Tensor
+        As stored in the file.
+    where : str
+        ``"<file>: <tensor name>"``, the error's field.
+    claimed : torch.dtype or None
+        :func:`claimed_dtype` of the checkpoint.
+
+    Raises
+    ------
+    CheckpointError
+        On ``where``, naming the rule.
+    """
+    if tensor.dtype not in STORED_FLOAT_DTYPES:
+        raise CheckpointError(where, f"is stored as {str(tensor.dtype).removeprefix('torch.')}, not a floating dtype "
+                              "(quantised weights are not supported; casting them would change the output)")
+    if claimed is not None and tensor.dtype != claimed and tensor.dtype not in _ALWAYS_ACCEPTED:
+        raise CheckpointError(where, f"is stored as {str(tensor.dtype).removeprefix('torch.')} but config.json says "
+                              f"torch_dtype {str(claimed).removeprefix('torch.')}")
+    if tensor.numel() and not bool(torch.isfinite(tensor).all()):
+        bad = int((~torch.isfinite(tensor)).sum())
+        raise CheckpointError(where, f"holds {bad} NaN or infinite value(s); every weight must be finite")
 
 
 def open_safetensors(path: str | Path):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from specfit.core.errors import SpecFitInputError
+from specfit.core.errors import MAX_EXPERTS, MAX_LAYERS, SpecFitInputError
 from specfit.core.readers import read_json
 
 #: The only architecture this runtime loads.
@@ -128,6 +128,9 @@ def read_spec(model_dir: str | Path) -> Qwen3MoeSpec:
         refuse("num_experts", "is missing (also looked for num_local_experts)")
     num_experts = _int(cfg, key, path, low=0)
     L = _need(cfg, "num_hidden_layers", path)
+    for name, value, high in ((key, num_experts, MAX_EXPERTS), ("num_hidden_layers", L, MAX_LAYERS)):
+        if value > high:  # sizes the host expert store is allocated from, before any tensor is read
+            refuse(name, f"must be at most {high}, got {value}")
     hidden, heads = _need(cfg, "hidden_size", path), _need(cfg, "num_attention_heads", path)
     kv_heads = _int(cfg, "num_key_value_heads", path, default=heads)
     if heads % kv_heads:

@@ -19,7 +19,8 @@ from typing import ClassVar, Sequence
 
 import numpy as np
 
-from specfit.core.errors import SpecFitInputError, check_positive_int, lookup
+from specfit.core.errors import (MAX_LAYERS, MAX_MS, MIN_CYCLE_MS, SpecFitInputError, check_int, check_number,
+                                   check_positive_int, lookup)
 
 #: Bytes of one Qwen3-30B-A3B expert in bf16: (gate, up, down) = 3 * 2048 * 768 params * 2 bytes.
 QWEN3_30B_A3B_EXPERT_BYTES = 9_437_184
@@ -32,22 +33,15 @@ QWEN3_30B_A3B_TOP_K = 8
 
 
 def check_ms(name: str, value) -> float:
-    """``value`` as a duration in ms: a finite float >= 0.
+    """``value`` as a duration in ms: a finite number in [0, MAX_MS] (:func:`~specfit.core.errors.check_number`;
+    not a bool or a string; :data:`~specfit.core.errors.MAX_MS` keeps every sum over an instance finite).
 
     Raises
     ------
     SpecFitInputError
-        On ``name``, if it is not a number, not finite or negative.
+        On ``name``, if it is not a number, not finite, negative or above ``MAX_MS``.
     """
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise SpecFitInputError(name, f"must be a number (ms), got {value!r}") from None
-    if not math.isfinite(v):
-        raise SpecFitInputError(name, "must be finite")
-    if v < 0:
-        raise SpecFitInputError(name, f"must be >= 0 (a duration in ms), got {v}")
-    return v
+    return check_number(name, value, 0.0, MAX_MS, unit="a duration in ms")
 
 
 def check_bandwidth(name: str, value) -> float:
@@ -164,8 +158,10 @@ class CostModel:
         if self.experts_per_token is not None:
             object.__setattr__(self, "experts_per_token",
                                check_positive_int("cost.experts_per_token", self.experts_per_token))
-        if self.fixed_ms + self.per_node_ms <= 0:
-            raise SpecFitInputError("cost.fixed_ms", "fixed_ms + per_node_ms must be > 0 so that every cycle takes time")
+        if self.fixed_ms + self.per_node_ms < MIN_CYCLE_MS:
+            raise SpecFitInputError("cost.fixed_ms", f"fixed_ms + per_node_ms must be >= {MIN_CYCLE_MS} ms so that every "
+                                    f"cycle takes time (a throughput 1000 A / T stays finite), got "
+                                    f"{self.fixed_ms + self.per_node_ms}")
 
     @classmethod
     def from_bandwidths(cls, fixed_ms: float, per_node_ms: float, *, expert_bytes: int, memory_gb_per_s: float,
@@ -425,6 +421,8 @@ class CostModel:
         """
         if not isinstance(obj, dict):
             raise SpecFitInputError("cost", "must be an object with fixed_ms, per_node_ms, per_expert_ms")
+        if obj.get("regime", "transfer") not in ("transfer", "host"):
+            raise SpecFitInputError("cost.regime", f"must be 'transfer' or 'host' (or absent: transfer), got {obj['regime']!r}")
         if "regime" in obj and obj["regime"] != "transfer":  # the host-compute regime's object
             return HostProfile.from_json(obj)
         keys = {"fixed_ms", "per_node_ms", "per_expert_ms"}
@@ -899,14 +897,13 @@ class HostProfile:
         ref = obj.get("reference_layers")
         gpu = CostModel.from_json(obj["gpu"])
         if ref is not None:
-            gpu = replace(gpu, reference_layers=check_positive_int("cost.reference_layers", ref))
+            gpu = replace(gpu, reference_layers=check_int("cost.reference_layers", ref, 1, MAX_LAYERS))
         layers = obj.get("num_layers")
         if layers is not None:
-            check_positive_int("cost.num_layers", layers)
-        try:
-            dram = float(obj.get("dram_gb_per_s", 0.0))
-        except (TypeError, ValueError):
-            raise SpecFitInputError("cost.dram_gb_per_s", f"must be a number (GB/s), got {obj['dram_gb_per_s']!r}") from None
+            check_int("cost.num_layers", layers, 1, MAX_LAYERS)
+        dram = check_number("cost.dram_gb_per_s", obj.get("dram_gb_per_s", 0.0), 0.0, unit="GB/s")
+        if not isinstance(obj.get("name", ""), str):
+            raise SpecFitInputError("cost.name", f"must be a string, got {obj['name']!r}")
         return cls(str(obj.get("name", "custom")), gpu, dram, obj["host_per_expert_ms"],
                    obj["host_per_row_ms"], obj["sync_ms"], layers, obj.get("extra_ms", 0.0),
                    obj.get("node_extra_ms", 0.0))

@@ -12,22 +12,23 @@ import numpy as np
 
 from specfit.core.cost import CostModel, HostProfile
 from specfit.core.coverage import ItemSets, item_ids, priced_items
-from specfit.core.errors import SpecFitInputError
+from specfit.core.errors import MAX_EXPERTS, MAX_NODES, SpecFitInputError, check_int, check_unique_ids, is_integer
 from specfit.core.readers import read_text
 from specfit.core.io import atomic_write_text
-from specfit.core.tree import DraftTree
+from specfit.core.tree import DraftTree, check_distinct_experts
 
 _REQUIRED = ("parents", "path_prob", "num_experts", "experts", "cost")
 _OPTIONAL = ("cache", "max_nodes", "max_new_experts_per_layer", "tokens")
 
 
 def _check_budget(name: str, value, low: int, why: str) -> int | None:
-    """``value`` as an int >= ``low`` (or None); one rule and one message per budget."""
+    """``value`` as an int >= ``low`` (or None): :func:`~specfit.core.errors.is_integer`'s rule (no
+    floats, no bools), the budget's reason in the message."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) and not (
-            isinstance(value, float) and value.is_integer()) or value < low:
-        raise SpecFitInputError(name, f"must be an integer >= {low} ({why}), got {value!r}")
+    if not is_integer(value) or value < low:
+        kind = "" if is_integer(value) else f" (a {type(value).__name__})"
+        raise SpecFitInputError(name, f"must be an integer >= {low} ({why}), got {value!r}{kind}")
     return int(value)
 
 
@@ -54,12 +55,13 @@ def cache_mask(cached, num_layers: int, num_experts: int) -> np.ndarray:
         raise SpecFitInputError("cache", f"must be a list with one list of expert ids per layer ({num_layers})")
     mask = np.zeros((num_layers, num_experts), dtype=bool)
     for l, ids in enumerate(cached):
-        if not isinstance(ids, (list, tuple)) or not all(
-                isinstance(e, (int, np.integer)) and not isinstance(e, bool) for e in ids):
-            raise SpecFitInputError(f"cache[{l}]", "must be a list of integer expert ids")
+        if not isinstance(ids, (list, tuple)) or not all(is_integer(e) for e in ids):
+            bad = next((e for e in ids if not is_integer(e)), ids) if isinstance(ids, (list, tuple)) else ids
+            raise SpecFitInputError(f"cache[{l}]", f"must be a list of integer expert ids, got {bad!r}")
         bad = [e for e in ids if not 0 <= e < num_experts]
         if bad:
             raise SpecFitInputError(f"cache[{l}]", f"expert id {bad[0]} is out of range [0, {num_experts})")
+        check_unique_ids(f"cache[{l}]", ids)
         mask[l, list(ids)] = True
     return mask
 
@@ -99,6 +101,8 @@ class Instance:
 
     def __post_init__(self):
         L, E = self.num_layers, self.num_experts
+        if self.n > MAX_NODES:
+            raise SpecFitInputError("parents", f"must have at most {MAX_NODES} nodes (MAX_NODES), got {self.n}")
         if self.cache is None:
             object.__setattr__(self, "cache", np.zeros((L, E), dtype=bool))
         elif self.cache.shape != (L, E):
@@ -198,9 +202,9 @@ class Instance:
         for k in obj:
             if k not in _REQUIRED and k not in _OPTIONAL:
                 raise SpecFitInputError(k, "is not a known instance field")
-        ne = obj["num_experts"]
-        if isinstance(ne, bool) or not isinstance(ne, int) or ne < 1:
-            raise SpecFitInputError("num_experts", f"must be an integer >= 1, got {ne!r}")
+        ne = check_int("num_experts", obj["num_experts"], 1, MAX_EXPERTS)
+        if isinstance(obj["parents"], list) and len(obj["parents"]) > MAX_NODES:
+            raise SpecFitInputError("parents", f"must have at most {MAX_NODES} nodes (MAX_NODES), got {len(obj['parents'])}")
         experts = obj["experts"]
         if not isinstance(experts, list):
             raise SpecFitInputError("experts", "must be a list (one entry per node) of lists (one per layer) of ids")
@@ -210,12 +214,17 @@ class Instance:
             if not isinstance(per_node, list) or len(per_node) != n_layers:
                 raise SpecFitInputError(f"experts[{v}]", f"ragged layers: expected {n_layers} layer lists like experts[0]")
             for l, ids in enumerate(per_node):
+                if k and isinstance(ids, list) and not ids:  # all empty: check_experts' rule
+                    raise SpecFitInputError(f"experts[{v}][{l}]", "is empty: each node routes to at least one expert "
+                                            "per MoE layer")
                 if not isinstance(ids, list) or len(ids) != k:
                     raise SpecFitInputError(f"experts[{v}][{l}]", f"ragged layers: expected a list of {k} expert ids "
                                             "like experts[0][0]")
-        arr = np.asarray(experts) if k else np.zeros((len(experts), n_layers, 0), dtype=np.int64)
+        arr = experts if k else np.zeros((len(experts), n_layers, 0), dtype=np.int64)
         tree = DraftTree(obj["parents"], path_prob=obj["path_prob"], tokens=obj.get("tokens"), experts=arr,
                          num_experts=ne)
+        if tree.experts is not None:
+            check_distinct_experts(tree.experts)
         cost = CostModel.from_json(obj["cost"])
         cache = None if obj.get("cache") is None else cache_mask(obj["cache"], tree.num_layers, ne)
         return cls(tree, cost, cache, obj.get("max_nodes"), obj.get("max_new_experts_per_layer"))
@@ -249,7 +258,7 @@ def load_instance(path: str | Path) -> Instance:
     p = Path(path)
     text = read_text(p, "instance")
     try:
-        obj = json.loads(text, parse_constant=lambda c: float("nan"))
+        obj = json.loads(text, parse_constant=float)  # NaN, Infinity: read, then refused by the field's rule
     except json.JSONDecodeError as exc:
         raise SpecFitInputError("instance", f"{p} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
     return Instance.from_json(obj)
@@ -257,5 +266,5 @@ def load_instance(path: str | Path) -> Instance:
 
 def save_instance(instance: Instance, path: str | Path) -> None:
     """Write an instance JSON file atomically (temporary file, then rename)."""
-    atomic_write_text(path, json.dumps(instance.to_json()))
+    atomic_write_text(path, json.dumps(instance.to_json(), allow_nan=False))
 

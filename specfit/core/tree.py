@@ -24,7 +24,7 @@ import networkx as nx
 import numpy as np
 
 from specfit.core.coverage import ItemSets
-from specfit.core.errors import SpecFitInputError, as_int_array
+from specfit.core.errors import MAX_EXPERTS, MAX_LAYERS, SpecFitInputError, has_bool, as_int_array, check_int
 
 #: Slack allowed when checking that path probabilities do not increase along a path.
 PROB_TOL = 1e-9
@@ -38,14 +38,21 @@ def check_probabilities(values, field: str, n: int) -> np.ndarray:
     SpecFitInputError
         Naming ``field`` (or ``field[i]``): not numbers, not n of them, not finite, or outside [0, 1].
     """
+    if not (isinstance(values, np.ndarray) and values.dtype == np.float64):
+        try:
+            raw = np.asarray(values)
+        except (TypeError, ValueError):
+            raise SpecFitInputError(field, "must be a list of numbers") from None
+        if raw.size and (raw.dtype.kind not in "fiu" or (not isinstance(values, np.ndarray) and has_bool(values))):
+            raise SpecFitInputError(field, "must be a list of numbers (not strings or booleans)")
     try:
         arr = np.asarray(values, dtype=np.float64)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise SpecFitInputError(field, "must be a list of numbers") from None
     if arr.shape != (n,):
         raise SpecFitInputError(field, f"must have one entry per node ({n}), got shape {arr.shape}")
     if ((arr >= 0.0) & (arr <= 1.0)).all():  # the common case: one pass (NaN fails both comparisons)
-        return arr
+        return arr + 0.0  # -0.0 -> 0.0
     bad = np.flatnonzero(~np.isfinite(arr))
     if bad.size:
         raise SpecFitInputError(f"{field}[{bad[0]}]", "must be finite (got NaN or infinity)")
@@ -104,8 +111,9 @@ def check_experts(experts, n: int, num_experts, start: int = 0, copy: bool = Tru
         raise SpecFitInputError("experts", f"must have one entry per node ({n}), got {exp.shape[0]}")
     if num_experts is None:
         raise SpecFitInputError("num_experts", "is required when experts are given")
-    if int(num_experts) < 1:
-        raise SpecFitInputError("num_experts", f"must be >= 1, got {num_experts}")
+    check_int("num_experts", num_experts, 1, MAX_EXPERTS)
+    if exp.shape[1] > MAX_LAYERS:
+        raise SpecFitInputError("experts", f"must have at most {MAX_LAYERS} MoE layers (MAX_LAYERS), got {exp.shape[1]}")
     if exp.shape[1] and not exp.shape[2]:
         raise SpecFitInputError("experts", "each node routes to at least one expert per MoE layer; "
                                 "got empty expert lists")
@@ -114,6 +122,26 @@ def check_experts(experts, n: int, num_experts, start: int = 0, copy: bool = Tru
         v, l, j = (int(x) for x in bad[0])
         raise SpecFitInputError(f"experts[{v + start}][{l}]", f"expert id {exp[v, l, j]} is out of range [0, {num_experts})")
     return exp
+
+
+def check_distinct_experts(exp: np.ndarray, field: str = "experts") -> None:
+    """Refuse a node that names one expert twice in a layer: the input forms (instance JSON,
+    :func:`~specfit.solvers.select`'s graph) state a node's experts in a layer as a set. (A
+    :class:`DraftTree` built from arrays counts a repeated id once.)
+
+    Raises
+    ------
+    SpecFitInputError
+        On ``experts[v][l]`` (or ``field`` of a graph node), naming the repeated id.
+    """
+    if exp.ndim != 3 or exp.shape[2] < 2:
+        return
+    srt = np.sort(exp, axis=2)
+    dup = srt[..., 1:] == srt[..., :-1]
+    if dup.any():
+        v, l, j = (int(x) for x in np.argwhere(dup)[0])
+        raise SpecFitInputError(f"{field}[{v}][{l}]", f"names expert id {srt[v, l, j]} twice; a node's experts in "
+                                "one layer are a set")
 
 
 class DraftTree:
@@ -563,6 +591,8 @@ class DraftTree:
             num_experts = graph.graph.get("num_experts")
         try:
             tree = cls(parents, path_prob=pp, tokens=tokens, experts=experts, num_experts=num_experts)
+            if tree.experts is not None:
+                check_distinct_experts(tree.experts)
         except SpecFitInputError as exc:
             m = _INDEXED.match(exc.field)
             if m is None:

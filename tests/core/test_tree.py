@@ -56,7 +56,7 @@ def test_subtree_renumbers_and_keeps_data():
 
 
 def test_instance_json_round_trip(tmp_path):
-    exp = np.random.default_rng(0).integers(0, 8, size=(6, 3, 2))
+    exp = np.argsort(np.random.default_rng(0).random((6, 3, 8)), axis=2)[..., :2]  # a node's experts are a set
     t = DraftTree(PARENTS, q=Q, tokens=[1, 2, 3, 4, 5, 6], experts=exp, num_experts=8)
     cache = np.zeros((3, 8), dtype=bool)
     cache[1, [2, 5]] = True

@@ -15,7 +15,7 @@ PP = [1.0, 0.6, 0.3, 0.3, 0.15, 0.27]
 
 
 def _experts(n, L=3, k=2, E=8, seed=0):
-    return np.random.default_rng(seed).integers(0, E, size=(n, L, k))
+    return np.argsort(np.random.default_rng(seed).random((n, L, E)), axis=2)[..., :k]  # distinct per node and layer
 
 
 def test_grown_tree_equals_tree_built_at_once_and_items_are_incremental():
