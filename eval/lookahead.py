@@ -7,8 +7,9 @@ transferred host-to-device) per token per layer at each cache size, for these ev
 
 * ``LRU`` — :class:`models.experts.DeviceExpertCache`'s default;
 * ``LRU + true next h`` — the ``lookahead`` policy (:class:`models.experts.Lookahead`) whose demand is
-  the TRUE experts of the next h tokens (:func:`specfit.core.lookahead.expert_demand`, weight 1 each):
-  a bound on what a perfect h-token lookahead gives;
+  the TRUE experts of the next h tokens (:func:`specfit.core.lookahead.expert_demand`), token t+j
+  weighted 1 or, with ``--decays``, ``α^j`` (``weight α^j``: the path probability of a draft chain's depth-j
+  node at per-token acceptance α, the weighting a draft tree gives): what a perfect h-token lookahead gives;
 * ``LRU + predicted next h`` — the same with the experts of the true next h tokens PREDICTED by the
   frequency predictor (:func:`models.predictors.build_frequency`, recency blend on, observing the true
   routing of every token up to the current one), built on the other half of the trace's prompts
@@ -26,7 +27,7 @@ does across a decoding session; nothing is resident before the first prompt.
 
 Usage::
 
-    python -m specfit.eval.lookahead --slots 16,32,64
+    python -m specfit.eval.lookahead --slots 16,32,64 --horizons 2,4,8 --decays 1,0.5
 
 Prints a Markdown table. Pure numpy.
 """
@@ -194,9 +195,10 @@ def belady_misses(routing: np.ndarray, num_experts: int, slots: int) -> np.ndarr
     return sim.replay(routing, -next_use(routing, num_experts).astype(np.float64))
 
 
-def demand_series(experts: np.ndarray, horizon: int, num_experts: int) -> np.ndarray:
+def demand_series(experts: np.ndarray, horizon: int, num_experts: int, decay: float = 1.0) -> np.ndarray:
     """(T, L, E) lookahead demand during each forward t of a prompt: :func:`expert_demand` of the next
-    ``horizon`` tokens' experts, weight 1 each (fewer near the prompt's end, none at its last token).
+    ``horizon`` tokens' experts, token t+j weighted ``decay ** j`` (fewer tokens near the prompt's end, none
+    at its last token).
 
     Parameters
     ----------
@@ -207,9 +209,14 @@ def demand_series(experts: np.ndarray, horizon: int, num_experts: int) -> np.nda
         Tokens looked ahead, ``1 <= horizon`` (and ``<= H``).
     num_experts : int
         E.
+    decay : float
+        In (0, 1]: token t+j's weight ``decay ** j`` is the path probability of the depth-j node of a draft
+        chain whose every token is accepted with probability ``decay`` (1: every token counts once, so an
+        expert needed only at t+h ranks with one needed at t+1).
     """
     T = experts.shape[0]
     L = experts.shape[-2]
+    w = float(decay) ** np.arange(1, horizon + 1)
     out = np.zeros((T, L, num_experts))
     for t in range(T):
         if experts.ndim == 3:
@@ -217,7 +224,7 @@ def demand_series(experts: np.ndarray, horizon: int, num_experts: int) -> np.nda
         else:
             rows = experts[t, :horizon]
             rows = rows[rows[:, 0, 0] >= 0]
-        out[t] = expert_demand(np.ones(len(rows)), rows, num_experts)
+        out[t] = expert_demand(w[: len(rows)], rows, num_experts)
     return out
 
 
@@ -244,7 +251,13 @@ def predicted_experts(trace: RoutingTrace, horizon: int, folds: int = 2) -> list
     return out
 
 
-def simulate(trace: RoutingTrace, slots, horizons=(2, 4), predicted: list[np.ndarray] | None = None) -> dict:
+def label(kind: str, horizon: int, decay: float) -> str:
+    """A lookahead row's name: ``kind`` ``"true"`` or ``"predicted"``."""
+    return f"LRU + {kind} next {horizon}" + ("" if decay == 1 else f", weight {decay:g}^j")
+
+
+def simulate(trace: RoutingTrace, slots, horizons=(2, 4), predicted: list[np.ndarray] | None = None,
+             decays=(1.0,)) -> dict:
     """Misses per token per layer of every policy of the module docstring at each cache size.
 
     Parameters
@@ -258,39 +271,42 @@ def simulate(trace: RoutingTrace, slots, horizons=(2, 4), predicted: list[np.nda
     predicted : list of numpy.ndarray, optional
         :func:`predicted_experts` of the trace with a horizon of at least ``max(horizons)``; without it
         the predicted-experts rows are left out.
+    decays : sequence of float
+        Weights of the lookahead's tokens (:func:`demand_series`), one row per (kind, horizon, decay).
 
     Returns
     -------
     dict
-        ``{slots: {label: misses per token per layer}}`` over every token and layer of the trace.
+        ``{label: {slots: misses per token per layer}}`` over every token and layer of the trace, labels in
+        table order (LRU, the true-future lookaheads, the predicted ones, Belady).
     """
     L, E = trace.num_layers, trace.num_experts
-    labels = ["LRU", *[f"LRU + true next {h}" for h in horizons],
-              *([f"LRU + predicted next {h}" for h in horizons] if predicted is not None else []), "Belady"]
-    sims = {(s, name): CacheSim(L, E, s) for s in slots for name in labels}
+    kinds = ["true"] + (["predicted"] if predicted is not None else [])
+    rows = {label(kind, h, d): (kind, h, d) for kind in kinds for d in decays for h in horizons}
+    labels = ["LRU", *rows, "Belady"]
+    sims = {(name, s): CacheSim(L, E, s) for name in labels for s in slots}
     totals = dict.fromkeys(sims, 0)
     nu = next_use(trace.routing, E)  # Belady sees the next use across prompts: the cache carries over
     for p, (_, routing, _) in enumerate(trace.prompts()):
         a, b = trace.offsets[p], trace.offsets[p + 1]
         prio = {"LRU": None, "Belady": -nu[a:b].astype(np.float64)}
-        for h in horizons:
-            prio[f"LRU + true next {h}"] = demand_series(routing, h, E)
-            if predicted is not None:
-                prio[f"LRU + predicted next {h}"] = demand_series(predicted[p], h, E)
-        for (s, name), sim in sims.items():
-            totals[s, name] += int(sim.replay(routing, prio[name]).sum())
+        for name, (kind, h, d) in rows.items():
+            prio[name] = demand_series(routing if kind == "true" else predicted[p], h, E, d)
+        for (name, s), sim in sims.items():
+            totals[name, s] += int(sim.replay(routing, prio[name]).sum())
     n = len(trace) * L
-    return {s: {name: totals[s, name] / n for name in labels} for s in slots}
+    return {name: {s: totals[name, s] / n for s in slots} for name in labels}
 
 
-def markdown(results: dict[int, dict]) -> str:
-    """The table: one row per cache size, misses per token per layer (change against LRU)."""
-    names = list(next(iter(results.values())))
-    lines = ["| slots | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
-    for slots, row in results.items():
-        cells = [f"{row['LRU']:.2f}"] + [f"{row[n]:.2f} ({row[n] / row['LRU'] - 1:+.0%})" if row["LRU"] else
-                                         f"{row[n]:.2f}" for n in names[1:]]
-        lines.append(f"| {slots} | " + " | ".join(cells) + " |")
+def markdown(results: dict[str, dict]) -> str:
+    """The table: one row per policy, one column per cache size; misses per token per layer (change
+    against LRU at that size)."""
+    sizes = list(results["LRU"])
+    lines = ["| eviction | " + " | ".join(f"{s} slots" for s in sizes) + " |", "|---" * (len(sizes) + 1) + "|"]
+    for name, row in results.items():
+        cells = [f"{row[s]:.2f}" if name == "LRU" or not results["LRU"][s] else
+                 f"{row[s]:.2f} ({row[s] / results['LRU'][s] - 1:+.0%})" for s in sizes]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -300,16 +316,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="routing trace .npz (default: the shipped one)")
     ap.add_argument("--slots", default="16,32,64", help="comma-separated cache sizes per layer (default 16,32,64)")
     ap.add_argument("--horizons", default="2,4", help="lookahead horizons in tokens (default 2,4)")
+    ap.add_argument("--decays", default="1", help="weights of the lookahead's tokens, decay**j for token t+j, "
+                                                  "comma-separated values in (0, 1] (default 1)")
     ap.add_argument("--prompts", type=int, default=None, help="use only the first N prompts of the trace")
     ap.add_argument("--no-predicted", action="store_true", help="skip the predicted-experts lookahead")
     args = ap.parse_args(argv)
     try:
         slots = [int(s) for s in args.slots.split(",")]
         horizons = [int(h) for h in args.horizons.split(",")]
+        decays = [float(d) for d in args.decays.split(",")]
     except ValueError:
-        raise SpecFitInputError("--slots/--horizons", "must be comma-separated integers") from None
+        raise SpecFitInputError("--slots/--horizons/--decays", "must be comma-separated numbers") from None
     if min(horizons) < 1:
         raise SpecFitInputError("--horizons", "must be positive integers")
+    if not all(0 < d <= 1 for d in decays):
+        raise SpecFitInputError("--decays", "must lie in (0, 1]")
     trace = RoutingTrace.load(args.trace)
     if args.prompts is not None:
         if not 2 <= args.prompts <= trace.num_prompts:
@@ -317,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         trace = trace.subset(range(args.prompts))
     t0 = time.perf_counter()
     pred = None if args.no_predicted else predicted_experts(trace, max(horizons))
-    results = simulate(trace, slots, horizons, pred)
+    results = simulate(trace, slots, horizons, pred, decays)
     print(f"trace {args.trace.name}: {trace.num_prompts} prompts, {len(trace)} tokens, {trace.num_layers} MoE layers, "
           f"top-{trace.top_k} of {trace.num_experts} experts; misses per token per layer "
           f"({time.perf_counter() - t0:.1f} s)\n")

@@ -114,17 +114,18 @@ def test_belady_is_optimal(case, data):
 
 
 @settings(max_examples=40, deadline=None)
-@given(routings(max_tokens=12), st.integers(1, 5))
-def test_demand_series_counts_the_next_tokens(case, horizon):
+@given(routings(max_tokens=12), st.integers(1, 5), st.sampled_from([1.0, 0.5, 0.9]))
+def test_demand_series_counts_the_next_tokens(case, horizon, decay):
+    """Demand during forward t: token t+j's experts weighted decay**j, j = 1..horizon."""
     routing, E = case
     T, L, _ = routing.shape
-    got = demand_series(routing, horizon, E)
+    got = demand_series(routing, horizon, E, decay)
     for t in range(T):
         want = np.zeros((L, E))
         for j in range(t + 1, min(T, t + 1 + horizon)):
             for layer in range(L):
-                want[layer, routing[j, layer]] += 1
-        np.testing.assert_array_equal(got[t], want)
+                want[layer, routing[j, layer]] += decay ** (j - t)
+        np.testing.assert_allclose(got[t], want, rtol=1e-12)
     nu = next_use(routing, E)
     for t in range(T):  # next_use: the first later step using the expert, T when none
         for layer in range(L):
@@ -157,13 +158,18 @@ def test_predicted_experts_are_the_predictor_out_of_fold():
 def test_table_orders_and_command(capsys):
     """Belady bounds every policy; the command prints one row per size."""
     trace = RoutingTrace.load(DEFAULT_TRACE).subset(range(4))
-    res = simulate(trace, [16, 32], (1, 3), predicted_experts(trace, 3))
-    for row in res.values():
-        assert row["Belady"] <= min(row.values())
-        assert row["LRU + true next 3"] < row["LRU"]
+    res = simulate(trace, [16, 32], (1, 3), predicted_experts(trace, 3), (1.0, 0.5))
+    assert list(res) == ["LRU", "LRU + true next 1", "LRU + true next 3", "LRU + true next 1, weight 0.5^j",
+                         "LRU + true next 3, weight 0.5^j", "LRU + predicted next 1", "LRU + predicted next 3",
+                         "LRU + predicted next 1, weight 0.5^j", "LRU + predicted next 3, weight 0.5^j", "Belady"]
+    for s in (16, 32):
+        assert res["Belady"][s] <= min(row[s] for row in res.values())
+        assert res["LRU + true next 3"][s] < res["LRU"][s]
+        # one token ahead, every weight ranks alike
+        assert res["LRU + true next 1"][s] == res["LRU + true next 1, weight 0.5^j"][s]
     assert main(["--prompts", "3", "--slots", "16,32", "--horizons", "2"]) == 0
     out = capsys.readouterr().out
-    assert "| 16 | " in out and "| 32 | " in out and "LRU + predicted next 2" in out
+    assert "| eviction | 16 slots | 32 slots |" in out and "| LRU + predicted next 2 | " in out and "| Belady | " in out
 
 
 def test_bad_input():
@@ -177,3 +183,5 @@ def test_bad_input():
         CacheSim(1, 4, 2).replay(np.array([[[0, 1]]]), np.zeros((1, 1, 3)))
     with pytest.raises(SpecFitInputError, match="--prompts"):
         main(["--prompts", "1"])
+    with pytest.raises(SpecFitInputError, match="--decays"):
+        main(["--decays", "0"])
