@@ -23,7 +23,8 @@ slots (tests/eval/test_lookahead.py checks miss for miss against the real cache)
 used once at the same tick, its misses are admitted in id order into free slots first, and each eviction
 takes the policy's victim among the resident experts the forward does not use (lookahead: least demand,
 then least recent, then earliest admitted). The cache carries over from one prompt to the next, as it
-does across a decoding session; nothing is resident before the first prompt.
+does across a decoding session (nothing is resident before the first prompt), or with ``--fresh`` starts
+empty at each prompt (its cold misses, which no policy avoids, counted).
 
 Usage::
 
@@ -257,7 +258,7 @@ def label(kind: str, horizon: int, decay: float) -> str:
 
 
 def simulate(trace: RoutingTrace, slots, horizons=(2, 4), predicted: list[np.ndarray] | None = None,
-             decays=(1.0,)) -> dict:
+             decays=(1.0,), fresh: bool = False) -> dict:
     """Misses per token per layer of every policy of the module docstring at each cache size.
 
     Parameters
@@ -273,6 +274,9 @@ def simulate(trace: RoutingTrace, slots, horizons=(2, 4), predicted: list[np.nda
         the predicted-experts rows are left out.
     decays : sequence of float
         Weights of the lookahead's tokens (:func:`demand_series`), one row per (kind, horizon, decay).
+    fresh : bool
+        Empty every cache at each prompt's start (its cold misses counted; Belady then sees only the
+        prompt's own future) instead of carrying the cache over from the previous prompt.
 
     Returns
     -------
@@ -286,10 +290,14 @@ def simulate(trace: RoutingTrace, slots, horizons=(2, 4), predicted: list[np.nda
     labels = ["LRU", *rows, "Belady"]
     sims = {(name, s): CacheSim(L, E, s) for name in labels for s in slots}
     totals = dict.fromkeys(sims, 0)
-    nu = next_use(trace.routing, E)  # Belady sees the next use across prompts: the cache carries over
+    nu = None if fresh else next_use(trace.routing, E)  # carried over: Belady sees the next use across prompts
     for p, (_, routing, _) in enumerate(trace.prompts()):
-        a, b = trace.offsets[p], trace.offsets[p + 1]
-        prio = {"LRU": None, "Belady": -nu[a:b].astype(np.float64)}
+        if fresh:
+            sims = {(name, s): CacheSim(L, E, s) for name in labels for s in slots}
+            future = next_use(routing, E)
+        else:
+            future = nu[trace.offsets[p]:trace.offsets[p + 1]]
+        prio = {"LRU": None, "Belady": -future.astype(np.float64)}
         for name, (kind, h, d) in rows.items():
             prio[name] = demand_series(routing if kind == "true" else predicted[p], h, E, d)
         for (name, s), sim in sims.items():
@@ -320,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
                                                   "comma-separated values in (0, 1] (default 1)")
     ap.add_argument("--prompts", type=int, default=None, help="use only the first N prompts of the trace")
     ap.add_argument("--no-predicted", action="store_true", help="skip the predicted-experts lookahead")
+    ap.add_argument("--fresh", action="store_true", help="empty the cache at each prompt's start (default: carry it "
+                                                         "over from the previous prompt)")
     args = ap.parse_args(argv)
     try:
         slots = [int(s) for s in args.slots.split(",")]
@@ -338,9 +348,10 @@ def main(argv: list[str] | None = None) -> int:
         trace = trace.subset(range(args.prompts))
     t0 = time.perf_counter()
     pred = None if args.no_predicted else predicted_experts(trace, max(horizons))
-    results = simulate(trace, slots, horizons, pred, decays)
+    results = simulate(trace, slots, horizons, pred, decays, args.fresh)
     print(f"trace {args.trace.name}: {trace.num_prompts} prompts, {len(trace)} tokens, {trace.num_layers} MoE layers, "
-          f"top-{trace.top_k} of {trace.num_experts} experts; misses per token per layer "
+          f"top-{trace.top_k} of {trace.num_experts} experts; cache {'emptied at each prompt' if args.fresh else 'carried over'}; "
+          f"misses per token per layer "
           f"({time.perf_counter() - t0:.1f} s)\n")
     print(markdown(results))
     return 0

@@ -167,6 +167,11 @@ def test_table_orders_and_command(capsys):
         assert res["LRU + true next 3"][s] < res["LRU"][s]
         # one token ahead, every weight ranks alike
         assert res["LRU + true next 1"][s] == res["LRU + true next 1, weight 0.5^j"][s]
+    fresh = simulate(trace, [16], (2,), None, (1.0,), fresh=True)
+    by_prompt = [simulate(trace.subset([p]), [16], (2,)) for p in range(4)]  # one prompt each: fresh caches
+    n = [len(trace.subset([p])) for p in range(4)]
+    for name in fresh:
+        assert fresh[name][16] == pytest.approx(np.dot([r[name][16] for r in by_prompt], n) / sum(n))
     assert main(["--prompts", "3", "--slots", "16,32", "--horizons", "2"]) == 0
     out = capsys.readouterr().out
     assert "| eviction | 16 slots | 32 slots |" in out and "| LRU + predicted next 2 | " in out and "| Belady | " in out
