@@ -60,7 +60,7 @@ def expert_demand(weights, experts, num_experts: int) -> np.ndarray:
     return out.reshape(L, E).astype(np.float64, copy=False)  # bincount of nothing is int64
 
 
-def tree_expert_demand(tree: DraftTree, path_prob=None, *, include_root: bool = False) -> np.ndarray:
+def tree_expert_demand(tree: DraftTree, path_prob=None, *, include_root: bool = False, exclude=None) -> np.ndarray:
     """:func:`expert_demand` of a draft tree's nodes, weighted by their path probabilities.
 
     Parameters
@@ -75,6 +75,9 @@ def tree_expert_demand(tree: DraftTree, path_prob=None, *, include_root: bool = 
         Count the root (node 0, weight 1). Default False: the root is the token the current forward
         computes, so its experts are in use (never evicted) during that forward, and the demand is meant
         for the tokens after it.
+    exclude : iterable of int, optional
+        Node ids not counted: the nodes the current forward verifies (their experts are in use during it;
+        what comes after it are the other nodes' tokens).
 
     Returns
     -------
@@ -84,11 +87,17 @@ def tree_expert_demand(tree: DraftTree, path_prob=None, *, include_root: bool = 
     Raises
     ------
     SpecFitInputError
-        If the tree has no experts (field ``experts``), or ``path_prob`` is not n numbers in [0, 1]
-        (field ``path_prob``).
+        If the tree has no experts (field ``experts``), ``path_prob`` is not n numbers in [0, 1]
+        (field ``path_prob``), or ``exclude`` holds an id outside [0, n) (field ``exclude``).
     """
     if tree.experts is None or tree.num_experts is None:
         raise SpecFitInputError("experts", "the draft tree has no predicted experts")
     pp = tree.path_prob if path_prob is None else check_probabilities(path_prob, "path_prob", tree.n)
-    start = 0 if include_root else 1
-    return expert_demand(pp[start:], tree.experts[start:], tree.num_experts)
+    counted = np.ones(tree.n, dtype=bool)
+    counted[0] = include_root
+    if exclude is not None:
+        ids = as_int_array(list(exclude), "exclude", 1)
+        if ids.size and (ids.min() < 0 or ids.max() >= tree.n):
+            raise SpecFitInputError("exclude", f"node ids must lie in [0, {tree.n})")
+        counted[ids] = False
+    return expert_demand(pp[counted], tree.experts[counted], tree.num_experts)

@@ -52,6 +52,18 @@ def test_tree_demand_is_the_expected_count(tree, include_root):
     assert (got >= 0).all()
 
 
+@settings(max_examples=60, deadline=None)
+@given(trees(), st.data())
+def test_excluded_nodes_are_not_counted(tree, data):
+    """Excluding the verified nodes leaves the demand of the others; the parts add up to the whole."""
+    verified = data.draw(st.sets(st.integers(0, tree.n - 1)))
+    rest = [v for v in range(1, tree.n) if v not in verified]
+    got = tree_expert_demand(tree, exclude=verified)
+    np.testing.assert_allclose(got, direct(tree.path_prob[rest], tree.experts[rest], tree.num_experts), atol=1e-12)
+    part = direct(tree.path_prob[sorted(verified - {0})], tree.experts[sorted(verified - {0})], tree.num_experts)
+    np.testing.assert_allclose(got + part, tree_expert_demand(tree), atol=1e-9)
+
+
 @settings(max_examples=40, deadline=None)
 @given(trees(), st.integers(0, 2**32 - 1))
 def test_calibrated_weights_replace_path_probabilities(tree, seed):
@@ -74,5 +86,7 @@ def test_known_values_and_errors():
             expert_demand(*args)
     with pytest.raises(SpecFitInputError, match="experts"):
         tree_expert_demand(DraftTree([-1, 0], q=[1.0, 0.5]))
+    with pytest.raises(SpecFitInputError, match="exclude"):
+        tree_expert_demand(DraftTree([-1, 0], q=[1.0, 0.5], experts=experts[:2], num_experts=4), exclude=[2])
     with pytest.raises(SpecFitInputError, match="path_prob"):
         tree_expert_demand(DraftTree([-1, 0], q=[1.0, 0.5], experts=experts[:2], num_experts=4), [1.0])
