@@ -180,8 +180,42 @@ class LFU:
         return min(candidates, key=lambda e: (uses[e], last_use[e]))
 
 
-#: Eviction policies by name.
-POLICIES = {"lru": LRU, "lfu": LFU}
+class Lookahead:
+    """Lookahead eviction: the victim is the candidate with the least predicted near-future demand,
+    ties (every candidate, while no demand is set) broken by a base policy.
+
+    The demand is an (L, E) array set from outside per decoding cycle
+    (:meth:`DeviceExpertCache.set_lookahead`), typically the expected uses of each expert by the draft
+    tree's nodes (:func:`specfit.core.lookahead.tree_expert_demand`); the cache hands the policy the
+    victim's layer row. Without demand the policy is exactly its base policy. Speculation as a lookahead
+    for eviction: MoE-SpAc (arXiv 2603.09983).
+
+    Parameters
+    ----------
+    base : LRU or LFU
+        The tie-breaking policy (``"lookahead"``: LRU, ``"lookahead-lfu"``: LFU).
+    """
+
+    #: The cache passes the demand row of the victim's layer to :meth:`victim`.
+    uses_lookahead = True
+
+    def __init__(self, base=None):
+        self.base = LRU() if base is None else base
+        self.name = "lookahead" if self.base.name == "lru" else f"lookahead-{self.base.name}"
+
+    def victim(self, candidates: Sequence[int], last_use: Sequence[int], uses: Sequence[int],
+               demand: Sequence[float] | None = None) -> int:
+        """Pick the expert to evict among ``candidates`` (resident, not in use this round): the least
+        ``demand[e]``, then the base policy's victim among the tied ones (in the candidates' order)."""
+        if demand is not None:
+            least = min(demand[e] for e in candidates)
+            candidates = [e for e in candidates if demand[e] == least]
+        return self.base.victim(candidates, last_use, uses)
+
+
+#: Eviction policies by name. ``lookahead`` evicts by predicted demand with LRU ties (with no demand
+#: set: plain LRU), ``lookahead-lfu`` with LFU ties.
+POLICIES = {"lru": LRU, "lfu": LFU, "lookahead": Lookahead, "lookahead-lfu": lambda: Lookahead(LFU())}
 
 #: Admission of the experts a verify forward touches (:meth:`DeviceExpertCache.settle`): ``all``
 #: (default) counts every expert the verify touched as used (plain LRU/LFU); ``accepted`` counts a
@@ -279,7 +313,8 @@ class DeviceExpertCache:
         transferred for each forward (the vanilla offloading setting); ``"all"``: every expert is
         resident (loaded once at construction, not counted in the stats); otherwise ``1..E``.
     policy : str
-        Eviction policy, ``"lru"`` (default) or ``"lfu"``.
+        Eviction policy, a key of :data:`POLICIES`: ``"lru"`` (default), ``"lfu"``, or ``"lookahead"`` /
+        ``"lookahead-lfu"`` (evict the least predicted demand, :meth:`set_lookahead`; ties by LRU / LFU).
     admission : str
         ``"all"`` (default) or ``"accepted"``: how the experts of a tentative (verify) forward are
         ranked once the accepted path is known, see :meth:`settle`.
@@ -324,6 +359,7 @@ class DeviceExpertCache:
         self._slot_table: list[torch.Tensor | None] = [None] * L  # expert -> slot on the device, per layer
         self._copy_stream = None           # CUDA: the stream the H2D copies run on (created on first copy)
         self._ready: list[object | None] = [None] * L  # CUDA: per layer, the event of its last copies
+        self._lookahead: list[list[float]] | None = None  # (L, E) demand read by a Lookahead policy
         if slots == E:
             for layer in range(L):
                 self._load(layer, range(E), range(E))
@@ -489,7 +525,7 @@ class DeviceExpertCache:
             else:
                 cands = [x for x in slot_of if x not in busy]
                 cold = [x for x in cands if x in self._cold[layer]]
-                v = self.policy.victim(cold or cands, self._last_use[layer], self._uses[layer])
+                v = self._victim(layer, cold or cands)
                 s = slot_of.pop(v)
                 self._cold[layer].discard(v)
                 self._resident[layer, v] = False
@@ -498,6 +534,46 @@ class DeviceExpertCache:
             busy.add(e)
             out.append(s)
         return out
+
+    def _victim(self, layer: int, candidates: list[int]) -> int:
+        """The policy's victim among ``candidates`` of ``layer``, given the lookahead demand's row when
+        the policy reads it (:class:`Lookahead`) and one is set."""
+        demand = self._lookahead
+        if demand is None or not getattr(self.policy, "uses_lookahead", False):
+            return self.policy.victim(candidates, self._last_use[layer], self._uses[layer])
+        return self.policy.victim(candidates, self._last_use[layer], self._uses[layer], demand[layer])
+
+    # -- lookahead ------------------------------------------------------------------------------------
+    def set_lookahead(self, demand) -> None:
+        """Set the predicted near-future demand read by a lookahead policy's evictions (timing only, never
+        results), until the next call.
+
+        Parameters
+        ----------
+        demand : array_like of float, shape (L, E), or None
+            Per MoE layer, the expected uses of each expert by the tokens about to come (e.g.
+            :func:`specfit.core.lookahead.tree_expert_demand` of the current draft tree); ``None``
+            clears it (the policy then evicts as its base policy). Ignored by the ``lru``/``lfu``
+            policies.
+
+        Raises
+        ------
+        SpecFitInputError
+            If ``demand`` is not an (L, E) array of finite non-negative numbers (field ``demand``).
+        """
+        if demand is None:
+            self._lookahead = None
+            return
+        L, E = self.num_layers, self.store.num_experts
+        try:
+            d = np.array(demand, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise SpecFitInputError("demand", f"must be an ({L}, {E}) array of numbers") from None
+        if d.shape != (L, E):
+            raise SpecFitInputError("demand", f"must have shape (L, E) = ({L}, {E}), got {d.shape}")
+        if not (np.isfinite(d) & (d >= 0)).all():
+            raise SpecFitInputError("demand", "must be finite and non-negative (expected uses)")
+        self._lookahead = d.tolist()  # rows of Python floats: the victim's min compares them one by one
 
     # -- cache-aware verification ---------------------------------------------------------------------
     def begin_tentative(self) -> None:

@@ -7,7 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specfit.models.experts import LFU, LRU, DeviceExpertCache, HostExpertStore, parse_bytes, slots_for_budget
+from specfit.models.experts import (LFU, LRU, POLICIES, DeviceExpertCache, HostExpertStore, Lookahead, parse_bytes,
+                                   slots_for_budget)
 from specfit.core.errors import SpecFitInputError
 
 E, H, I, L = 6, 4, 3, 2
@@ -55,14 +56,25 @@ class MRU:
         return max(candidates, key=lambda e: last_use[e])
 
 
+#: Every policy the cache tests run: the shipped ones, the adversarial MRU, and lookahead over MRU (whose
+#: demand ties fall back to evicting the most recent candidate).
+TEST_POLICIES = [LRU, LFU, MRU, Lookahead, lambda: Lookahead(LFU()), lambda: Lookahead(MRU())]
+
+#: A lookahead demand (L, E), or None; few distinct values so that ties occur.
+demands = st.one_of(st.none(), st.lists(st.lists(st.sampled_from([0.0, 0.5, 1.0, 2.5]), min_size=E, max_size=E),
+                                        min_size=L, max_size=L))
+
+
 @settings(max_examples=60, deadline=None)
-@given(slots=st.sampled_from([0, 1, 2, 3, 5, E]), policy=st.sampled_from([LRU, LFU, MRU]),
+@given(slots=st.sampled_from([0, 1, 2, 3, 5, E]), policy=st.sampled_from(TEST_POLICIES),
        calls=st.lists(st.tuples(st.integers(0, L - 1), st.sets(st.integers(0, E - 1), min_size=1)),
-                      min_size=1, max_size=12))
-def test_every_call_gets_its_own_weights(slots, policy, calls):
-    """Correct for any slot count, including calls that need more distinct experts than slots."""
+                      min_size=1, max_size=12), demand=demands)
+def test_every_call_gets_its_own_weights(slots, policy, calls, demand):
+    """Correct for any slot count, including calls that need more distinct experts than slots, under
+    every policy (lookahead with and without a demand)."""
     cache = DeviceExpertCache(make_store(), "cpu", slots=slots)
     cache.policy = policy()
+    cache.set_lookahead(demand)
     assert_mask_matches(cache)
     hits = misses = 0
     for layer, needed in calls:
@@ -83,15 +95,17 @@ def test_every_call_gets_its_own_weights(slots, policy, calls):
 
 
 @settings(max_examples=60, deadline=None)
-@given(slots=st.sampled_from([0, 1, 2, 3, 5, E]), policy=st.sampled_from([LRU, LFU, MRU]),
+@given(slots=st.sampled_from([0, 1, 2, 3, 5, E]), policy=st.sampled_from(TEST_POLICIES),
        calls=st.lists(st.tuples(st.integers(0, L - 1), st.sets(st.integers(0, E - 1), min_size=1)),
-                      min_size=1, max_size=12))
-def test_rounds_hand_over_their_experts_slots(slots, policy, calls):
+                      min_size=1, max_size=12), demand=demands)
+def test_rounds_hand_over_their_experts_slots(slots, policy, calls, demand):
     """``run_rounds`` (the runtime's expert rounds): each round names distinct experts in increasing id,
     each in a slot of the layer's tensors that holds that expert's weights; the rounds cover the needed
     experts once each; the counters are those of ``run``."""
     cache, plain = (DeviceExpertCache(make_store(), "cpu", slots=slots) for _ in range(2))
     cache.policy, plain.policy = policy(), policy()
+    cache.set_lookahead(demand)
+    plain.set_lookahead(demand)
     for layer, needed in calls:
         seen = []
 
@@ -132,6 +146,60 @@ def test_lru_and_lfu_victims():
         run_and_check(lfu, 0, needed)
     assert lfu.cached_experts()[0] == [0, 2]           # 1 was used least often
     assert lfu.cached_experts()[1] == []
+
+
+def test_lookahead_evicts_least_demand_then_base_policy():
+    """The victim has the least demand; among equal demand, LRU's (``lookahead``) or LFU's
+    (``lookahead-lfu``) victim."""
+    for name, kept in [("lookahead", [0, 2, 3]), ("lookahead-lfu", [0, 1, 3])]:
+        cache = DeviceExpertCache(make_store(), "cpu", slots=3, policy=name)
+        assert cache.stats()["policy"] == name
+        for needed in ([0], [1], [1], [2]):
+            run_and_check(cache, 0, needed)
+        demand = [[5.0, 0.0, 0.0, 0.0, 0.0, 0.0], [0.0] * E]   # 0 is wanted next; 1 and 2 tie at 0
+        cache.set_lookahead(demand)
+        run_and_check(cache, 0, [3])
+        assert cache.cached_experts()[0] == kept       # LRU ties: 1 (used before 2); LFU ties: 2 (used once)
+    cache = DeviceExpertCache(make_store(), "cpu", slots=2, policy="lookahead")
+    run_and_check(cache, 0, [0])
+    run_and_check(cache, 0, [1])
+    cache.set_lookahead([[0.0, 0.25, 0.0, 0.0, 0.0, 0.0], [0.0] * E])
+    run_and_check(cache, 0, [2])
+    assert cache.cached_experts()[0] == [1, 2]          # 0 goes (least demand, and LRU alike)
+    run_and_check(cache, 0, [3])
+    assert cache.cached_experts()[0] == [1, 3]          # 2 (most recent, no demand) goes before 1 (demand 0.25)
+    cache.set_lookahead(None)
+    run_and_check(cache, 0, [4])
+    assert cache.cached_experts()[0] == [3, 4]          # cleared: plain LRU evicts 1
+
+
+@settings(max_examples=40, deadline=None)
+@given(slots=st.sampled_from([1, 2, 3, 5]), base=st.sampled_from(["lru", "lfu"]),
+       calls=st.lists(st.tuples(st.integers(0, L - 1), st.sets(st.integers(0, E - 1), min_size=1)),
+                      min_size=1, max_size=16))
+def test_lookahead_without_demand_is_its_base_policy(slots, base, calls):
+    """With no demand set (or a demand that ties every expert), lookahead evicts exactly as its base policy:
+    the same residents after every call and the same counters."""
+    name = "lookahead" if base == "lru" else "lookahead-lfu"
+    plain, look, flat = (DeviceExpertCache(make_store(), "cpu", slots=slots, policy=p) for p in (base, name, name))
+    flat.set_lookahead([[1.5] * E] * L)
+    plain.set_lookahead([[float(e) for e in range(E)]] * L)       # ignored by lru/lfu
+    for layer, needed in calls:
+        for cache in (plain, look, flat):
+            run_and_check(cache, layer, sorted(needed))
+        assert look.cached_experts() == plain.cached_experts() == flat.cached_experts()
+    strip = [{k: v for k, v in c.stats()["total"].items() if not k.endswith("_ms")} for c in (plain, look, flat)]
+    assert strip[0] == strip[1] == strip[2]
+
+
+def test_bad_lookahead_demand():
+    cache = DeviceExpertCache(make_store(), "cpu", slots=2, policy="lookahead")
+    for bad in ([[0.0] * E], [[0.0] * (E - 1)] * L, [[-1.0] * E] * L, [[float("nan")] * E] * L, "much"):
+        with pytest.raises(SpecFitInputError, match="demand"):
+            cache.set_lookahead(bad)
+    assert sorted(POLICIES) == ["lfu", "lookahead", "lookahead-lfu", "lru"]
+    with pytest.raises(SpecFitInputError, match="eviction"):
+        DeviceExpertCache(make_store(), "cpu", slots=2, policy="belady")
 
 
 def test_rounds_keep_hits_and_count_per_layer():
