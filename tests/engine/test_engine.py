@@ -11,6 +11,7 @@ from hypothesis import given, settings, strategies as st
 from specfit.models.qwen3_moe import OffloadedQwen3Moe
 from specfit.core.cost import CostModel
 from specfit.engine import METHODS, SpecDecoder, TreeSettings, get_method
+from specfit.engine.clock import MeasuredClock
 from specfit.engine.policy import UtilityGate
 from specfit.engine.decoder import _Drafted
 import specfit.engine.decoder as decoder_module
@@ -374,7 +375,7 @@ def test_the_engine_observes_and_predicts_in_one_call_where_the_predictor_can(ck
     """A predictor with ``observe_and_predict`` observes every committed token in that call, at the first
     prediction after them (``observe`` only takes the prompt), and sees the same tokens, in the same order,
     as one without it; the generation is the same (host CPU time frozen: it enters the selection)."""
-    monkeypatch.setattr(decoder_module.time, "thread_time", lambda: 0.0)
+    monkeypatch.setattr(MeasuredClock, "cpu", lambda self: 0.0)  # the engine's host CPU time frozen
 
     class Recording(FixedPredictor):
         def __init__(self):
@@ -446,7 +447,7 @@ def test_a_drafter_in_bfloat16_drafts_as_in_float32(ckpt, monkeypatch):
     """Path probabilities in a dtype numpy lacks (bfloat16) are widened, not refused: the same
     output and the same verified nodes as the float32 rounding of those probabilities (host CPU
     time frozen: the whole-cycle objective prices the measured host ms)."""
-    monkeypatch.setattr(decoder_module.time, "thread_time", lambda: 0.0)
+    monkeypatch.setattr(MeasuredClock, "cpu", lambda self: 0.0)  # the engine's host CPU time frozen
     runs = []
     for dtype in (torch.bfloat16, torch.float32):
         to = (lambda lv: lv.path_prob.to(torch.bfloat16)) if dtype == torch.bfloat16 else \

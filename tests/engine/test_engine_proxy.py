@@ -320,13 +320,12 @@ def test_the_gates_decision_made_during_an_ar_steps_verify_is_the_same(proxy, mo
     (OnlineModel.decide_ahead): the same decisions and outputs as deciding at the cycle's start
     (host CPU time frozen: the gate prices measured host ms), and no AR-twin replay is left for the
     end of a generation whose last cycle is an AR step (nothing would read it)."""
-    from specfit.engine import decoder as decoder_module
+    from specfit.engine.clock import FrozenClock
     from specfit.engine.online import OnlineModel
 
     targets, drafter, prompts = proxy
     spec = targets[32].spec
     cost = get_profile("qwen3-30b-a3b-pcie4").for_layers(len(spec.moe_layers))
-    monkeypatch.setattr(decoder_module.time, "thread_time", lambda: 0.0)
 
     def run():
         online, out = OnlineModel(6), []
@@ -335,7 +334,7 @@ def test_the_gates_decision_made_during_an_ar_steps_verify_is_the_same(proxy, mo
         for p in prompts[:10]:
             targets[32].reset_cache(32)  # each generation from an empty expert cache, as in the evaluation
             dec = SpecDecoder(targets[32], drafter, "specfit", tree=TreeSettings(32, 6, 4), cost=cost,
-                              predictor=predictor, online=online)
+                              predictor=predictor, online=online, clock=FrozenClock())
             g = dec.generate(p, 24)
             assert dec._twin is not None and dec._carry.twin_path is None
             out.append((g.output_ids, [c.decision for c in g.cycles], [c.nodes_verified for c in g.cycles]))
