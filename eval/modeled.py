@@ -29,7 +29,7 @@ deployment a hardware profile describes (Qwen3-30B-A3B on one GPU, experts behin
 * host: the expert predictor, the solver and the engine's bookkeeping (tree, calibration, gate)
   run on the host CPU in deployment as well, so their measured time is added as is: the CPU time
   of the engine's thread (``CycleRecord.host_cpu_ms``, ``time.thread_time``), not wall-clock time,
-  which on a shared machine swings by 10× with other processes' load (BENCHMARKS.md, issue 9).
+  which on a shared machine swings severalfold with other processes' load.
   On the proxy they see L-layer instances (48 in deployment), which understates them; their share
   is reported separately (``host_share``). Parts are left out, as a GPU hides them: a drafted cycle's
   host work before its first draft level is read (the root's prediction and cost, the AR gate's sound

@@ -212,7 +212,7 @@ class SummaryRow(_JsonRecord):
         Fraction of cycles in which the AR gate skipped drafting (None for old records).
     host_share : float
         Host part of the modeled time (expert predictor, solver, the engine's bookkeeping: measured
-        CPU ms, :mod:`specfit.eval.modeled`) over the modeled time; issue 9's target is <= 2%.
+        CPU ms, :mod:`specfit.eval.modeled`) over the modeled time; the target is <= 2%.
     """
 
     dataset: str

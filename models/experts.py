@@ -593,7 +593,7 @@ class DeviceExpertCache:
         previous recency and use count; one transferred by that forward is demoted to the cold end
         of the eviction order (evicted before every expert not demoted) until a forward uses it again.
         So experts copied only for rejected draft nodes do not push out the experts the accepted
-        path and the next tokens need (issue 9, "cache-aware verification"). With
+        path and the next tokens need (BENCHMARKS.md, "Cache-aware verification"). With
         ``admission="all"`` every touched expert stays counted as used (plain LRU/LFU).
         Results never change: only which slot is evicted next.
 

@@ -14,7 +14,7 @@ time), chosen per expert from measured routing frequencies rather than per layer
 the cache stays empty and every expert runs on the host (there is no routing statistic to pick a
 static set from, and a set picked at random would only waste device memory).
 
-The ``auto`` mode (:class:`AutoOffloadCache`, issue 13 "choose per expert") starts from the same hot
+The ``auto`` mode (:class:`AutoOffloadCache`, "choose per expert") starts from the same hot
 set and, in each layer of each forward, copies into the cache the uncached experts whose copy
 shortens the layer (the idle link works while the host computes the rest;
 :meth:`specfit.core.cost.HostProfile.split`), which then stay cached under the cache's eviction policy.

@@ -428,8 +428,7 @@ class FrequencyPredictor:
         """:meth:`observe` of the committed tokens ``observed`` (T,) with their routing (T, L, k), then
         :meth:`predict` of ``tokens`` (m,), in one compiled call
         (:func:`specfit.core.kernels.frequency_observe_top_k_kernel`; the engine's call at the start of a
-        drafted cycle, where the two separate calls took ~1.5 × as long on caches a forward has just evicted:
-        BENCHMARKS.md, issue 9, twentieth round).
+        drafted cycle, where two separate calls take longer on caches a forward has just evicted).
 
         Returns
         -------
@@ -456,8 +455,7 @@ class FrequencyPredictor:
         ``tokens`` (m,) int64, ``routing`` (T, L, k) int64, each a C-contiguous numpy array (what the engine
         passes: arrays it made). Their type, dimensions and layout are not checked (an array of another dtype
         of 8-byte items, or another layout, is misread); their values and shapes are, in the compiled call,
-        which spares the engine's drafted cycle the Python-level checks on caches a forward has evicted
-        (BENCHMARKS.md, issue 9, thirty-fourth round).
+        which spares the engine's drafted cycle the Python-level checks on caches a forward has evicted.
 
         Raises
         ------

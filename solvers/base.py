@@ -86,8 +86,7 @@ def selection(solver: str, nodes: tuple, expected_tokens: float, predicted_ms: f
     T(S) ``predicted_ms``, in ratio mode (``rate`` None) or rate mode; its throughput ``1000 A / T``
     (inf when T = 0). Equal to ``Selection(...)`` of the same fields, made without the frozen dataclass's
     ``__init__`` (one ``object.__setattr__`` per field): the engine makes one per solve, right after a
-    forward has evicted the host's caches, where those calls cost several µs (BENCHMARKS.md, issue 9,
-    thirty-fourth round). Units: A in tokens, T and ``solve_ms`` in ms, ``rate`` in tokens/s; the fields are
+    forward has evicted the host's caches, where those calls cost several µs. Units: A in tokens, T and ``solve_ms`` in ms, ``rate`` in tokens/s; the fields are
     not checked (the caller's solver made them; :class:`Selection` documents them, A and T per SPECFIT.md §3)."""
     s = object.__new__(Selection)
     s.__dict__.update(solver=solver, nodes=nodes, expected_tokens=expected_tokens, predicted_ms=predicted_ms,

@@ -339,7 +339,7 @@ class ExactSolver(Solver):
         ``cache`` and no ``max_nodes`` (the engine's every solve by default) is answered by one compiled
         call on the tree's coverage accounting, without building the instance, its cost model and the evaluation around it: a drafted cycle's solve runs right after
         a forward has evicted the host's caches, where each of those Python-level steps costs several
-        times its warm time (BENCHMARKS.md, issue 9, twenty-fourth round). Other calls go through
+        times its warm time. Other calls go through
         :meth:`solve`.
 
         Raises

@@ -4,9 +4,8 @@ The engine solves one selection per stop-rule check, one to two per drafted cycl
 instance (tens of nodes) without budgets in the transfer regime. In Python the solve is spread over a
 few hundred interpreter-level steps (the coverage pricing, the best-prefix scan that starts
 Dinkelbach, one maximum closure per Dinkelbach step with its tree DP, shared-item accounting and
-Dinic's minimum cut, the final evaluation); on the 2-vCPU VM this project is measured on it took
-0.2-0.3 ms per solve, about half of the solver + predictor host share of a drafted cycle
-(BENCHMARKS.md, issue 9, sixteenth round). :func:`select_unbudgeted` runs the same algorithm
+Dinic's minimum cut, the final evaluation); on the 2-vCPU VM this project is measured on it takes
+a large share of the solver + predictor host time of a drafted cycle. :func:`select_unbudgeted` runs the same algorithm
 (:mod:`specfit.solvers.exact`, whose module docstring proves it) as one compiled call over the items
 as ``uint64`` words, so it is exact for the same reasons.
 
@@ -540,7 +539,7 @@ def _select_nodes(parents, pp, own, num_experts, fixed_ms, per_node_ms, layer_ms
                   lam_rate, tol, out):
     """:func:`_select`'s node ids written into ``out`` (n,) int64, made by the caller; returns ``(size, a,
     t)``, the ids in ``out[:size]``. A compiled call that returns arrays it made pays their boxing, whose
-    code a forward has evicted (BENCHMARKS.md, issue 9, thirty-fourth round)."""
+    code a forward has evicted."""
     nodes, _, a, t = _select(parents, pp, own, num_experts, fixed_ms, per_node_ms, layer_ms, seg_word, seg_mask,
                              seg_layer, lam_rate, tol)
     for i in range(nodes.shape[0]):

@@ -247,8 +247,7 @@ class OffloadedQwen3Moe:
         together: one gather of its rows ordered by slot, one product per used slot (one grouped kernel,
         ``torch.nn.functional.grouped_mm``, where :func:`grouped_kernel_available`), and the rows added to
         the output in the per-expert path's order, without atomics. False: ~10 eager kernels per expert (the
-        runtime before issue 9's thirtieth round; an eager expert call cost ~0.17 ms of host dispatch on an
-        H200, BENCHMARKS.md, "First CUDA run"). A device-slot cache only (the host-compute caches always call
+        per-expert path; each eager expert call pays its host dispatch, BENCHMARKS.md, "Runtime"). A device-slot cache only (the host-compute caches always call
         each expert). The same outputs: bitwise on the CPU, in float32 and bfloat16.
     grouped_kernel : bool
         Whether those rounds use the grouped kernel (:func:`grouped_kernel_available`, probed at load).

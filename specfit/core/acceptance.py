@@ -2,7 +2,8 @@
 
 A draft tree's path probability ``P_v`` (the product of the draft's conditional probabilities q
 along the root → v path) is EAGLE-2's stand-in for ``Pr[v accepted]`` (Li et al. 2024, §3). Measured
-on the shipped proxy it is not calibrated (issue 9: A(S) = 2.84 predicted against 4.87 committed).
+on the shipped proxy it is not calibrated: it under-predicts the tokens a verify commits (BENCHMARKS.md,
+"Transfer regime: the four grids": raw predicted A against τ).
 :class:`AcceptanceCalibrator` learns the *conditional* acceptance ``Pr[v accepted | parent accepted]``
 per (depth, confidence bin of q) online, optionally split by sibling-rank class:
 
@@ -239,7 +240,7 @@ class AcceptanceCalibrator:
 
         ``P̂`` multiplies conditionals learned per cell; a verify's acceptances at successive depths
         are positively correlated (an easy stretch of text is easy at every depth), so the product
-        under-counts (issue 9, measured on the proxy: 13-43% per depth with the strong head). Over
+        under-counts (measured on the proxy, most with the strong head). Over
         the verified nodes at depth d, ``E[Σ 1{v accepted}] = Pr[τ - 1 >= d]``; the correction
 
             f_d = (A_d + s) / (P_d + s)

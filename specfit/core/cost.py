@@ -503,8 +503,8 @@ DEFAULT_PROFILE = "qwen3-30b-a3b-pcie4"
 #: is 64 bits (8 bytes) wide, so peak = channels x 8 B x MT/s (Wikipedia, "Multi-channel memory
 #: architecture"). Dual-channel DDR5-5600: 89.6 GB/s, Intel's "Max Memory Bandwidth" of the Core
 #: i9-13900K (2 channels, DDR5-5600; quoted at zaro.info/processor-memory-support/
-#: what-is-the-max-ram-speed-for-intel-core-i9-13900k). Quad-channel DDR4-2666 (HEDT, e.g. the RTX
-#: 2080 desktop of issue 13): 4 x 8 B x 2666 MT/s = 85.3 GB/s. Dual-channel DDR4-3200: 2 x 8 B x
+#: what-is-the-max-ram-speed-for-intel-core-i9-13900k). Quad-channel DDR4-2666 (HEDT, e.g. an RTX
+#: 2080 desktop): 4 x 8 B x 2666 MT/s = 85.3 GB/s. Dual-channel DDR4-3200: 2 x 8 B x
 #: 3200 = 51.2 GB/s (AIDA64 reads ~43-46 GB/s on such a kit, guru3d.com G.Skill TridentZ Royal
 #: DDR4-3200 review p. 9: peaks are not reached, so host times from them are lower bounds).
 DRAM_GB_PER_S = {"ddr5-5600-2ch": 89.6, "ddr4-2666-4ch": 4 * 8 * 2666e6 / 1e9, "ddr4-3200-2ch": 2 * 8 * 3200e6 / 1e9}
@@ -519,7 +519,7 @@ HOST_ROW_MS_8CORE = round(0.31 / 8, 4)
 
 #: Per MoE layer that computes experts on the host: the (n, H) activations go device-to-host and
 #: the results back, and the device waits for the host. **Assumed**, not measured (no GPU here):
-#: two small PCIe copies and a stream synchronize at ~10 us each. To be measured (issue 13).
+#: two small PCIe copies and a stream synchronize at ~10 us each. Not measured yet.
 HOST_SYNC_MS = 0.03
 
 
@@ -528,7 +528,8 @@ class HostProfile:
     """A hardware profile of the host-compute offload regime (``offload="host"``): cached experts
     run on the GPU, the others on the CPU from host DRAM, in parallel, per MoE layer.
 
-    Modeled time of one verify of ``n`` nodes, per MoE layer ``l`` of the deployed target (issue 13):
+    Modeled time of one verify of ``n`` nodes, per MoE layer ``l`` of the deployed target
+    (SPECFIT.md §3, "Host-compute regime"):
 
         T_l = max(g, h_l) + sync_ms * [u_l > 0],   g = (gpu.fixed_ms + gpu.per_node_ms * n) / R,
         h_l = host_per_expert_ms * u_l + host_per_row_ms * r_l
@@ -542,7 +543,7 @@ class HostProfile:
     plus its reads. A proxy with L < R MoE layers stands for the
     deployed target as in :meth:`CostModel.for_layers`: each of its layers counts for R / L real ones.
 
-    The ``auto`` offload mode (issue 13, "choose per expert") may also copy some uncached experts
+    The ``auto`` offload mode ("choose per expert") may also copy some uncached experts
     H2D into the device cache, each at :attr:`copy_ms` on the link, in series with the GPU part
     while the host computes the rest: with ``c_l`` experts copied in layer l,
 
@@ -809,7 +810,7 @@ class HostProfile:
 
         References
         ----------
-        Issue 13 ("choose per expert"); SPECFIT.md §3, "Host-compute regime" (the ``auto`` mode).
+        SPECFIT.md §3, "Host-compute regime" (the ``auto`` mode, "choose per expert").
         """
         rd = self.gpu.read_ms
         g = self.gpu_ms(num_nodes) / self.reference_layers + rd * resident
@@ -842,7 +843,7 @@ class HostProfile:
         -------
         float
             ms: ``extra_ms`` plus the sum of each layer's :meth:`split` time, scaled by R / L
-            (issue 13; SPECFIT.md §3, "The `auto` offload mode").
+            (SPECFIT.md §3, "The `auto` offload mode").
         """
         if not rows_per_layer:
             return self.extra_ms + self.gpu_ms(num_nodes)

@@ -2,9 +2,9 @@
 
 A drafted cycle runs its host work between the device's forwards, a few dozen small numpy calls per draft
 level. On the 2-vCPU VM this project is measured on, each such call costs several times more there than
-in a loop (BENCHMARKS.md, issue 9, fifteenth round): one level's calibrated path probabilities,
-:meth:`specfit.core.acceptance.AcceptanceCalibrator.level_probs`, took 65 µs (median over the levels of
-a run, after 1 ms of other work) as about fifty numpy calls, and 7.5 µs as one compiled call. The kernel
+in a loop: one level's calibrated path probabilities,
+:meth:`specfit.core.acceptance.AcceptanceCalibrator.level_probs`, are about fifty numpy calls, or one
+compiled call. The kernel
 performs the same floating-point operations in the same order as the numpy reference
 (:meth:`~specfit.core.acceptance.AcceptanceCalibrator.level` then ``path_prob``), so the results are
 bit-identical (tests/core/test_acceptance.py). The frequency predictor's top-k experts per draft node
@@ -28,14 +28,12 @@ the exact solver's three: :func:`item_words_kernel`, :func:`frequency_observe_to
 :func:`~specfit.solvers.exact_compiled.exact_nodes_kernel`,
 :func:`~specfit.solvers.exact_compiled.linear_prefix_kernel`) are handed out as the native entry point of
 their one compiled overload (:func:`entry_point`), not as the dispatcher: a call then skips numba's type
-dispatch, ~7-11 µs per call on the caches a forward has just evicted (BENCHMARKS.md, issue 9,
-twenty-seventh round). Such an entry point takes only the engine's argument types: it refuses an array
+dispatch, several µs per call on the caches a forward has just evicted. Such an entry point takes only the engine's argument types: it refuses an array
 whose items have another size (TypeError), but reinterprets one of the same item size (uint64 or float64
 for int64) and reads one of another dimension or layout wrongly, so its callers pass arrays of fixed
 dimensions through :func:`kernel_array` (or build them C-contiguous of the right dtype). The engine's
 predictor and solver kernels write their arrays into ones the caller made rather than return new ones:
-after a forward, boxing a compiled call's own array cost more than making it in Python (BENCHMARKS.md,
-issue 9, thirty-fourth round).
+after a forward, boxing a compiled call's own array costs more than making it in Python.
 """
 
 from __future__ import annotations
@@ -349,7 +347,7 @@ def _frequency_rank(table, row_of, n, a, k, pseudo, tiebreak, blend, has_blend, 
     ``unseen`` for one without (:func:`_frequency_context` makes ``blend`` and ``unseen``). ``table`` (rows,
     L, E) float32, ``row_of`` (V,) int64 (-1: no row), ``n`` (rows,), ``pseudo``, ``tiebreak`` (L, E)
     float64. Writes them into ``out`` (m, L, k) int64, made by the caller: a kernel that returns an array it
-    made costs its boxing, whose code a forward has evicted (BENCHMARKS.md, issue 9, thirty-fourth round). A
+    made costs its boxing, whose code a forward has evicted. A
     token that appeared earlier in ``tokens`` gets that one's experts, copied.
 
     A token with a table row and ``n[row] + a > 0`` is ranked by the threshold algorithm (Fagin, Lotem and
@@ -597,8 +595,7 @@ def entry_point(kernel, *args):
 
     References
     ----------
-    numba, ``Dispatcher.overloads`` (compile results by argument types) and ``CompileResult.entry_point``;
-    the cost it saves: BENCHMARKS.md, issue 9, twenty-seventh round.
+    numba, ``Dispatcher.overloads`` (compile results by argument types) and ``CompileResult.entry_point``.
     """
     kernel(*args)
     overload = getattr(kernel, "overloads", {}).get(tuple(numba.typeof(a) for a in args))
