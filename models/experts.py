@@ -221,7 +221,7 @@ POLICIES = {"lru": LRU, "lfu": LFU, "lookahead": Lookahead, "lookahead-lfu": lam
 #: (default) counts every expert the verify touched as used (plain LRU/LFU); ``accepted`` counts a
 #: use only for experts of the accepted path and puts experts transferred only for rejected draft
 #: nodes at the cold end of the eviction order. On the shipped proxy ``accepted`` moved as many or
-#: slightly more experts per committed token (BENCHMARKS.md, "The crossover"), so it is not the default.
+#: slightly more experts per committed token (BENCHMARKS.md, "Cache-aware verification"), so it is not the default.
 ADMISSIONS = ("all", "accepted")
 
 

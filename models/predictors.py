@@ -324,7 +324,7 @@ class FrequencyPredictor:
         a >= 0 (default 1).
     recency_weight : float
         β >= 0 (default 0.5: on the proxy target, chosen on a validation split of the build
-        prompts, it adds about one point of recall@8 over 0; see BENCHMARKS.md).
+        prompts, it adds about one point of recall@8 over 0: BENCHMARKS.md, "Expert predictors").
     window : int
         Recency window W (default 32).
     """

@@ -1,7 +1,7 @@
 """The *lite* proxy head: an EAGLE-3 head trained briefly so that its acceptance matches public heads.
 
 The strong head (``eagle3/``) reaches τ ≈ 4.9 on GSM8K because the toy target's answers are
-formulaic; public Qwen3-30B-A3B heads reach τ ≈ 2 (BENCHMARKS.md, "Proxy vs Qwen3-30B-A3B"). The
+formulaic; public Qwen3-30B-A3B heads reach τ ≈ 2 (BENCHMARKS.md, "Proxy models and how they differ from Qwen3-30B-A3B"). The
 lite head is trained with the same code (:func:`models.proxy.train_head.train_head`) and the
 recipe :data:`LITE_RECIPE` (far fewer steps, a mixture less matched to GSM8K); its τ is measured
 with the default 32 / 6 / 4 tree on the first :data:`TAU_PROMPTS` GSM8K test questions and

@@ -469,14 +469,16 @@ LINK_GB_PER_S = {"pcie4-x16-achieved": 24.0, "pcie5-x16-achieved": 50.0}
 #: Estimates from datasheet bandwidths, not measurements.
 #:
 #: host_level_ms, host CPU time per draft level (both profiles, the host CPU is the same kind): one
-#: ``exact`` solve of a ~64-node instance, 0.57 ms wall median on one core (BENCHMARKS.md, solver
-#: benchmark, n = 64), plus the default frequency predictor on one level's nodes, 50 µs per call
-#: (BENCHMARKS.md, predictor table) ≈ 0.6 ms. Measured on this project's CPU, not on the deployment's.
+#: ``exact`` solve of a ~64-node instance through the Python path, 0.57 ms wall median on one core, plus
+#: the default frequency predictor on one level's nodes, ~50 µs per call, ≈ 0.6 ms: conservative, since a
+#: drafting cycle spends 51–63 µs in the compiled solver and 76–94 µs in the predictor (BENCHMARKS.md,
+#: "Solvers"); the engine uses its own measured host ms after the first drafted cycle. Measured on this
+#: project's CPU, not on the deployment's.
 #:
 #: ``qwen3-30b-a3b-h200`` — an H200 on PCIe Gen5 x16: at 50 GB/s one expert's copy takes 0.189 ms; its
 #: read at 4,800 GB/s 0.00197 ms (an AR step's 384 experts: 0.75 ms). fixed_ms: 3.1 GB at ~4.3 TB/s
 #: (~0.7 ms) plus launches (~2.3 ms) ≈ 3 ms; per_node_ms ≈ 0.03 ms (~790 bf16 TFLOP/s peak, ~25% achieved).
-#: Measured on an H200 (BENCHMARKS.md, "First CUDA run"): this runtime's pinned copies move 48-53 GB/s,
+#: Measured on an H200 (BENCHMARKS.md, "Runtime"): this runtime's pinned copies move 48-53 GB/s,
 #: 0.178-0.196 ms per expert, so the transfer term holds; its eager forward took ~3 ms per decoder layer
 #: (per-operation host cost, inferred; not profiled; ~145 ms for 48 layers) with one call per expert, so
 #: fixed_ms describes a runtime with fused MoE kernels and CUDA graphs. ``python -m specfit.eval.cost_fit``
