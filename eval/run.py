@@ -605,6 +605,7 @@ def _run(p: Plan, progress: bool) -> dict:
 
     config = p.config
     models = load_models(p)
+    warm = _warm_start(config, models, p)  # refused before anything is written
     spec = models.target.spec
     num_layers = len(spec.moe_layers)
     out = Path(config.out)
@@ -619,7 +620,6 @@ def _run(p: Plan, progress: bool) -> dict:
     results_path = out / "results.jsonl"
     learned_path = out / learned.FILE_NAME
     saved = _restore_learned(learned_path, results_path, models.identity)
-    warm = _warm_start(config, models, p)
     done = {r.key for r in read_results(results_path, repair=True)}
     todo = [(pr, ids, m) for pr, ids in p.prompts for m in p.methods if (pr.id, pr.dataset, m.name) not in done]
     skipped = len(p.prompts) * len(p.methods) - len(todo)

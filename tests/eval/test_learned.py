@@ -170,7 +170,7 @@ def test_a_warm_start_starts_each_dataset_from_the_saved_state(tiny, whole, tmp_
     (dict(profile="qwen3-30b-a3b-h200"), "profile"),
     (dict(admission="accepted"), "admission"),
     (dict(predictor="recency"), "predictor"),
-    (dict(methods="ar,oracle"), "method"),
+    (dict(methods="ar,specfit,oracle"), "method"),
     (dict(draft="HEAD2"), "head"),
     (dict(temperature=0.5), "temperature"),
 ])
