@@ -219,3 +219,20 @@ def test_the_api_round_trips_what_it_learned(tiny, tmp_path):
     with pytest.raises(SpecFitInputError, match="learned with target="):
         SpecFit(sf.target, sf.drafter, cache_slots=4, identity={**sf.identity, "target": "other:0"},
                 warm_start=tmp_path / "learned.json")
+
+
+def test_generate_starts_from_a_saved_state_or_refuses_it(tiny, tmp_path, capsys):
+    from specfit.cli import main
+
+    sf = SpecFit.from_pretrained(tiny / "target", tiny / "head", cache_slots=4)
+    sf.generate(list(range(200, 230)), max_new_tokens=8)
+    sf.save_learned(tmp_path / "learned.json")
+    base = ["generate", "--model", str(tiny / "target"), "--draft", str(tiny / "head"), "--prompt-ids",
+            ",".join(map(str, range(300, 320))), "--max-new-tokens", "8", "--warm-start", str(tmp_path / "learned.json")]
+    assert main([*base, "--cache-slots", "4"]) == 0
+    capsys.readouterr()
+    for extra, field in ((["--cache-slots", "8"], "cache_slots"), (["--cache-slots", "4", "--method", "oracle"], "method"),
+                         (["--cache-slots", "4", "--profile", "qwen3-30b-a3b-h200"], "profile")):
+        assert main([*base, *extra]) == 2
+        err = capsys.readouterr().err
+        assert f"learned with {field}=" in err and err.count("\n") == 1, err
