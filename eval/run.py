@@ -529,10 +529,13 @@ def _restore_learned(path: Path, results_path: Path, identity: dict) -> dict:
     just before an interruption, before the state was saved) is removed, so that prompt is decoded
     again from the state before it.
 
+    A covered prompt whose record is missing (a record removed by hand) is decoded again from the
+    saved state, which already holds what that prompt taught: its decisions can differ from the first time.
+
     Raises
     ------
     SpecFitInputError
-        (field ``learned.json``) The file is malformed, or covers a prompt ``results.jsonl`` lacks.
+        (field ``learned.json``) The file is malformed.
     """
     from specfit.core.io import atomic_write_text
 
@@ -545,11 +548,6 @@ def _restore_learned(path: Path, results_path: Path, identity: dict) -> dict:
     covered = {(d, e["key"]["method"], pid) for d, items in doc["sets"].items() for e in items for pid in e.get("covers", [])}
     calibrated = {n for n, m in METHODS.items() if m.calibrated}
     recs = read_results(results_path, repair=True)
-    have = {(r.dataset, r.method, r.id) for r in recs}
-    missing = sorted(covered - have)
-    if missing:
-        raise SpecFitInputError("learned.json", f"covers {missing[0][0]}/{missing[0][2]} ({missing[0][1]}), which "
-                                "results.jsonl lacks; move learned.json away and rerun the calibrated methods")
     stale = {(r.dataset, r.method, r.id) for r in recs if r.method in calibrated} - covered
     if stale:
         lines = results_path.read_bytes().splitlines(keepends=True)
@@ -589,7 +587,8 @@ def _save_learned(path: Path, doc: dict, models, pr: Prompt, m, config: EvalConf
     items = doc["sets"].setdefault(pr.dataset, [])
     kj = learned.key_to_json(key)
     old = next((e for e in items if e["key"] == kj), None)
-    covers = ([] if old is None else list(old.get("covers", []))) + [pr.id]
+    covers = [] if old is None else [c for c in old.get("covers", []) if c != pr.id]
+    covers.append(pr.id)
     entry = {"key": kj, "covers": covers, "online": models.online[key].to_json()}
     doc["sets"][pr.dataset] = [e for e in items if e["key"] != kj] + [entry]
     doc["identity"] = dict(models.identity)
