@@ -17,7 +17,8 @@ Fairness and reproducibility:
   prompt depends on the prompts before it in its dataset; each dataset starts that learning afresh
   (a dataset's rows are what a run of that dataset alone measures, not the domain change from the
   dataset before: with GSM8K's measured utility carried in, CNN/DM's H200 96-slot cell measured
-  0.976–0.980 × ar over 10 + 10 prompts, 0.984–0.988 without), and so does a resumed run;
+  0.976–0.980 × ar over 10 + 10 prompts, 0.984–0.988 without), or from ``warm_start``; a resumed
+  run restores what it had learned (below);
 * the selection of the cost-aware methods uses ``get_profile(profile).for_layers(L)`` (with
   ``offload="host"`` or ``"auto"``: ``get_host_profile(host_profile).for_layers(L)``), the cost model the modeled
   times use (:mod:`eval.modeled`);
@@ -29,6 +30,13 @@ Fairness and reproducibility:
 Resume: ``OUT/config.json`` holds the settings that make results comparable; a rerun with the
 same ``OUT`` checks them, keeps every complete line of ``results.jsonl`` (a torn last line from an
 interruption is cut off) and skips the (id, dataset, method) triples it already holds.
+``OUT/learned.json`` (:mod:`specfit.learned`) holds, per dataset and calibrated method, what the
+engine learned after its last finished prompt and the prompt ids that state covers; it is rewritten
+atomically after each such prompt, and a resumed run restores it, so an interrupted and resumed run
+writes the records an uninterrupted one does (decisions included, where the engine's clock is
+deterministic: :class:`specfit.engine.clock.FrozenClock`; measured host time varies run to run). A
+record written after the last save of ``learned.json`` (an interruption between the two writes) is
+dropped and decoded again. The same file is a later run's ``warm_start``.
 """
 
 from __future__ import annotations
@@ -45,6 +53,8 @@ from specfit.core.cost import DEFAULT_HOST_PROFILE, DEFAULT_PROFILE, get_host_pr
 from specfit.engine import METHODS, TreeSettings
 from specfit.core.errors import MAX_NODES, SpecFitInputError, check_context, check_int, check_positive_int, lookup
 from specfit.core.readers import read_json
+from specfit import learned
+from specfit.engine.online import OnlineModel
 
 #: torch CPU threads a run may ask for (``threads``; 0 = torch's default).
 MAX_THREADS = 1024
@@ -58,7 +68,7 @@ WARMUP_TOKENS = 16
 #: Settings that must match for results in one ``OUT`` folder to be comparable.
 IDENTITY_FIELDS = ("model", "draft", "max_new_tokens", "cache_slots", "eviction", "admission", "profile", "temperature",
                    "top_p", "seed", "total_tokens", "depth", "top_k", "predictor", "max_article_tokens", "rate_mode",
-                   "device", "dtype", "offload", "host_profile")
+                   "device", "dtype", "offload", "host_profile", "warm_start")
 
 
 @dataclass(frozen=True)
@@ -126,6 +136,13 @@ class EvalConfig:
         priced and selected as ``host``, the copies priced on the link.
     host_profile : str
         Host-regime profile of :data:`specfit.core.cost.HOST_PROFILES` that prices ``host``/``auto`` runs.
+    warm_start : str or None
+        A previous run folder (its ``learned.json``) or a ``learned.json`` file: each dataset's
+        ``specfit``/``oracle`` start from what that run learned on the same dataset (or on the file's
+        only set) instead of from nothing. Refused with one line naming the field when the file was
+        learned on another target, head, profile, offload mode, predictor, admission rule, device
+        type, or with other cache slots, eviction, tree settings or sampling settings
+        (:mod:`specfit.learned`).
     threads : int
         torch CPU threads while the run lasts (default 1: the proxy's matrices are too small to
         gain from more, and on a shared machine extra threads only contend; 0 = torch's default).
@@ -158,6 +175,7 @@ class EvalConfig:
     dtype: str | None = None
     offload: str = "transfer"
     host_profile: str = DEFAULT_HOST_PROFILE
+    warm_start: str | None = None
     threads: int = 1
     out: str | None = None
 
@@ -505,6 +523,78 @@ def evaluate(config: EvalConfig | None = None, /, *, progress: bool = False, **o
     return run_eval(replace(config or EvalConfig(), **options), progress=progress)
 
 
+def _restore_learned(path: Path, results_path: Path, identity: dict) -> dict:
+    """The ``learned.json`` of a run folder (an empty one if none), with ``results.jsonl`` brought in
+    line with it: a calibrated method's record of a prompt the saved state does not cover (written
+    just before an interruption, before the state was saved) is removed, so that prompt is decoded
+    again from the state before it.
+
+    A covered prompt whose record is missing (a record removed by hand) is decoded again from the
+    saved state, which already holds what that prompt taught: its decisions can differ from the first time.
+
+    Raises
+    ------
+    SpecFitInputError
+        (field ``learned.json``) The file is malformed.
+    """
+    from specfit.core.io import atomic_write_text
+
+    if not path.is_file():
+        return learned.document(identity, {})
+    try:
+        doc = learned.read(path)
+    except SpecFitInputError as exc:
+        raise SpecFitInputError("learned.json", f"{exc.rule}; move it away to rerun the calibrated methods") from None
+    covered = {(d, e["key"]["method"], pid) for d, items in doc["sets"].items() for e in items for pid in e.get("covers", [])}
+    calibrated = {n for n, m in METHODS.items() if m.calibrated}
+    recs = read_results(results_path, repair=True)
+    stale = {(r.dataset, r.method, r.id) for r in recs if r.method in calibrated} - covered
+    if stale:
+        lines = results_path.read_bytes().splitlines(keepends=True)
+        keep = [ln for ln in lines if not ln.strip() or _record_key(json.loads(ln)) not in stale]
+        atomic_write_text(results_path, b"".join(keep).decode("utf-8"))
+    return doc
+
+
+def _record_key(obj: dict) -> tuple:
+    return obj["dataset"], obj["method"], obj["id"]
+
+
+def _warm_start(config: EvalConfig, models, p: Plan) -> dict:
+    """Per dataset of the run, the entries of ``config.warm_start`` its calibrated methods start from
+    (checked: identity, then each calibrated method's key); ``{}`` without a warm start."""
+    if config.warm_start is None:
+        return {}
+    doc = learned.read(config.warm_start)
+    learned.check_identity(doc["identity"], models.identity)
+    tree = _tree(config)
+    out = {}
+    for d in dict.fromkeys(pr.dataset for pr, _ in p.prompts):
+        items = learned.pick_set(doc, d)
+        out[d] = []
+        for m in p.methods:
+            if m.calibrated:
+                want = learned.key_to_json(models.online_key(m.name, tree, config.temperature, config.top_p))
+                e = learned.check_key(items, want)
+                OnlineModel.from_json(e.get("online"))  # a malformed model is refused before anything runs
+                out[d].append({"key": e["key"], "online": e["online"]})
+    return out
+
+
+def _save_learned(path: Path, doc: dict, models, pr: Prompt, m, config: EvalConfig) -> None:
+    """Record ``models.online``'s model of ``m`` (after prompt ``pr``) in ``doc`` and write it atomically."""
+    key = models.online_key(m.name, _tree(config), config.temperature, config.top_p)
+    items = doc["sets"].setdefault(pr.dataset, [])
+    kj = learned.key_to_json(key)
+    old = next((e for e in items if e["key"] == kj), None)
+    covers = [] if old is None else [c for c in old.get("covers", []) if c != pr.id]
+    covers.append(pr.id)
+    entry = {"key": kj, "covers": covers, "online": models.online[key].to_json()}
+    doc["sets"][pr.dataset] = [e for e in items if e["key"] != kj] + [entry]
+    doc["identity"] = dict(models.identity)
+    learned.write(path, doc)
+
+
 def _run(p: Plan, progress: bool) -> dict:
     import torch
     from tqdm import tqdm
@@ -514,6 +604,7 @@ def _run(p: Plan, progress: bool) -> dict:
 
     config = p.config
     models = load_models(p)
+    warm = _warm_start(config, models, p)  # refused before anything is written
     spec = models.target.spec
     num_layers = len(spec.moe_layers)
     out = Path(config.out)
@@ -526,6 +617,8 @@ def _run(p: Plan, progress: bool) -> dict:
     identity = {**p.identity, **{k: p.identity[k] or old.get(k) for k in _OPTIONAL_PARTS}}
     atomic_write_text(cfg_path, dumps(identity, indent=1) + "\n")
     results_path = out / "results.jsonl"
+    learned_path = out / learned.FILE_NAME
+    saved = _restore_learned(learned_path, results_path, models.identity)
     done = {r.key for r in read_results(results_path, repair=True)}
     todo = [(pr, ids, m) for pr, ids in p.prompts for m in p.methods if (pr.id, pr.dataset, m.name) not in done]
     skipped = len(p.prompts) * len(p.methods) - len(todo)
@@ -537,14 +630,18 @@ def _run(p: Plan, progress: bool) -> dict:
         bar = tqdm(todo, desc="specfit eval", unit="gen", disable=not progress, dynamic_ncols=True)
         dataset = None
         for pr, ids, m in bar:
-            if pr.dataset != dataset:  # each dataset learns afresh: its cells do not depend on the ones before
+            if pr.dataset != dataset:  # each dataset learns afresh (or from warm_start), or resumes what it learned
                 models.online.clear()
                 dataset = pr.dataset
+                for e in warm.get(dataset, []) + saved["sets"].get(dataset, []):  # a resumed key wins
+                    models.online[learned.key_from_json(e["key"])] = OnlineModel.from_json(e["online"])
             bar.set_postfix_str(f"{pr.dataset}/{pr.id[:18]} {m.name}")
             dec = models.decoder(m, tree=_tree(config), **_sampling(config, _prompt_seed(config.seed, pr)))
             gen = dec.generate(ids, config.max_new_tokens, eos_id=eos)
             text = p.tokenizer.decode(gen.output_ids, skip_special_tokens=True)
             append_result(f, ResultRecord.from_generation(pr, m.name, ids, gen, text, pricing))
+            if m.calibrated:  # what it learned, with the prompts it covers, after each finished prompt
+                _save_learned(learned_path, saved, models, pr, m, config)
     records = read_results(results_path)
     keys = {(pr.id, pr.dataset) for pr, _ in p.prompts}
     order = {m: i for i, m in enumerate(config.methods)}
@@ -558,7 +655,8 @@ def _run(p: Plan, progress: bool) -> dict:
         meta["offload_note"] = (_HOST_NOTE if config.offload == "host" else _AUTO_NOTE).format(profile=config.host_profile)
     rows, text, paths = write_summary(out, records, meta, [pr for pr, _ in p.prompts])
     return {"rows": rows, "markdown": text, "table": printed_table(rows, paths["summary_md"]),
-            "paths": {"results": results_path, "config": cfg_path, **paths}, "ran": len(todo), "skipped": skipped}
+            "paths": {"results": results_path, "config": cfg_path,
+                      **({"learned": learned_path} if learned_path.is_file() else {}), **paths}, "ran": len(todo), "skipped": skipped}
 
 
 __all__ = ["EvalConfig", "DATASETS", "DEFAULT_METHODS", "DEFAULT_DATASETS", "plan", "run_eval", "evaluate",

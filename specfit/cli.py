@@ -95,6 +95,9 @@ def _add_generate(sub) -> None:
     _add_dtype(p)
     _add_offload(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (every cycle's record included)")
+    p.add_argument("--warm-start", default=None, metavar="PATH",
+                   help="start from what the engine learned in a previous run: its folder (learned.json) or a "
+                        "learned.json file; refused when the model, head, profile or settings differ")
 
 
 def _add_dtype(p) -> None:
@@ -150,6 +153,10 @@ def _run_generate(args) -> int:
     model = SpecFit.from_pretrained(target, cache_slots=args.cache_slots, gpu_memory_bytes=args.gpu_memory_bytes,
                                     eviction=args.eviction, device=args.device, dtype=args.dtype, offload=args.offload,
                                     **load)
+    if args.warm_start is not None:
+        from specfit import learned
+
+        model.load_learned(args.warm_start, expect=learned.key_to_json(model.online_key(method)))
     try:
         rep = model.generate(prompt, method=method, max_new_tokens=args.max_new_tokens).to_json()
     except SpecFitInputError as exc:  # the API's one ``prompt`` field is --prompt or --prompt-ids here
@@ -284,6 +291,10 @@ def _add_eval(sub) -> None:
     p.add_argument("--out", default=None,
                    help="output folder; a rerun resumes (default: named from the settings, e.g. "
                         "runs/eval-lite-pcie4-32slots, a sweep runs/sweep-lite-pcie4)")
+    p.add_argument("--warm-start", default=None, metavar="PATH",
+                   help="start specfit/oracle from what a previous run learned: its folder (learned.json) or a "
+                        "learned.json file (per dataset, or its only set); refused when the model, head, profile "
+                        "or settings differ")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
@@ -298,6 +309,7 @@ def _run_eval(args) -> int:
                        top_p=args.top_p, seed=args.seed, total_tokens=args.total_tokens, depth=args.depth,
                        top_k=args.top_k, predictor=args.predictor, predictor_trace=args.predictor_trace,
                        device=args.device, dtype=args.dtype, threads=args.threads, offload=args.offload, host_profile=args.host_profile, out=args.out,
+                       warm_start=args.warm_start,
                        progress=not args.no_progress)
     except KeyboardInterrupt:
         raise _Interrupted("interrupted; rerun the same command to resume") from None

@@ -203,6 +203,16 @@ class SpecFit:
     reference : callable, optional
         Returns a second target on the same weights with every expert resident; called once,
         on the first ``oracle`` generation.
+    identity : dict, optional
+        What makes what the engine learns transferable (target, head, profile, offload, predictor,
+        admission, device); :meth:`from_pretrained` fills it. :meth:`save_learned` records it and
+        :meth:`load_learned` refuses a file whose identity differs (:mod:`specfit.learned`).
+    clock : Clock, optional
+        The clocks every decoder reads (:mod:`specfit.engine.clock`; default the measured ones);
+        :class:`~specfit.engine.clock.FrozenClock` makes decisions independent of the machine's timing.
+    warm_start : str or Path, optional
+        A ``learned.json`` (or a run folder holding one) to start :attr:`online` from
+        (:meth:`load_learned`).
 
     Attributes
     ----------
@@ -215,12 +225,17 @@ class SpecFit:
     """
 
     def __init__(self, target, drafter=None, *, tokenizer=None, predictor=None, cost: CostModel | None = None,
-                 cache_slots: int | str = 0, eviction: str = "lru", reference=None):
+                 cache_slots: int | str = 0, eviction: str = "lru", reference=None, identity: dict | None = None,
+                 clock=None, warm_start: str | Path | None = None):
         self.target, self.drafter, self.tokenizer = target, drafter, tokenizer
         self.predictor, self.cost = predictor, cost
         self.cache_slots, self.eviction = cache_slots, eviction
         self._reference_loader, self._reference = reference, None
         self.online: dict = {}
+        self.identity: dict = dict(identity or {})
+        self.clock = clock
+        if warm_start is not None:
+            self.load_learned(warm_start)
 
     # -- loading -----------------------------------------------------------------------------------
     @classmethod
@@ -230,7 +245,8 @@ class SpecFit:
                         predictor: str | Any | None = "frequency", predictor_trace: str | Path | None = None,
                         profile: str | CostModel = DEFAULT_PROFILE, max_len: int = DEFAULT_MAX_LEN,
                         admission: str = "all", offload: str = "transfer",
-                        host_profile: str | HostProfile = DEFAULT_HOST_PROFILE) -> "SpecFit":
+                        host_profile: str | HostProfile = DEFAULT_HOST_PROFILE,
+                        warm_start: str | Path | None = None) -> "SpecFit":
         """Load a Qwen3-MoE checkpoint with offloaded experts and, optionally, its EAGLE-3 head.
 
         Parameters
@@ -354,9 +370,16 @@ class SpecFit:
         def reference():
             return OffloadedQwen3Moe.from_pretrained(target_dir, cache_slots="all", **load)
 
+        identity = {"target": _checkpoint_id(target_dir),
+                    "head": None if draft_dir is None else _checkpoint_id(Path(draft_dir)),
+                    "profile": _profile_id(profile if offload == "transfer" else host_profile),
+                    "offload": offload, "admission": admission,
+                    "predictor": predictor if isinstance(predictor, str) or predictor is None else type(predictor).__name__,
+                    "device": target.device.type}
         return cls(target, drafter, tokenizer=load_tokenizer(target_dir), predictor=built,
                    cost=cost if given else cost.for_layers(L),
-                   cache_slots=slots, eviction=eviction, reference=reference)
+                   cache_slots=slots, eviction=eviction, reference=reference, identity=identity,
+                   warm_start=warm_start)
 
     # -- decoding ----------------------------------------------------------------------------------
     @property
@@ -408,12 +431,71 @@ class SpecFit:
         tree = tree or TreeSettings()
         online = None
         if m.calibrated:
-            key = (m.name, tree, self.cache_slots, self.eviction, float(temperature), float(top_p))
-            online = self.online.setdefault(key, OnlineModel(tree.depth))
+            online = self.online.setdefault(self.online_key(m.name, tree, temperature, top_p), OnlineModel(tree.depth))
         return SpecDecoder(self.target, self.drafter if m.drafts else None, m, tree=tree,
                            cost=self.cost, predictor=self.predictor if needs_predictor else None,
                            reference=self._reference if m.needs_reference else None, temperature=temperature, top_p=top_p,
-                           seed=seed, rate_mode=rate_mode, online=online)
+                           seed=seed, rate_mode=rate_mode, online=online, clock=self.clock)
+
+    def online_key(self, method: str, tree: TreeSettings | None = None, temperature: float = 0.0,
+                   top_p: float = 1.0) -> tuple:
+        """The key of :attr:`online` a calibrated ``method`` learns under with these settings:
+        ``(method, tree, cache_slots, eviction, temperature, top_p)``."""
+        return (method, tree or TreeSettings(), self.cache_slots, self.eviction, float(temperature), float(top_p))
+
+    # -- what the engine learned -------------------------------------------------------------------
+    def save_learned(self, path: str | Path) -> None:
+        """Write :attr:`online` with :attr:`identity` to the ``learned.json`` file ``path`` (atomically;
+        format: :mod:`specfit.learned`, set ``"default"``).
+
+        Raises
+        ------
+        SpecFitInputError
+            While learning is still queued (field ``deferred``; save between generations).
+        """
+        from specfit import learned
+
+        learned.write(path, learned.document(self.identity, {"default": learned.entries(self.online)}))
+
+    def load_learned(self, path: str | Path, dataset: str | None = None, *, expect: dict | None = None) -> None:
+        """Start :attr:`online` from a ``learned.json`` (or a run folder holding one): every model of
+        the set ``dataset`` (or the file's only set) replaces the one of its key.
+
+        Parameters
+        ----------
+        path : str or Path
+        dataset : str, optional
+            The set to read (an evaluation's dataset name); default the file's only set.
+        expect : dict, optional
+            A partial key (``{"method": "specfit", "depth": 6, ...}``, fields of
+            :data:`specfit.learned.KEY_FIELDS`) the file must hold a model of.
+
+        Raises
+        ------
+        SpecFitInputError
+            (field ``warm_start``, one line naming the differing field) A missing or malformed file,
+            another identity (target, head, profile, offload, predictor, admission, device), an entry
+            learned with other ``cache_slots`` or ``eviction`` than this object's, no model matching
+            ``expect``; or a malformed model (its field).
+        """
+        from specfit import learned
+
+        doc = learned.read(path)
+        learned.check_identity(doc["identity"], self.identity)
+        items = learned.pick_set(doc, dataset)
+        if not isinstance(items, list):
+            raise SpecFitInputError("warm_start", "a set must be a list of entries")
+        mine = {"cache_slots": self.cache_slots, "eviction": self.eviction}
+        loaded = {}
+        for e in items:
+            key = learned.key_from_json(e.get("key") if isinstance(e, dict) else None)
+            for k, v in mine.items():
+                if e["key"][k] != v:
+                    raise SpecFitInputError("warm_start", f"learned with {k}={e['key'][k]!r}, this run has {k}={v!r}")
+            loaded[key] = OnlineModel.from_json(e.get("online"))
+        if expect is not None:
+            learned.check_key(items, expect)
+        self.online.update(loaded)
 
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
         """Token ids of a text prompt (no special tokens added), or the given ids as ints.
@@ -500,6 +582,26 @@ class SpecFit:
         return GenerateOutput(text=text, output_ids=list(gen.output_ids), prompt_ids=ids, method=dec.method.name,
                               cycles=cycles, wall_s=gen.wall_s, prefill_s=gen.prefill_s,
                               stats=self.target.cache.stats(), memory=self.target.memory())
+
+
+def _checkpoint_id(d: Path) -> str:
+    """``<folder name>:<crc32>`` of a checkpoint's config.json bytes and weight files' names and sizes:
+    the same checkpoint copied elsewhere keeps it, a retrained one does not."""
+    import zlib
+
+    d = Path(d)
+    stamp = [(f.name, f.stat().st_size) for f in sorted(d.iterdir()) if f.suffix in (".safetensors", ".bin")]
+    cfg = (d / "config.json").read_bytes() if (d / "config.json").is_file() else b""
+    return f"{d.resolve().name}:{zlib.crc32(cfg + repr(stamp).encode()):08x}"
+
+
+def _profile_id(profile) -> str:
+    """A profile's name, or ``cost-model:<crc32>`` of a cost model given as an object."""
+    import zlib
+
+    if isinstance(profile, str):
+        return profile
+    return f"cost-model:{zlib.crc32(repr(profile).encode()):08x}"
 
 
 __all__ = ["DEFAULT_MAX_LEN", "GenerateOutput", "SpecFit", "kv_tokens_needed", "max_tree_nodes"]

@@ -1,0 +1,238 @@
+"""What the engine learned, saved with a run: an interrupted and resumed `specfit eval` writes the
+records an uninterrupted one does (decisions included), and a warm start from a saved file is
+restored exactly or refused with one line naming the differing field.
+
+The engine runs on :class:`specfit.engine.clock.FrozenClock` here: with measured host CPU time its
+decisions differ from run to run whether or not a run is interrupted."""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from specfit.core.errors import SpecFitInputError
+from specfit.engine.clock import FrozenClock
+from specfit.eval import run as eval_run
+from specfit.eval.run import evaluate, read_results
+from specfit.models.eagle3 import Eagle3Config, Eagle3Head, save_eagle3
+from specfit.models.proxy import paths as proxy_paths
+from specfit.models.qwen3_moe import OffloadedQwen3Moe
+from specfit.models.traces import record_prompt
+from specfit.pipeline import SpecFit
+
+TIMING = ("wall_s", "prefill_s", "measured_ms")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory, tiny_checkpoint):
+    """A 3-layer random Qwen3-MoE target with the proxy's tokenizer, a random EAGLE-3 head, a trace."""
+    root = tmp_path_factory.mktemp("learned_models")
+    vocab = 4096
+    tiny_checkpoint(root / "target", vocab_size=vocab, layers=3, experts=16, top_k=4, intermediate_size=64,
+                    max_position_embeddings=2048, tie_word_embeddings=False, eos_token_id=0, sharpen=8.0)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(proxy_paths()["target"] / name, root / "target" / name)
+    head = Eagle3Head(Eagle3Config(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                                   head_dim=8, vocab_size=vocab, draft_vocab_size=vocab, target_hidden_size=32))
+    save_eagle3(head, root / "head", include_embed=True, dtype=torch.float32)
+    target = OffloadedQwen3Moe.from_pretrained(root / "target", cache_slots="all")
+    trace = None
+    for ids in ([5, 9, 300, 17, 42, 8], list(range(100, 140))):
+        trace = record_prompt(target, ids, trace)
+    trace.save(root / "target" / "routing_trace.npz")
+    return root
+
+
+@pytest.fixture
+def frozen(monkeypatch):
+    """Every run's engine reads a FrozenClock."""
+    load = eval_run.load_models
+
+    def load_frozen(p):
+        models = load(p)
+        models.clock = FrozenClock()
+        return models
+
+    monkeypatch.setattr(eval_run, "load_models", load_frozen)
+
+
+def opts(tiny, out, **kw):
+    return {**dict(model=str(tiny / "target"), draft=str(tiny / "head"), out=str(out), datasets="gsm8k,cnndm", limit=3,
+                   methods="ar,specfit", max_new_tokens=24, cache_slots=4, total_tokens=6, depth=3, top_k=2), **kw}
+
+
+def records(out):
+    return [{k: v for k, v in r.to_json().items() if k not in TIMING} for r in read_results(out / "results.jsonl")]
+
+
+class Killed(Exception):
+    pass
+
+
+def run_killed(monkeypatch, tiny, out, after, where):
+    """Run into ``out`` and stop it after ``after`` finished generations: with ``where="append"`` after
+    the record and its learned state were written, with ``"save"`` between the two writes."""
+    calls = {"n": 0}
+    real = eval_run._save_learned if where == "save" else eval_run.append_result
+
+    def stop(*a, **kw):
+        calls["n"] += 1
+        if where == "save" and calls["n"] > after:
+            raise Killed
+        real(*a, **kw)
+        if where == "append" and calls["n"] >= after:
+            raise Killed
+
+    monkeypatch.setattr(eval_run, "_save_learned" if where == "save" else "append_result", stop)
+    with pytest.raises(Killed):
+        evaluate(**opts(tiny, out))
+    monkeypatch.setattr(eval_run, "_save_learned" if where == "save" else "append_result", real)
+
+
+@pytest.fixture(scope="module")
+def whole(tiny, tmp_path_factory):
+    out = tmp_path_factory.mktemp("whole") / "out"
+    with pytest.MonkeyPatch.context() as mp:
+        load = eval_run.load_models
+        mp.setattr(eval_run, "load_models", lambda p: _frozen(load(p)))
+        evaluate(**opts(tiny, out))
+    return out
+
+
+def _frozen(models):
+    models.clock = FrozenClock()
+    return models
+
+
+@pytest.mark.parametrize("after,where", [(1, "append"), (3, "append"), (4, "append"), (8, "append"), (3, "save"),
+                                         (5, "save")])
+def test_a_resumed_run_writes_the_records_of_an_uninterrupted_one(tiny, whole, tmp_path, monkeypatch, frozen,
+                                                                   after, where):
+    out = tmp_path / "out"
+    run_killed(monkeypatch, tiny, out, after, where)
+    evaluate(**opts(tiny, out))
+    got, want = records(out), records(whole)
+    key = lambda r: (r["dataset"], r["id"], r["method"])  # noqa: E731
+    assert sorted(got, key=key) == sorted(want, key=key)
+    assert len(got) == 12
+
+
+def test_the_comparison_sees_what_the_learning_changes(tiny, whole, tmp_path, monkeypatch, frozen):
+    """Resuming without learned.json (each resumed dataset starting afresh) changes later records'
+    decisions: the resume test above can fail."""
+    out = tmp_path / "out"
+    run_killed(monkeypatch, tiny, out, 3, "append")  # gsm8k: prompt 1 (ar, specfit), prompt 2 (ar)
+    (out / "learned.json").unlink()
+    evaluate(**opts(tiny, out))
+    key = lambda r: (r["dataset"], r["id"], r["method"])  # noqa: E731
+    assert sorted(records(out), key=key) != sorted(records(whole), key=key)
+
+
+def test_learned_json_holds_each_dataset_and_the_prompts_it_covers(whole):
+    doc = json.loads((whole / "learned.json").read_text())
+    assert doc["format"] == 1 and set(doc["sets"]) == {"gsm8k", "cnndm"}
+    assert set(doc["identity"]) == {"target", "head", "profile", "offload", "admission", "predictor", "device"}
+    for d, items in doc["sets"].items():
+        assert [e["key"]["method"] for e in items] == ["specfit"]
+        ids = [r["id"] for r in read_results(whole / "results.jsonl") if r["dataset"] == d and r["method"] == "specfit"]
+        assert items[0]["covers"] == ids and len(ids) == 3
+
+
+# -- warm start ------------------------------------------------------------------------------------
+def test_a_warm_start_starts_each_dataset_from_the_saved_state(tiny, whole, tmp_path, monkeypatch, frozen):
+    """The first specfit decoder of each dataset starts from the warm file's model of that dataset."""
+    from specfit.engine.online import OnlineModel
+
+    started = []
+    decoder = SpecFit.decoder
+
+    def spy(self, method="specfit", **kw):
+        dec = decoder(self, method, **kw)
+        if dec.online is not None:
+            started.append(json.dumps(dec.online.to_json(), sort_keys=True))
+        return dec
+
+    monkeypatch.setattr(SpecFit, "decoder", spy)
+    evaluate(**opts(tiny, tmp_path / "warm", limit=1, warm_start=str(whole)))
+    doc = json.loads((whole / "learned.json").read_text())
+    for d, i in (("gsm8k", 1), ("cnndm", 2)):  # started[0] is the untimed warm-up
+        want = OnlineModel.from_json(doc["sets"][d][0]["online"]).to_json()
+        assert started[i] == json.dumps(want, sort_keys=True)
+
+
+@pytest.mark.parametrize("change,field", [
+    (dict(cache_slots=8), "cache_slots"),
+    (dict(eviction="lfu"), "eviction"),
+    (dict(depth=4), "depth"),
+    (dict(top_k=3), "top_k"),
+    (dict(total_tokens=7), "total_tokens"),
+    (dict(profile="qwen3-30b-a3b-h200"), "profile"),
+    (dict(admission="accepted"), "admission"),
+    (dict(predictor="recency"), "predictor"),
+    (dict(methods="ar,specfit,oracle"), "method"),
+    (dict(draft="HEAD2"), "head"),
+    (dict(temperature=0.5), "temperature"),
+])
+def test_a_warm_start_of_other_settings_is_refused_naming_the_field(tiny, whole, tmp_path, change, field):
+    if change.get("draft") == "HEAD2":
+        head2 = tmp_path / "head2"
+        shutil.copytree(tiny / "head", head2)
+        cfg = json.loads((head2 / "config.json").read_text())
+        cfg["rope_theta"] = float(cfg.get("rope_theta", 10000.0)) + 1.0
+        (head2 / "config.json").write_text(json.dumps(cfg))
+        change = dict(draft=str(head2))
+    with pytest.raises(SpecFitInputError) as exc:
+        evaluate(**{**opts(tiny, tmp_path / "o", limit=1, warm_start=str(whole)), **change})
+    assert exc.value.field == "warm_start"
+    assert f"learned with {field}=" in str(exc.value) and "\n" not in str(exc.value)
+    assert not (tmp_path / "o" / "results.jsonl").exists()
+
+
+def test_a_warm_start_from_a_missing_or_bad_file_is_refused(tiny, tmp_path):
+    (tmp_path / "bad.json").write_text("{\"format\": 7}")
+    for path in (tmp_path / "none", tmp_path / "bad.json"):
+        with pytest.raises(SpecFitInputError) as exc:
+            evaluate(**opts(tiny, tmp_path / "o", limit=1, warm_start=str(path)))
+        assert exc.value.field == "warm_start"
+
+
+def test_the_api_round_trips_what_it_learned(tiny, tmp_path):
+    sf = SpecFit.from_pretrained(tiny / "target", tiny / "head", cache_slots=4, predictor="frequency")
+    sf.clock = FrozenClock()
+    ids = list(range(200, 230))
+    first = sf.generate(ids, method="specfit", max_new_tokens=16)
+    assert first.cycles
+    sf.save_learned(tmp_path / "learned.json")
+    warm = SpecFit.from_pretrained(tiny / "target", tiny / "head", cache_slots=4, predictor="frequency",
+                                   warm_start=tmp_path / "learned.json")
+    warm.clock = FrozenClock()
+    assert {k: m.to_json() for k, m in warm.online.items()} == {k: m.to_json() for k, m in sf.online.items()}
+    # the restored object decides as the original does on the next prompt
+    nxt = list(range(300, 330))
+    a, b = sf.generate(nxt, max_new_tokens=16), warm.generate(nxt, max_new_tokens=16)
+    assert [c.decision for c in a.cycles] == [c.decision for c in b.cycles]
+    assert a.output_ids == b.output_ids
+    with pytest.raises(SpecFitInputError, match="learned with cache_slots=4, this run has cache_slots=8"):
+        SpecFit.from_pretrained(tiny / "target", tiny / "head", cache_slots=8, predictor="frequency",
+                                warm_start=tmp_path)
+    with pytest.raises(SpecFitInputError, match="learned with target="):
+        SpecFit(sf.target, sf.drafter, cache_slots=4, identity={**sf.identity, "target": "other:0"},
+                warm_start=tmp_path / "learned.json")
+
+
+def test_generate_starts_from_a_saved_state_or_refuses_it(tiny, tmp_path, capsys):
+    from specfit.cli import main
+
+    sf = SpecFit.from_pretrained(tiny / "target", tiny / "head", cache_slots=4)
+    sf.generate(list(range(200, 230)), max_new_tokens=8)
+    sf.save_learned(tmp_path / "learned.json")
+    base = ["generate", "--model", str(tiny / "target"), "--draft", str(tiny / "head"), "--prompt-ids",
+            ",".join(map(str, range(300, 320))), "--max-new-tokens", "8", "--warm-start", str(tmp_path / "learned.json")]
+    assert main([*base, "--cache-slots", "4"]) == 0
+    capsys.readouterr()
+    for extra, field in ((["--cache-slots", "8"], "cache_slots"), (["--cache-slots", "4", "--method", "oracle"], "method"),
+                         (["--cache-slots", "4", "--profile", "qwen3-30b-a3b-h200"], "profile")):
+        assert main([*base, *extra]) == 2
+        err = capsys.readouterr().err
+        assert f"learned with {field}=" in err and err.count("\n") == 1, err
