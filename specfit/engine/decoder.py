@@ -947,12 +947,15 @@ class SpecDecoder:
         tokens after this cycle's verify: :func:`~specfit.core.lookahead.tree_expert_demand` of the drafted
         ``tree`` less the verified nodes ``keep`` (a shadow cycle verifies the root alone: every other
         node counts), each node's predicted experts weighted by its path probability (calibrated for a
-        calibrated method). No tree, or no predicted experts: no demand (the base policy's eviction).
+        calibrated method). An AR step without a tree keeps the last tree's demand (its nodes still predict
+        the next tokens); a tree without predicted experts clears it (the base policy's eviction).
         Timing only, never outputs."""
         cache = self.target.cache
         if not getattr(getattr(cache, "policy", None), "uses_lookahead", False):
             return
-        if tree is None or tree.experts is None or tree.n <= len(keep) or tree.experts.shape[1] != cache.num_layers:
+        if tree is None:  # an AR step without a tree: the last tree's demand still predicts the next tokens
+            return
+        if tree.experts is None or tree.n <= len(keep) or tree.experts.shape[1] != cache.num_layers:
             cache.set_lookahead(None)
         else:
             cache.set_lookahead(tree_expert_demand(tree, exclude=keep))

@@ -262,8 +262,8 @@ def test_ar_twin_prices_what_ar_decoding_pays(proxy, monkeypatch, policy):
 
 def test_lookahead_eviction_reads_the_draft_trees_demand_and_keeps_the_output(proxy, monkeypatch):
     """With ``eviction="lookahead"`` a drafted cycle hands the cache the demand of the drafted nodes it
-    does not verify (a shadow cycle: every non-root node), each generation starts with none, AR steps
-    clear it, and the greedy output equals AR's (timing only)."""
+    does not verify (a shadow cycle: every non-root node), each generation starts with none, and the
+    greedy output equals AR's (timing only)."""
     from specfit.models.experts import DeviceExpertCache
 
     _, drafter, prompts = proxy
