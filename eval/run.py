@@ -91,7 +91,7 @@ class EvalConfig:
         [0, experts] or ``"all"`` (default 32: a 24 GB GPU holds about a quarter of Qwen3-30B-A3B's
         128 experts per layer). :func:`plan` resolves ``"all"`` to the expert count.
     eviction : str
-        Expert-cache eviction policy (``lru``/``lfu``).
+        Expert-cache eviction policy (``lru``, ``lfu``, ``lookahead``, ``lookahead-lfu``).
     admission : str
         How a verify's experts rank in the cache: ``all`` (default; plain LRU/LFU) or ``accepted``
         (experts copied only for rejected draft nodes are evicted first; not better on the proxy).

@@ -90,7 +90,7 @@ def _add_generate(sub) -> None:
                         "each forward) or 'all' (default 0)")
     p.add_argument("--gpu-memory", dest="gpu_memory_bytes", default=None,
                    help="device memory budget, e.g. 20GiB; sets the slots instead")
-    p.add_argument("--eviction", default="lru", choices=["lru", "lfu"], help="expert-cache eviction policy")
+    p.add_argument("--eviction", default="lru", choices=["lru", "lfu", "lookahead", "lookahead-lfu"], help="expert-cache eviction policy (lookahead: the draft tree's predicted demand, LRU ties)")
     p.add_argument("--device", default="cpu", help="compute device: cpu, cuda, cuda:1 (default cpu)")
     _add_dtype(p)
     _add_offload(p)
@@ -259,7 +259,7 @@ def _add_eval(sub) -> None:
                    help="expert-cache slots per MoE layer: an integer in [0, experts] or 'all' (default 32); a "
                         "comma-separated list (16,32,64,96,all) runs a sweep into OUT/slots-<S> and writes "
                         "OUT/sweep.md and OUT/crossover.png")
-    p.add_argument("--eviction", default="lru", choices=["lru", "lfu"], help="expert-cache eviction policy (default lru)")
+    p.add_argument("--eviction", default="lru", choices=["lru", "lfu", "lookahead", "lookahead-lfu"], help="expert-cache eviction policy (default lru; lookahead: evict the least demand predicted by the draft tree, LRU ties)")
     p.add_argument("--admission", default="all", choices=["all", "accepted"],
                    help="expert-cache admission of a verify's experts: all (default; plain LRU/LFU) or accepted "
                         "(experts copied only for rejected draft nodes are evicted first)")

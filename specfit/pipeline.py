@@ -265,7 +265,8 @@ class SpecFit:
             of ``max_len`` tokens and the head's weights (the oracle's reference target is not
             counted). Host memory (the expert store) is not part of the budget.
         eviction : str
-            Expert-cache eviction policy, ``"lru"`` or ``"lfu"``.
+            Expert-cache eviction policy, ``"lru"``, ``"lfu"``, ``"lookahead"`` or ``"lookahead-lfu"``
+            (:data:`specfit.models.experts.POLICIES`).
         device : str
             Compute device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``.
         dtype : str or torch.dtype, optional

@@ -40,6 +40,7 @@ import torch
 from specfit.core.acceptance import greedy_trials, verify_trials
 from specfit.core.cost import CostModel, HostProfile
 from specfit.core.errors import SpecFitInputError, check_context, check_positive_int, check_single_sequence, lookup
+from specfit.core.lookahead import tree_expert_demand
 from specfit.core.tree import DraftTree, check_experts
 from specfit.engine.clock import Clock, MeasuredClock
 from specfit.engine.online import OnlineModel
@@ -832,6 +833,8 @@ class SpecDecoder:
         for t in (self.target, self.reference):
             if t is not None:
                 t.reset()
+        if hasattr(self.target.cache, "set_lookahead"):  # no demand left from the last generation's tree
+            self.target.cache.set_lookahead(None)
         drafter_ready = False
         self._carry.unobserved.clear()
         if len(prompt) > 1:
@@ -891,6 +894,7 @@ class SpecDecoder:
         if selection is not None:
             keep = list(selection.nodes)
             sub_tokens, sub_parents = _verify_inputs(tree, keep)
+        self._set_lookahead(tree, keep)  # host work of the cycle, timed with it
         rec.host_cpu_ms += (self.clock.cpu() - c0 - now.untimed_s) * 1e3  # (+ the learning's unhidden part)
         rec.predict_ms = now.predict_s * 1e3
         shadow_host_ms = 0.0
@@ -937,6 +941,24 @@ class SpecDecoder:
         self._carry.lam_tokens += rec.committed
         self._carry.lam_ms += rec.predicted_ms
         return CycleOutcome(rec, acc.new_tokens, out.aux_hidden[acc.path], [sub_tokens[v] for v in acc.path])
+
+    def _set_lookahead(self, tree: DraftTree | None, keep: list) -> None:
+        """Give a lookahead expert cache (``cache.policy.uses_lookahead``) the predicted demand of the
+        tokens after this cycle's verify: :func:`~specfit.core.lookahead.tree_expert_demand` of the drafted
+        ``tree`` less the verified nodes ``keep`` (a shadow cycle verifies the root alone: every other
+        node counts), each node's predicted experts weighted by its path probability (calibrated for a
+        calibrated method). An AR step without a tree keeps the last tree's demand (its nodes still predict
+        the next tokens); a tree without predicted experts clears it (the base policy's eviction).
+        Timing only, never outputs."""
+        cache = self.target.cache
+        if not getattr(getattr(cache, "policy", None), "uses_lookahead", False):
+            return
+        if tree is None:  # an AR step without a tree: the last tree's demand still predicts the next tokens
+            return
+        if tree.experts is None or tree.n <= len(keep) or tree.experts.shape[1] != cache.num_layers:
+            cache.set_lookahead(None)
+        else:
+            cache.set_lookahead(tree_expert_demand(tree, exclude=keep))
 
     def _learning_slot(self, rec: CycleRecord, tree: DraftTree | None, items, ahead: bool) -> float:
         """The host work run while this cycle's verify is on the device, its thread CPU seconds: the last
@@ -1151,7 +1173,7 @@ class SpecDecoder:
 
         Only a calibrated method in the transfer regime whose runtime cache reports its eviction state
         (:meth:`DeviceExpertCache.recency`), holds 0 or at least ``top_k`` slots but not every expert,
-        and evicts by LRU or LFU gets one; the gate's counterfactual is otherwise the root's AR step
+        and evicts by LRU or LFU (a lookahead policy: its base, so the twin is plain AR's cache) gets one; the gate's counterfactual is otherwise the root's AR step
         against the engine's cache, τ times. (With fewer slots than a token's experts the runtime copies
         a forward's experts in rounds, which the twin does not replay exactly.)"""
         self._carry.twin_path = None
@@ -1159,7 +1181,8 @@ class SpecDecoder:
             return
         cache = getattr(self.target, "cache", None)
         slots = getattr(cache, "slots", None)
-        policy = getattr(getattr(cache, "policy", None), "name", getattr(cache, "policy", None))
+        policy = getattr(cache, "policy", None)
+        policy = getattr(getattr(policy, "base", policy), "name", policy)  # a lookahead cache: AR is its base policy
         key = (id(cache), slots, policy)
         if self._twin is None or self._twin_key != key:
             self._twin, self._twin_key = None, key

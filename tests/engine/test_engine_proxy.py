@@ -220,12 +220,13 @@ def test_warmup_cycles_draft_one_level_past_the_last_selection(proxy):
     assert dec.online.policy.state.selected_depth >= 1
 
 
-@pytest.mark.parametrize("policy", ["lru", "lfu"])
+@pytest.mark.parametrize("policy", ["lru", "lfu", "lookahead", "lookahead-lfu"])
 def test_ar_twin_prices_what_ar_decoding_pays(proxy, monkeypatch, policy):
     """The AR gate's counterfactual (the AR twin, specfit.engine.twin): over a generation that drafts
     every cycle, the AR ms it gives each cycle's committed tokens sum to what plain AR decoding of the
     same tokens pays with its own expert cache, and the drafted generation's own cache would have
-    priced them differently (the pollution the twin keeps out of the gate's Ŝ)."""
+    priced them differently (the pollution the twin keeps out of the gate's Ŝ). With a lookahead cache
+    plain AR decoding is its base policy's (LRU / LFU): AR steps have no draft tree to look ahead with."""
     from specfit.engine.online import OnlineModel
 
     _, drafter, prompts = proxy
@@ -233,14 +234,14 @@ def test_ar_twin_prices_what_ar_decoding_pays(proxy, monkeypatch, policy):
     target_config = json.loads((d["target"] / "config.json").read_text())
     aux = check_target(Eagle3Config.from_dict(json.loads((d["eagle3"] / "config.json").read_text())), target_config)
 
-    def fresh():
-        return OffloadedQwen3Moe.from_pretrained(d["target"], cache_slots=24, max_len=1024, eviction=policy,
+    def fresh(eviction):
+        return OffloadedQwen3Moe.from_pretrained(d["target"], cache_slots=24, max_len=1024, eviction=eviction,
                                                  aux_layers=aux)
 
     monkeypatch.setattr(UtilityGate, "decide", lambda self, sound=None: "draft")
     twin_ms = root_ms = ar_ms = 0.0
     for p in (prompts[0], prompts[10]):  # fresh caches: AR decoding and the engine start alike
-        spec_target, ar_target = fresh(), fresh()
+        spec_target, ar_target = fresh(policy), fresh({"lookahead": "lru", "lookahead-lfu": "lfu"}.get(policy, policy))
         spec = spec_target.spec
         cost = get_profile("qwen3-30b-a3b-h200").for_layers(len(spec.moe_layers))
         predictor = get_predictor("recency", num_layers=len(spec.moe_layers), num_experts=spec.num_experts,
@@ -257,6 +258,41 @@ def test_ar_twin_prices_what_ar_decoding_pays(proxy, monkeypatch, policy):
         ar_ms += sum(cost.cycle_ms(1, c.transferred) for c in a.cycles)
     assert twin_ms == pytest.approx(ar_ms, rel=1e-9)
     assert abs(root_ms - ar_ms) > 1e-3 * ar_ms
+
+
+def test_lookahead_eviction_reads_the_draft_trees_demand_and_keeps_the_output(proxy, monkeypatch):
+    """With ``eviction="lookahead"`` a drafted cycle hands the cache the demand of the drafted nodes it
+    does not verify (a shadow cycle: every non-root node), each generation starts with none, and the
+    greedy output equals AR's (timing only)."""
+    from specfit.models.experts import DeviceExpertCache
+
+    _, drafter, prompts = proxy
+    d = paths()
+    target_config = json.loads((d["target"] / "config.json").read_text())
+    aux = check_target(Eagle3Config.from_dict(json.loads((d["eagle3"] / "config.json").read_text())), target_config)
+    target = OffloadedQwen3Moe.from_pretrained(d["target"], cache_slots=16, max_len=1024, aux_layers=aux,
+                                               eviction="lookahead")
+    spec = target.spec
+    cost = get_profile("qwen3-30b-a3b-pcie4").for_layers(len(spec.moe_layers))
+    predictor = get_predictor("recency", num_layers=len(spec.moe_layers), num_experts=spec.num_experts,
+                              top_k=spec.top_k)
+    calls = []
+    original = DeviceExpertCache.set_lookahead
+    monkeypatch.setattr(DeviceExpertCache, "set_lookahead",
+                        lambda self, demand: (calls.append(None if demand is None else np.array(demand)),
+                                              original(self, demand))[1])
+    monkeypatch.setattr(UtilityGate, "decide", lambda self, sound=None: "draft")
+    dec = SpecDecoder(target, drafter, "specfit", tree=TreeSettings(32, 6, 4), cost=cost, predictor=predictor)
+    ar = SpecDecoder(OffloadedQwen3Moe.from_pretrained(d["target"], cache_slots=16, max_len=1024), None, "ar")
+    for p in (prompts[0], prompts[10]):
+        calls.clear()
+        g = dec.generate(p, 16)
+        assert g.output_ids == ar.generate(p, 16).output_ids
+        assert calls[0] is None  # the prefill: no demand from the last generation
+        demands = [c for c in calls[1:] if c is not None]
+        assert demands and all(c.shape == (len(spec.moe_layers), spec.num_experts) and (c >= 0).all() for c in demands)
+        assert any(c.sum() > 0 for c in demands)
+    assert dec._twin is not None and dec._twin.policy == "lru"  # AR's cache: the base policy
 
 
 def test_ar_twin_only_where_it_replays_the_runtime_cache_and_follows_a_new_cache(proxy):
