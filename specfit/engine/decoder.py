@@ -43,7 +43,7 @@ from specfit.core.errors import SpecFitInputError, check_context, check_positive
 from specfit.core.lookahead import tree_expert_demand
 from specfit.core.tree import DraftTree, check_experts
 from specfit.engine.clock import Clock, MeasuredClock
-from specfit.engine.online import OnlineModel
+from specfit.engine.online import OnlineModel, missed_expert_ms
 from specfit.engine.policy import DraftPolicy, make_policy
 from specfit.engine.twin import ARTwinCache
 from specfit.engine.verify import verify_greedy, verify_sampling
@@ -539,6 +539,42 @@ def _cache_mask(target, num_experts: int) -> np.ndarray:
     return mask
 
 
+def verify_ms(cost: CostModel | HostProfile, num_nodes: int, uncached, routed=None, rows=None, copied=None) -> float:
+    """Modeled ms of one verify (SPECFIT.md §3, T(S)): the one price the engine puts on a forward it
+    learns from, a drafted verify, a shadow cycle's, an AR step and the AR twin's steps alike.
+
+    Parameters
+    ----------
+    cost : CostModel or HostProfile
+        The engine's cost model.
+    num_nodes : int
+        Tokens verified, root included (1 for an AR step).
+    uncached : array_like of int, shape (L,)
+        Experts per MoE layer the verify needs that the device does not hold: copied H2D (transfer
+        mode), computed on the host (host and auto mode). Each costs its copy (or host compute) and its read.
+    routed : array_like of int, shape (L,), optional
+        Every expert the verified nodes route to per layer, |U_l(S)|: each is read once from device
+        memory (``read_ms``), a host-computed one excepted. Default: ``max(uncached_l, experts_per_token)``,
+        exact for one node.
+    rows, copied : array_like of int, shape (L,), optional
+        Host and auto mode: the host experts' (token, expert) rows (default one each) and the experts
+        the auto mode copied H2D (default none).
+
+    Raises
+    ------
+    SpecFitInputError
+        If a count array's shape differs from ``uncached``'s."""
+    if isinstance(cost, HostProfile):
+        resident = None
+        if routed is not None:  # the routed experts neither computed on the host nor copied: resident reads
+            resident = np.asarray(routed, dtype=np.float64) - np.asarray(uncached, dtype=np.float64)
+            if copied is not None:
+                resident = resident - np.asarray(copied, dtype=np.float64)
+            resident = np.maximum(resident, 0.0)
+        return cost.cycle_ms(num_nodes, uncached, rows, copied, resident)
+    return cost.cycle_ms(num_nodes, uncached, None, routed)
+
+
 def _layer_counts(stats: dict, key: str) -> np.ndarray:
     return np.array([layer[key] for layer in stats["layers"]])
 
@@ -928,9 +964,10 @@ class SpecDecoder:
         self._observe_committed(sub_tokens, acc, routing)
         self._record_verify(rec, stats0, routing, keep, acc)
         if rec.decision in ("ar", "shadow") and self.cost is not None:  # T(AR) of its counts: the rate mode's λ
-            rec.predicted_ms = self.cost.cycle_ms(1, *self._uncached(rec))
+            rec.predicted_ms = verify_ms(self.cost, 1, *self._uncached(rec))
             if self._shadow_base:  # its H2D ms: what the next shadows' head forwards hide behind
-                self.policy.observe_ar_h2d(rec.predicted_ms - self._shortest_verify_ms())
+                self.policy.observe_ar_h2d(rec.predicted_ms - verify_ms(self.cost, 1, np.zeros(len(rec.transferred)),
+                                                                        rec.true_experts))
                 self._set_shadowing()
         if shadow is not None:  # up to the AR step's modeled ms less what it already hides
             hidden = min(shadow_host_ms, max(rec.predicted_ms - rec.hidden_host_ms, 0.0))
@@ -1137,10 +1174,9 @@ class SpecDecoder:
             ex = sh.experts[rejected]
             needed[np.broadcast_to(layer[None], ex.shape), ex] = True
         counts = (needed & ~sh.cache).sum(axis=1)
-        extra, m = 0.0, self.online.node_correction()
-        if m is not None and rejected.any():
-            extra = int(rejected.sum()) * max(0.0, float(self.cost.per_expert_array(m.size) @ m))
-        cycle_ms = (self.cost.cycle_ms(int(sh.selected.size), counts) + extra + sh.levels * self._level_ms()
+        extra = int(rejected.sum()) * self.online.node_correction_ms(self.cost)
+        cycle_ms = (verify_ms(self.cost, int(sh.selected.size), counts, needed.sum(axis=1)) + extra
+                    + sh.levels * self._level_ms()
                     + sh.levels_ahead * (self.cost.draft_level_ms or 0.0) + self.online.host_cycle_ms())
         self.policy.observe_shadow(draft_nodes=int(sh.selected.size) - 1, cycle_ms=cycle_ms,
                                    ar_tokens_ms=float(sum(sh.ar_ms[:tau])))
@@ -1164,7 +1200,7 @@ class SpecDecoder:
             self._learn(args, twin_ms)
             online = self.online
             if online.root_weight and isinstance(self.cost, CostModel):  # the next corrected cost's terms, here
-                online.weighted_corrections(self.cost.per_expert_array(online.root_error.size))
+                online.weighted_corrections(missed_expert_ms(self.cost, online.root_error.size))
         return self.clock.cpu() - c0
 
     def _sync_twin(self) -> None:
@@ -1218,7 +1254,7 @@ class SpecDecoder:
 
     def _shortest_verify_ms(self) -> float:
         """The cost model's shortest verify, ms: the root alone with every expert cached."""
-        return float(self.cost.cycle_ms(1, ()))
+        return float(verify_ms(self.cost, 1, ()))
 
     def _learn(self, c: "_Learning", ar_tokens_ms: float | None = None) -> None:
         """Teach the online model one cycle's outcome ``c``: the root's true against predicted uncached
@@ -1254,19 +1290,19 @@ class SpecDecoder:
         charges, decayed means that already hold this cycle's measurement. This cycle's raw CPU time
         alone made the gate chaotic at break-even (the same run drafted 49% to 77% of its cycles; see
         docs/SPECFIT.md §3)."""
-        verify = self.cost.cycle_ms(rec.nodes_verified, *counts)
+        verify = verify_ms(self.cost, rec.nodes_verified, *counts)
         return (verify + rec.levels * self._level_ms() + rec.levels_ahead * (self.cost.draft_level_ms or 0.0)
                 + self.online.host_cycle_ms())
 
     @staticmethod
     def _uncached(rec: CycleRecord) -> tuple:
-        """The verify's measured counts per layer, the arguments of the cost's ``cycle_ms`` after the
-        node count: transfer mode, the experts copied (twice: rows are unused); host and auto mode,
-        the experts computed on the host, their (token, expert) rows and the experts copied (0 in
-        the host mode)."""
+        """The verify's measured counts per layer, the arguments of :func:`verify_ms` after the node
+        count: the uncached experts (transfer mode: copied; host and auto mode: computed on the host),
+        every expert the verified nodes routed to (``rec.true_experts``), and in host and auto mode the
+        host experts' (token, expert) rows and the experts copied (0 in the host mode)."""
         if rec.host:
-            return rec.host["computed"], rec.host["rows"], rec.transferred
-        return rec.transferred, rec.transferred
+            return rec.host["computed"], rec.true_experts, rec.host["rows"], rec.transferred
+        return rec.transferred, rec.true_experts
 
     def _ar_step_ms(self, root_true: np.ndarray) -> float:
         """T of this cycle's counterfactual AR step, whose root needs ``root_true`` uncached experts
@@ -1274,7 +1310,7 @@ class SpecDecoder:
         :meth:`HostProfile.split` the runtime would choose, otherwise the cost's ``cycle_ms``."""
         if getattr(self.target, "offload", "transfer") == "auto" and isinstance(self.cost, HostProfile):
             return self.cost.split_cycle_ms(1, [[1] * int(u) for u in root_true])
-        return self.cost.cycle_ms(1, root_true)
+        return verify_ms(self.cost, 1, root_true)  # one node: it reads its top_k experts per layer
 
     def _draft_and_select(self, root: int, cache: np.ndarray | None, rec: CycleRecord):
         """Decide, then grow the draft tree level by level and select its verified subtree.
@@ -1398,7 +1434,7 @@ class SpecDecoder:
         # the stop rule (solvers.stop.should_stop) stops iff P_f <= stop_ms * R* / 1000: its per-node ms, once per cycle
         stop_ms = stop_node_ms(cost, level_ms=level_ms, level_width=width, min_node_ms=node_ms) if m.level_by_level else None
         rule = _StopRule(rate=rate, level_ms=level_ms, host_ms=host_ms, node_ms=node_ms, stop_ms=stop_ms,
-                         root_ms=cost.cycle_ms(1, tree.items(cache).root_new_per_layer),  # T(root alone) = T(AR)
+                         root_ms=verify_ms(cost, 1, tree.items(cache).root_new_per_layer),  # T(root alone) = T(AR)
                          prune=m.level_by_level and self.solver.exact, max_sunk=host_ms + depth * level_ms,
                          root_known=not (m.oracle and experts_known))
         return g, rule
@@ -1438,7 +1474,7 @@ class SpecDecoder:
         g.tree.set_experts(self._true_routing(g.tree))
         self._now.reference_verified = True
         self._now.untimed_s += self.clock.cpu() - u0
-        rule.root_ms, rule.root_known = g.cost.cycle_ms(1, g.tree.items(g.cache).root_new_per_layer), True
+        rule.root_ms, rule.root_known = verify_ms(g.cost, 1, g.tree.items(g.cache).root_new_per_layer), True
 
     def _stop_rule(self, g: "_Growing", rule: "_StopRule", p_f: float, rec: CycleRecord):
         """Whether drafting stops after this level, and the selection solved to ask (None if none).
@@ -1622,7 +1658,7 @@ class SpecDecoder:
         if not self.method.needs_predictor or cache.all():  # oracle: root experts unknown; all resident: none
             return True
         tree, cost = self._root_tree(root, cache)
-        ar_ms = cost.cycle_ms(1, tree.items(cache).root_new_per_layer)
+        ar_ms = verify_ms(cost, 1, tree.items(cache).root_new_per_layer)
         mass = self.acceptance.mass_bound(self._gate_widths())
         return draft_can_beat_ar(ar_ms, mass, self._level_ms(), cost.min_node_ms, min(online.min_expert_ms))
 

@@ -11,7 +11,8 @@ Four things the cycle's objective needs and no datasheet gives (SPECFIT.md §3):
       m_l = E[ (transferred_l - |true root experts \\ C|_l)
                - (|predicted union of S \\ C|_l - |predicted root experts \\ C|_l) ] per draft node
 
-  (C the cache at the cycle's start). The selection then uses ``fixed_ms + Σ_l w_l e_l`` (never below
+  (C the cache at the cycle's start; ``w_l`` an uncached expert's copy and read, ``per_expert_ms + read_ms``,
+  :func:`missed_expert_ms`). The selection then uses ``fixed_ms + Σ_l w_l e_l`` (never below
   the cost of a root with no uncached expert, nor below 0) and ``per_node_ms + max(0, Σ_l w_l m_l)``
   (:meth:`OnlineModel.corrected_cost`): a draft node costs, on average, the experts the predictor
   missed. The solver stays exact for this corrected model; the stop rule's proof needs only that
@@ -29,7 +30,8 @@ Four things the cycle's objective needs and no datasheet gives (SPECFIT.md §3):
   cycle carries its own counterfactual: plain AR decoding would have committed the same τ tokens in τ
   one-token forwards, so what they cost in AR decoding's own expert cache, replayed by the engine (the
   AR twin, :mod:`specfit.engine.twin`), is known after the fact. ``T_d``, the drafted cycle's time, is
-  its verify priced on the measured counts, its draft levels and its host ms as the selection charges
+  its verify priced on the measured counts (the experts copied and every expert its nodes routed to,
+  each read once), its draft levels and its host ms as the selection charges
   them. The policy learns ``Ŝ = Σ_d T_AR(d) / Σ_d T_d`` (decayed) and gates drafting on it (Cascade,
   arXiv 2506.20675, gates speculation by its measured utility in the same way).
 
@@ -144,6 +146,19 @@ class OnlineModel:
         self._weighted = out
         return out[1], out[2]
 
+    def node_correction_ms(self, cost: CostModel | HostProfile) -> float:
+        """ms one verified draft node adds for the experts the predictor missed: ``max(0, Σ_l w_l m_l)``
+        with ``w`` = :func:`missed_expert_ms` (a host-regime profile: ``node_extra_ms`` of
+        :meth:`corrected_cost`); 0 before a drafted verify. The node term of :meth:`corrected_cost`, and
+        the price a shadow cycle charges each node it would have rejected."""
+        m = self.node_correction()
+        if m is None:
+            return 0.0
+        if isinstance(cost, HostProfile):  # each missed expert computed on the host for one row, R / L scaled
+            c = cost.reference_layers / m.size if m.size else 0.0
+            return max(0.0, c * (cost.host_per_expert_ms + cost.host_per_row_ms) * float(m.sum()))
+        return max(0.0, float(self.weighted_corrections(missed_expert_ms(cost, m.size))[1]))
+
     def observe_host(self, levels: int, level_ms: float, rest_ms: float) -> None:
         """Record one drafted cycle's measured host CPU ms: ``level_ms`` over its ``levels`` draft
         levels (prediction, tree, calibration, the stop rule's solves) and ``rest_ms`` for the rest
@@ -184,15 +199,12 @@ class OnlineModel:
             profile with ``node_extra_ms`` as above.
         """
         if isinstance(cost, HostProfile):
-            m = self.node_correction()
-            if m is None:
+            if self.node_correction() is None:
                 return cost
-            c = cost.reference_layers / m.size if m.size else 0.0
-            extra = c * (cost.host_per_expert_ms + cost.host_per_row_ms) * float(m.sum())
-            return replace(cost, node_extra_ms=max(0.0, extra))
+            return replace(cost, node_extra_ms=self.node_correction_ms(cost))
         if not self.root_weight and not self.node_weight:
             return cost
-        w = cost.per_expert_array((self.root_error if self.root_weight else self.node_extra).size)
+        w = missed_expert_ms(cost, (self.root_error if self.root_weight else self.node_extra).size)
         we, wm = self.weighted_corrections(w)
         root_ms = float(w @ np.asarray(root_new_per_layer, dtype=np.float64))
         fixed = cost.fixed_ms + (max(we, -root_ms) if we is not None else 0.0)
@@ -336,3 +348,14 @@ def _floats(data: dict, name: str, shape: tuple | None) -> np.ndarray:
         raise SpecFitInputError(name, "must hold finite numbers")
     return x
 
+
+def missed_expert_ms(cost: CostModel, num_layers: int) -> np.ndarray:
+    """ms of one uncached expert per MoE layer that the predictor missed, float64 of shape (num_layers,):
+    its H2D copy and its device-memory read (:meth:`CostModel.uncached_ms_array`, ``per_expert_ms +
+    read_ms``; SPECFIT.md §3), the same array on every call (the corrections' memo keys on it).
+
+    Raises
+    ------
+    SpecFitInputError
+        If a per-layer ``per_expert_ms`` list does not have ``num_layers`` entries."""
+    return cost.uncached_ms_array(num_layers)

@@ -402,3 +402,15 @@ def test_the_first_trusted_decision_reads_the_measured_cycles_but_the_last():
     warm = on.policy.WARMUP + on.policy.MIN_DRAFTED
     gate_in_engine_order(on, warm, lambda k: (1, 3.0 if k == warm - 1 else 0.5))
     assert on.policy.state.drafted == warm and on.policy.speedup == pytest.approx(0.5) and on.policy.decide() == "ar"
+
+
+def test_corrected_cost_prices_each_missed_expert_at_its_copy_and_its_read():
+    read = CostModel(6.0, 0.1, (1.0, 2.0), read_ms=0.25)
+    on = OnlineModel(depth=4)
+    on.observe(root_predicted_new=[1, 1], root_true_new=[2, 2], selected_predicted_new=[1, 2],
+               transferred=[5, 4], draft_nodes=2, committed=2, cycle_ms=30.0, ar_ms=20.0)
+    c = on.corrected_cost(read, [1, 2])
+    assert c.fixed_ms == pytest.approx(6.0 + 1.25 * 1 + 2.25 * 1)
+    assert c.per_node_ms == pytest.approx(0.1 + 1.25 * 1.5 + 2.25 * 0.5)
+    # the charge a shadow cycle puts on each node it would have rejected is the same node term
+    assert on.node_correction_ms(read) == pytest.approx(c.per_node_ms - read.per_node_ms)
