@@ -14,6 +14,7 @@ from specfit.solvers.stop import draft_can_beat_ar, ratio_upper_bound, selectabl
 from specfit.core.cost import CostModel
 from specfit.core.errors import SpecFitInputError
 from specfit.core.instance import Instance
+from specfit.core.objective import predicted_ms
 from specfit.core.tree import DraftTree
 from strategies import BUDGETS, instances, level_instances
 
@@ -189,7 +190,7 @@ def test_selectable_drops_only_nodes_in_no_optimal_selection(budget, mode, host,
     rate = data.draw(st.floats(0.0, 800.0)) if mode == "rate" else None
     brute = get_solver("bruteforce")
     best = brute.solve(inst, rate)
-    root_alone = 1000.0 / inst.cost.cycle_ms(1, inst.items.root_new_per_layer, inst.items.rows[0])
+    root_alone = 1000.0 / predicted_ms(inst, [0])  # T(root alone), the reads of its resident experts included
     for lo in ([rate] if rate is not None else [best.throughput, root_alone]):
         keep = selectable(inst.tree.path_prob, node_ms, lo)
         keep[0] = True  # the root is in every selection; only draft nodes are dropped
