@@ -30,7 +30,6 @@ weights from DRAM; the fit checks the model's form, the constants describe this 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
@@ -42,6 +41,7 @@ import numpy as np
 
 from specfit.core.cost import REFERENCE_LAYERS, CostModel, get_profile
 from specfit.core.errors import SpecFitInputError, check_positive_int
+from specfit.core.io import dumps
 
 #: Tree sizes fitted (nodes, root included) and held out (measured, predicted, not fitted).
 SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -291,15 +291,15 @@ def main(argv: list[str] | None = None) -> int:
                                         f"the measured {fit['layer_counts'][0]}-layer forward's (one layer count)"),
                  "draft_and_host_from": args.like, "measured_s": round(time.perf_counter() - t0, 1)}
         prof = profile_json(cost, **about)
-        print(json.dumps(about["machine"]))
+        print(dumps(about["machine"]))
         print(format_report(fit, records))
-        print(json.dumps(prof, indent=1))
+        print(dumps(prof, indent=1))
         from specfit.core.io import atomic_write_text
 
         if args.json:
-            atomic_write_text(Path(args.json), json.dumps(prof, indent=1) + "\n")
+            atomic_write_text(Path(args.json), dumps(prof, indent=1) + "\n")
         if args.report:
-            atomic_write_text(Path(args.report), json.dumps({"fit": fit, "records": records, "profile": prof}, indent=1) + "\n")
+            atomic_write_text(Path(args.report), dumps({"fit": fit, "records": records, "profile": prof}, indent=1) + "\n")
     except (OSError, ValueError) as e:  # SpecFitInputError is a ValueError
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -30,7 +30,7 @@ Fairness and reproducibility:
 Resume: ``OUT/config.json`` holds the settings that make results comparable; a rerun with the
 same ``OUT`` checks them, keeps every complete line of ``results.jsonl`` (a torn last line from an
 interruption is cut off) and skips the (id, dataset, method) triples it already holds.
-``OUT/learned.json`` (:mod:`specfit.learned`) holds, per dataset and calibrated method, what the
+``OUT/learned.json`` (:mod:`specfit.engine.learned`) holds, per dataset and calibrated method, what the
 engine learned after its last finished prompt and the prompt ids that state covers; it is rewritten
 atomically after each such prompt, and a resumed run restores it, so an interrupted and resumed run
 writes the records an uninterrupted one does (decisions included, where the engine's clock is
@@ -53,7 +53,7 @@ from specfit.core.cost import DEFAULT_HOST_PROFILE, DEFAULT_PROFILE, get_host_pr
 from specfit.engine import METHODS, TreeSettings
 from specfit.core.errors import MAX_NODES, SpecFitInputError, check_context, check_int, check_positive_int, lookup
 from specfit.core.readers import read_json
-from specfit import learned
+from specfit.engine import learned
 from specfit.engine.online import OnlineModel
 
 #: torch CPU threads a run may ask for (``threads``; 0 = torch's default).
@@ -142,7 +142,7 @@ class EvalConfig:
         only set) instead of from nothing. Refused with one line naming the field when the file was
         learned on another target, head, profile, offload mode, predictor, admission rule, device
         type, or with other cache slots, eviction, tree settings or sampling settings
-        (:mod:`specfit.learned`).
+        (:mod:`specfit.engine.learned`).
     threads : int
         torch CPU threads while the run lasts (default 1: the proxy's matrices are too small to
         gain from more, and on a shared machine extra threads only contend; 0 = torch's default).

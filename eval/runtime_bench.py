@@ -93,7 +93,7 @@ def synthetic_model(shape: str, num_layers: int | None = None, device="cpu", dty
 
     device = resolve_device(device)
     with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "config.json").write_text(json.dumps(_synthetic_config(shape, num_layers)))
+        (Path(tmp) / "config.json").write_text(dumps(_synthetic_config(shape, num_layers)))
         spec = read_spec(tmp)
     gen = torch.Generator(device=device).manual_seed(seed)
     weights = {}

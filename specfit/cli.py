@@ -154,7 +154,7 @@ def _run_generate(args) -> int:
                                     eviction=args.eviction, device=args.device, dtype=args.dtype, offload=args.offload,
                                     **load)
     if args.warm_start is not None:
-        from specfit import learned
+        from specfit.engine import learned
 
         model.load_learned(args.warm_start, expect=learned.key_to_json(model.online_key(method)))
     try:

@@ -206,7 +206,7 @@ class SpecFit:
     identity : dict, optional
         What makes what the engine learns transferable (target, head, profile, offload, predictor,
         admission, device); :meth:`from_pretrained` fills it. :meth:`save_learned` records it and
-        :meth:`load_learned` refuses a file whose identity differs (:mod:`specfit.learned`).
+        :meth:`load_learned` refuses a file whose identity differs (:mod:`specfit.engine.learned`).
     clock : Clock, optional
         The clocks every decoder reads (:mod:`specfit.engine.clock`; default the measured ones);
         :class:`~specfit.engine.clock.FrozenClock` makes decisions independent of the machine's timing.
@@ -447,14 +447,14 @@ class SpecFit:
     # -- what the engine learned -------------------------------------------------------------------
     def save_learned(self, path: str | Path) -> None:
         """Write :attr:`online` with :attr:`identity` to the ``learned.json`` file ``path`` (atomically;
-        format: :mod:`specfit.learned`, set ``"default"``).
+        format: :mod:`specfit.engine.learned`, set ``"default"``).
 
         Raises
         ------
         SpecFitInputError
             While learning is still queued (field ``deferred``; save between generations).
         """
-        from specfit import learned
+        from specfit.engine import learned
 
         learned.write(path, learned.document(self.identity, {"default": learned.entries(self.online)}))
 
@@ -469,7 +469,7 @@ class SpecFit:
             The set to read (an evaluation's dataset name); default the file's only set.
         expect : dict, optional
             A partial key (``{"method": "specfit", "depth": 6, ...}``, fields of
-            :data:`specfit.learned.KEY_FIELDS`) the file must hold a model of.
+            :data:`specfit.engine.learned.KEY_FIELDS`) the file must hold a model of.
 
         Raises
         ------
@@ -479,7 +479,7 @@ class SpecFit:
             learned with other ``cache_slots`` or ``eviction`` than this object's, no model matching
             ``expect``; or a malformed model (its field).
         """
-        from specfit import learned
+        from specfit.engine import learned
 
         doc = learned.read(path)
         learned.check_identity(doc["identity"], self.identity)

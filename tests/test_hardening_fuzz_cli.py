@@ -74,7 +74,7 @@ def test_eval_flags(capsys, tmp_path, monkeypatch, flag, value):
     decoding itself is tested elsewhere)."""
     import specfit.eval.run as run
 
-    monkeypatch.setattr(run, "_run", lambda p, progress: {"markdown": "", "paths": {}, "ran": 0, "skipped": 0,
+    monkeypatch.setattr(run, "_run", lambda p, progress: {"markdown": "", "table": "", "paths": {}, "ran": 0, "skipped": 0,
                                                            "rows": []})
     base = ["eval", "--dataset", "gsm8k", "--limit", "1", "--methods", "ar", "--max-new-tokens", "1",
             "--out", str(tmp_path / "o"), "--no-progress"]
