@@ -95,7 +95,6 @@ class ItemSets:
         self._need_w = self._above_w = self._own_w = self._words_w = np.zeros((0, self._num_words), dtype=np.uint64)
         self._rows = np.zeros((0, self.num_layers), dtype=np.int64)
         self._ints = {"need": [], "above": [], "own": []}  # Python-int views, converted when first read
-        self._mask = (1 << self.num_experts) - 1
         self._cache_c = None  # the kernel's cache argument, made at the first extend
 
     def __len__(self) -> int:
@@ -208,16 +207,11 @@ class ItemSets:
 
     def per_layer(self, bits: int) -> list[int]:
         """Number of items of bitset ``bits`` in each layer."""
-        E, mask = self.num_experts, self._mask
-        return [((bits >> (l * E)) & mask).bit_count() for l in range(self.num_layers)]
+        return _segment_counts(bits, self.num_experts, self.num_layers)
 
     def union(self, nodes: Iterable[int]) -> int:
         """Bitset of the items any node of ``nodes`` needs."""
-        out = 0
-        need = self.need
-        for v in nodes:
-            out |= need[v]
-        return out
+        return _union(self.need, nodes)
 
     def new_per_layer(self, nodes: Iterable[int]) -> np.ndarray:
         """``|(union_{v in nodes} E[v][l]) \\ C[l]|`` for each layer l; int64 of shape (L,)."""
@@ -234,6 +228,20 @@ class ItemSets:
         """Uncached experts the root alone needs, per layer (its row of :attr:`rows`)."""
         return self._rows[0].tolist() if self._n else [0] * self.num_layers
 
+
+
+def _union(need: list[int], nodes: Iterable[int]) -> int:
+    """OR of ``need[v]`` over ``nodes``: the bitset of the items any of them needs."""
+    out = 0
+    for v in nodes:
+        out |= need[v]
+    return out
+
+
+def _segment_counts(bits: int, num_experts: int, segments: int) -> list[int]:
+    """Set bits of ``bits`` in each of ``segments`` consecutive ``num_experts``-bit segments."""
+    mask = (1 << num_experts) - 1
+    return [((bits >> (s * num_experts)) & mask).bit_count() for s in range(segments)]
 
 def _concat_words(a: np.ndarray, a_bits: int, b: np.ndarray, b_bits: int) -> np.ndarray:
     """Rows of 64-bit words ``a`` (``a_bits`` bits used) followed by ``b``'s bits: bit i of b becomes bit
@@ -278,7 +286,6 @@ class PricedItems:
         self.num_layers, self.num_experts = uncached.num_layers, uncached.num_experts
         self.num_segments = 2 * self.num_layers
         self._shift = self.num_layers * self.num_experts
-        self._mask = (1 << self.num_experts) - 1
 
     def _joined(self, name: str) -> list[int]:
         got = self.__dict__.get(name)
@@ -310,16 +317,11 @@ class PricedItems:
 
     def per_layer(self, bits: int) -> list[int]:
         """Items of bitset ``bits`` per segment: the uncached counts of the L layers, then the routed ones."""
-        E, mask = self.num_experts, self._mask
-        return [((bits >> (s * E)) & mask).bit_count() for s in range(self.num_segments)]
+        return _segment_counts(bits, self.num_experts, self.num_segments)
 
     def union(self, nodes: Iterable[int]) -> int:
         """Bitset of the items any node of ``nodes`` needs."""
-        out = 0
-        need = self.need
-        for v in nodes:
-            out |= need[v]
-        return out
+        return _union(self.need, nodes)
 
     def new_per_layer(self, nodes: Iterable[int]) -> np.ndarray:
         """Uncached experts per layer, ``|U_l \\ C_l|``; int64 of shape (L,)."""
