@@ -9,10 +9,6 @@ import torch
 
 from specfit.core.errors import SpecFitInputError
 from specfit.eval.run import EvalConfig, default_out, evaluate, read_results
-from specfit.models.eagle3 import Eagle3Config, Eagle3Head, save_eagle3
-from specfit.models.proxy import paths as proxy_paths
-from specfit.models.qwen3_moe import OffloadedQwen3Moe
-from specfit.models.traces import record_prompt
 from specfit.cli import build_parser, main
 
 METHODS = "ar,eagle3-vanilla,eagle3,eagle3-scan,specfit,oracle"
@@ -20,27 +16,6 @@ RECORD_KEYS = {"id", "dataset", "method", "output_ids", "new_tokens", "cycles", 
                "modeled_ms", "experts_transferred"}
 ROW_KEYS = {"dataset", "method", "tau", "tokens_per_s", "modeled_tokens_per_s", "speedup_vs_ar", "speedup_vs_eagle3",
             "experts_per_token", "cache_hit_rate", "solve_share", "equal_to_ar"}
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory, tiny_checkpoint):
-    """A 3-layer random Qwen3-MoE target with the proxy's tokenizer and a random EAGLE-3 head."""
-    root = tmp_path_factory.mktemp("eval_models")
-    vocab = 4096  # the proxy tokenizer's vocabulary
-    tiny_checkpoint(root / "target", vocab_size=vocab, layers=3, experts=16, top_k=4, intermediate_size=64,
-                    max_position_embeddings=2048, tie_word_embeddings=False, eos_token_id=0, sharpen=8.0)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(proxy_paths()["target"] / name, root / "target" / name)
-    head = Eagle3Head(Eagle3Config(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
-                                   head_dim=8, vocab_size=vocab, draft_vocab_size=vocab, target_hidden_size=32))
-    save_eagle3(head, root / "head", include_embed=True, dtype=torch.float32)
-    # the routing trace the default (frequency) predictor is built from, recorded on a few token runs
-    target = OffloadedQwen3Moe.from_pretrained(root / "target", cache_slots="all")
-    trace = None
-    for ids in ([5, 9, 300, 17, 42, 8], list(range(100, 140))):
-        trace = record_prompt(target, ids, trace)
-    trace.save(root / "target" / "routing_trace.npz")
-    return root
 
 
 def eval_args(tiny, out, *extra):
