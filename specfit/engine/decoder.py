@@ -1236,7 +1236,8 @@ class SpecDecoder:
         A cycle's outcome is learned while the next cycle's verify runs on the device (SPECFIT.md §3,
         "Whole-cycle objective"): up to :meth:`_shortest_verify_ms` of it is hidden there
         (``rec.hidden_host_ms``), so the next cycle's gate and selection see the online model one
-        cycle late."""
+        cycle late. Deferring pays the learning's host ms off the critical path, up to the shortest verify
+        per cycle (part of the hidden host ms, (BENCHMARKS.md, "Engine mechanisms: what each pays"))."""
         if self._carry.learning is None and self._carry.twin_path is None:
             return 0.0
         args, self._carry.learning = self._carry.learning, None
@@ -1431,7 +1432,9 @@ class SpecDecoder:
         gate's sound bound), which then runs while the device computes it (:meth:`_hide_behind_first_level`).
         The policy decides before the launch where it may take the AR step on measured utility alone
         (cheap, no root needed), or where the sound bound last said no draft can beat the AR step; else
-        behind the launched level, whose forward is then paid even by an AR step (``rec.levels_ahead``)."""
+        behind the launched level, whose forward is then paid even by an AR step (``rec.levels_ahead``).
+        Launching first pays the root's prediction, its cost and the sound bound off the critical path, up to
+        one draft level's ms per cycle (part of the hidden host ms, (BENCHMARKS.md, "Engine mechanisms: what each pays"))."""
         policy = self.policy
         speculate = policy.decided_ahead() is None and policy.asks_sound_bound() and policy.sound_said_draft()
 
@@ -1557,7 +1560,8 @@ class SpecDecoder:
         up to ``draft_level_ms`` of its last level's work and the cycle's final work (``final_s``: the
         last prediction, the selection). The hidden ms move from ``rec.host_cpu_ms`` and the levels'
         host ms (the online model's per-level cost, :meth:`_level_ms`) to ``rec.hidden_host_ms``
-        (SPECFIT.md §3, "Host work hidden by the device")."""
+        (SPECFIT.md §3, "Host work hidden by the device"). Hiding pays each level's host work off the
+        critical path, up to one draft level's ms per level (part of the hidden host ms, (BENCHMARKS.md, "Engine mechanisms: what each pays"))."""
         slot = (self.cost.draft_level_ms or 0.0) / 1e3
         if not level_host or slot <= 0.0:
             return
