@@ -762,6 +762,8 @@ class SpecDecoder:
         decoding commits next, in place of the warm-up's and the explorations' drafted cycles until the
         shadows say drafting may pay (default True; used only where the gate has its AR twin;
         docs/SPECFIT.md §3, "Drafting in the AR step's shadow"). False: every learning cycle drafts.
+        With 16 cache slots shadows pay about 1% of modeled tok/s over learning from real drafts
+        (BENCHMARKS.md, "Engine mechanisms: what each pays").
     policy : str or DraftPolicy, optional
         Whether and how far each cycle drafts (:mod:`specfit.engine.policy`): ``"gate"`` (the calibrated
         methods' default: the AR gate on measured utility), ``"always"`` (the other methods' default) or

@@ -304,7 +304,9 @@ class UtilityGate(DraftPolicy):
 
         A cycle learns acceptance only from the children of its accepted nodes, so levels far below
         what the exact selection verifies teach nothing and cost their draft and host time; the cap
-        lifts when the warm-up ends (SPECFIT.md §3, "Measured utility").
+        lifts when the warm-up ends (SPECFIT.md §3, "Measured utility"). With 16 cache slots it pays about
+        1% of modeled tok/s, and with every expert resident it costs about 1% (its shallower warm-up trees
+        commit fewer tokens) (BENCHMARKS.md, "Engine mechanisms: what each pays").
 
         Returns
         -------
