@@ -230,7 +230,8 @@ class UtilityGate(DraftPolicy):
     share of exploring cycles. An exploration's outcome sets the interval once its last cycle is
     learned (the second decision after it: learning runs one cycle late).
 
-    The gate pays where drafting loses: with 16 cache slots it takes AR steps and beats drafting every
+    Exploring costs about 0.2% of modeled tok/s in a 16-slot run where drafting never pays, the price of
+    noticing when it starts to pay (BENCHMARKS.md, "Engine mechanisms: what each pays"). The gate pays where drafting loses: with 16 cache slots it takes AR steps and beats drafting every
     cycle, and with every expert resident it drafts as every cycle would (BENCHMARKS.md, "Engine mechanisms: what each pays").
 
     Attributes
