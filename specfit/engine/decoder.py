@@ -1537,7 +1537,9 @@ class SpecDecoder:
         The stop rule stops iff P_f <= (per_node_ms + level_ms / width) * R* (:func:`specfit.solvers.stop.should_stop`).
         R* <= 1000 (1 + ΣP) / (T(root alone) + sunk), as every subtree holds the root, and R* <=
         :func:`~specfit.solvers.stop.ratio_upper_bound` (each node adds >= node_ms too); the kept levels
-        are predicted and solved only when both bounds let the rule fire (rate mode needs no R*). Sunk:
+        are predicted and solved only when both bounds let the rule fire (rate mode needs no R*); with every
+        expert resident the bounds cut the solver's host ms to about a third (BENCHMARKS.md, "Engine
+        mechanisms: what each pays"). Sunk:
         the cycle's host ms and the levels drafted."""
         sunk = rule.host_ms + rec.levels * rule.level_ms
         if rule.rate is not None:
@@ -1603,7 +1605,9 @@ class SpecDecoder:
         ``tree`` or of an earlier pending level) to ``tree`` and empty the list. Their experts: predicted
         in one call when ``predicted`` (one predictor call per selection instead of one per level; one per
         level if some levels carry hidden states and others not, so each gets the states it has), zeros
-        when the tree has experts (the oracle's placeholder), else none. Timed into ``rec.tree_ms``."""
+        when the tree has experts (the oracle's placeholder), else none. Timed into ``rec.tree_ms``. Batching
+        saves one predictor call per level the stop rule does not solve (not measured apart: BENCHMARKS.md,
+        "Engine mechanisms: what each pays")."""
         if not pending:
             return
         t0 = self.clock.wall()

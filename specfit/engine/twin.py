@@ -8,7 +8,8 @@ AR's own expert cache, which is not the engine's: a verify's draft nodes bring e
 others out, so after drafted cycles the engine's cache holds fewer of the experts the next tokens
 need than AR's would. Pricing the counterfactual AR step against the engine's cache would charge AR
 for the drafting's own cache pollution, and the gate would overrate drafting. The twin also prices the
-shadow cycles' counterfactual, so without it an AR step carries none.
+shadow cycles' counterfactual, so without it an AR step carries none: with 16 cache slots the twin
+pays about 1% of modeled tok/s, what the shadow cycles pay (BENCHMARKS.md, "Engine mechanisms: what each pays").
 
 :class:`ARTwinCache` replays AR decoding's cache: the engine copies its cache's state into it after
 each prefill (:meth:`ARTwinCache.sync`) and then feeds it, one token at a time, the routing of every
