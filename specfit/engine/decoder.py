@@ -749,7 +749,8 @@ class SpecDecoder:
     rate_mode : bool
         Maximise A - λT with λ the running long-run rate (committed tokens over predicted ms of
         the cycles so far) instead of A/T (SPECFIT.md §3, "per-cycle ratio vs long-run rate"). With
-        every expert resident it pays about 1% of modeled tok/s over the ratio (BENCHMARKS.md, "Engine mechanisms: what each pays").
+        every expert resident it pays about 1% of modeled tok/s over the ratio (BENCHMARKS.md, "Engine
+        mechanisms: what each pays").
     max_nodes : int, optional
         Verify-width budget passed to the selector.
     online : OnlineModel, optional
