@@ -30,6 +30,7 @@ from specfit.core.errors import (SpecFitInputError, check_context, check_number,
 from specfit.core.readers import read_json
 from specfit.engine.decoder import CycleRecord, Method, SpecDecoder, TreeSettings, get_method, prompt_list, tau
 from specfit.engine.online import OnlineModel
+from specfit.engine.policy import make_policy
 
 if TYPE_CHECKING:  # torch and the model code load only when a model does
     import torch
@@ -390,7 +391,8 @@ class SpecFit:
         return int(eos[0]) if eos else None
 
     def decoder(self, method: str | Method = "specfit", *, tree: TreeSettings | None = None,
-                temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, rate_mode: bool = False) -> SpecDecoder:
+                temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, rate_mode: bool = False,
+                policy: str | None = None) -> SpecDecoder:
         """A :class:`SpecDecoder` for ``method`` whose target starts with an empty expert cache.
 
         The cache gets :attr:`cache_slots` slots per MoE layer (0 for methods that run without
@@ -411,6 +413,11 @@ class SpecFit:
             Seed of the sampling verifier.
         rate_mode : bool
             Long-run-rate selection instead of the per-cycle ratio (SPECFIT.md §3).
+        policy : str, optional
+            Whether each cycle drafts (:mod:`specfit.engine.policy`): ``"gate"`` (the AR gate on measured
+            utility; the default of ``specfit`` and ``oracle``, which alone can take it), ``"always"`` (the
+            other methods' default) or ``"never"`` (every cycle an AR step). A calibrated method keeps it in
+            the online model of its setting (:attr:`online`), made with the first decoder of that setting.
 
         Returns
         -------
@@ -421,9 +428,12 @@ class SpecFit:
         SpecFitInputError
             Unknown method; a method that needs a drafter, predictor or cost model this object
             lacks; ``temperature`` not a finite number >= 0, ``top_p`` not in (0, 1], ``seed`` not an
-            integer in [0, 2**63) (:func:`~specfit.core.errors.check_seed`).
+            integer in [0, 2**63) (:func:`~specfit.core.errors.check_seed`); an unknown ``policy``, ``"gate"``
+            for a method that is not calibrated, or a ``policy`` other than the one the online model of this
+            setting drafts with (field ``policy``; ``online.clear()`` forgets it).
         """
         temperature, top_p, seed = check_sampling(temperature, top_p, seed)
+        wanted = make_policy(policy).name if policy is not None else None
         m = get_method(method) if isinstance(method, str) else method
         if m.needs_reference and self._reference is None and self._reference_loader is not None:
             self._reference = self._reference_loader()
@@ -432,11 +442,16 @@ class SpecFit:
         tree = tree or TreeSettings()
         online = None
         if m.calibrated:
-            online = self.online.setdefault(self.online_key(m.name, tree, temperature, top_p), OnlineModel(tree.depth))
+            online = self.online.setdefault(self.online_key(m.name, tree, temperature, top_p),
+                                            OnlineModel(tree.depth, wanted or "gate"))
+            if wanted is not None and online.policy.name != wanted:
+                raise SpecFitInputError("policy", f"{m.name} learned under these settings with the "
+                                        f"{online.policy.name!r} policy; online.clear() forgets it to draft with {wanted!r}")
         return SpecDecoder(self.target, self.drafter if m.drafts else None, m, tree=tree,
                            cost=self.cost, predictor=self.predictor if needs_predictor else None,
                            reference=self._reference if m.needs_reference else None, temperature=temperature, top_p=top_p,
-                           seed=seed, rate_mode=rate_mode, online=online, clock=self.clock)
+                           seed=seed, rate_mode=rate_mode, online=online, clock=self.clock,
+                           policy=None if m.calibrated else wanted)
 
     def online_key(self, method: str, tree: TreeSettings | None = None, temperature: float = 0.0,
                    top_p: float = 1.0) -> tuple:
@@ -530,7 +545,7 @@ class SpecFit:
 
     def generate(self, prompt: str | Sequence[int], *, method: str | Method = "specfit", max_new_tokens: int = 64,
                  temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, tree: TreeSettings | None = None,
-                 rate_mode: bool = False) -> GenerateOutput:
+                 rate_mode: bool = False, policy: str | None = None) -> GenerateOutput:
         """Decode up to ``max_new_tokens`` tokens after a text or token-id prompt with ``method``.
 
         Every call starts from an empty expert cache (warmed by its own prefill) and stops after
@@ -545,7 +560,7 @@ class SpecFit:
             ``ar``, ``eagle3-vanilla``, ``eagle3``, ``eagle3-scan``, ``specfit`` or ``oracle``.
         max_new_tokens : int
             Upper bound on new tokens.
-        temperature, top_p, seed, tree, rate_mode
+        temperature, top_p, seed, tree, rate_mode, policy
             See :meth:`decoder`.
 
         Returns
@@ -568,7 +583,8 @@ class SpecFit:
         if bad:
             raise SpecFitInputError("prompt", f"token ids must lie in [0, {spec.vocab_size}) (vocab_size), got {bad[0]}")
         check_context("max_new_tokens", len(ids), max_new_tokens, spec.max_position_embeddings)
-        dec = self.decoder(method, tree=tree, temperature=temperature, top_p=top_p, seed=seed, rate_mode=rate_mode)
+        dec = self.decoder(method, tree=tree, temperature=temperature, top_p=top_p, seed=seed, rate_mode=rate_mode,
+                           policy=policy)
         need = kv_tokens_needed(len(ids), max_new_tokens, dec.tree if dec.method.drafts else None)
         capacity = getattr(self.target, "max_len", need)
         if need > capacity:

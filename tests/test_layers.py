@@ -217,3 +217,72 @@ def test_the_private_name_checks_catch_a_violation(tmp_path):
     assert imports == ["specfit.solvers.stop._bound"]
     reads = [line.split(" reads ")[1] for line in _private_attributes(probe, tmp_path)]
     assert reads == ["tree._append"]
+
+
+#: Most instance attributes (set on ``self``, plus dataclass fields) a class under specfit/engine holds, and
+#: most lines a function there spans: a newcomer reads each in one pass (docs/ARCHITECTURE.md, "Read first").
+MAX_ATTRIBUTES, MAX_FUNCTION_LINES = 15, 100
+#: Classes allowed more attributes, each with its reason.
+ATTRIBUTE_EXEMPT = {
+    "specfit.engine.decoder.CycleRecord": "a flat output record: one column per field of the per-cycle JSON that "
+                                          "results.jsonl, eval/modeled.py and the golden cycle records read",
+}
+
+
+def _is_dataclass(node: ast.ClassDef) -> bool:
+    return any((isinstance(d, ast.Name) and d.id == "dataclass")
+               or (isinstance(d, ast.Call) and getattr(d.func, "id", None) == "dataclass") for d in node.decorator_list)
+
+
+def _attributes(node: ast.ClassDef) -> set[str]:
+    """The instance attributes of a class: its dataclass fields (annotated class-level names, ClassVar
+    excluded) and every ``self.x`` assigned in its methods."""
+    names = set()
+    if _is_dataclass(node):
+        names |= {st.target.id for st in node.body if isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name)
+                  and "ClassVar" not in ast.unparse(st.annotation)}
+    for sub in ast.walk(node):
+        targets = (sub.targets if isinstance(sub, ast.Assign) else [sub.target]
+                   if isinstance(sub, (ast.AnnAssign, ast.AugAssign)) else [])
+        names |= {e.attr for t in targets for e in ast.walk(t)
+                  if isinstance(e, ast.Attribute) and isinstance(e.value, ast.Name) and e.value.id == "self"}
+    return names
+
+
+def _oversized(path: Path, module: str) -> list[str]:
+    """Classes of ``path`` with more than MAX_ATTRIBUTES attributes (unless exempt), functions longer than
+    MAX_FUNCTION_LINES lines."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ClassDef) and f"{module}.{node.name}" not in ATTRIBUTE_EXEMPT:
+            names = _attributes(node)
+            if len(names) > MAX_ATTRIBUTES:
+                out.append(f"{module}.{node.name} holds {len(names)} attributes: {sorted(names)}")
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            lines = node.end_lineno - node.lineno + 1
+            if lines > MAX_FUNCTION_LINES:
+                out.append(f"{module}:{node.lineno} {node.name} spans {lines} lines")
+    return out
+
+
+def test_engine_classes_and_functions_are_small():
+    engine = {m: p for m, p in MODULES.items() if m.startswith("specfit.engine.")}
+    assert "specfit.engine.decoder" in engine
+    bad = [line for module, path in engine.items() for line in _oversized(path, module)]
+    assert not bad, "\n".join(bad)
+    exempt = {name.rsplit(".", 1)[1] for name in ATTRIBUTE_EXEMPT}
+    found = {n.name for p in engine.values() for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.ClassDef)}
+    assert exempt <= found, f"an exemption names no class: {sorted(exempt - found)}"
+
+
+def test_the_size_check_catches_a_large_class_and_a_long_function(tmp_path):
+    probe = tmp_path / "probe.py"
+    fields = "\n".join(f"    f{i}: int = 0" for i in range(10))
+    sets = "\n".join(f"        self.a{i} = 0" for i in range(4))
+    probe.write_text(f"from dataclasses import dataclass\n\n\n@dataclass\nclass Big:\n{fields}\n    K = 1\n\n"
+                     f"    def __post_init__(self):\n{sets}\n        self.a0 += 1\n        self.b, self.c = 1, 2\n\n\n"
+                     "def long():\n" + "    x = 1\n" * 100 + "    return x\n")
+    assert _attributes(next(n for n in ast.walk(ast.parse(probe.read_text())) if isinstance(n, ast.ClassDef))) == (
+        {f"f{i}" for i in range(10)} | {f"a{i}" for i in range(4)} | {"b", "c"})
+    bad = _oversized(probe, "specfit.engine.probe")
+    assert len(bad) == 2 and "Big holds 16 attributes" in bad[0] and "long spans 102 lines" in bad[1]

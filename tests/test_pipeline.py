@@ -154,3 +154,23 @@ def test_prompt_ids_as_one_sequence_of_any_form_and_batches_refused(sf):
         with pytest.raises(SpecFitInputError, match="batch size 1 only") as info:
             sf.generate(batch, method="ar", max_new_tokens=3)
         assert info.value.field == "prompt"
+
+
+def test_the_draft_policy_is_one_argument(sf):
+    s = SpecFit(sf.target, sf.drafter, tokenizer=sf.tokenizer, predictor=sf.predictor, cost=sf.cost, cache_slots=16)
+    ar = s.generate(PROMPT, method="ar", max_new_tokens=6).output_ids
+    never = s.generate(PROMPT, method="specfit", max_new_tokens=6, tree=TREE, policy="never")
+    assert never.output_ids == ar and {c.decision for c in never.cycles} == {"ar"}
+    assert all(c.levels == 0 for c in never.cycles)
+    with pytest.raises(SpecFitInputError, match="policy: .*'never' policy"):  # its setting's online model says never
+        s.decoder("specfit", tree=TREE, policy="always")
+    s.online.clear()
+    always = s.generate(PROMPT, method="specfit", max_new_tokens=6, tree=TREE, policy="always")
+    assert always.output_ids == ar and {c.decision for c in always.cycles} == {"draft"}
+    assert s.decoder("specfit", tree=TREE).policy.name == "always"  # the setting keeps its policy
+    assert s.decoder("specfit", tree=TreeSettings(8, 2, 2)).policy.name == "gate"  # a new setting: the default
+    assert s.decoder("eagle3", tree=TREE, policy="never").policy.name == "never"
+    assert s.decoder("eagle3", tree=TREE).policy.name == "always"
+    for method, policy in (("eagle3", "gate"), ("specfit", "sometimes")):
+        with pytest.raises(SpecFitInputError, match="policy"):
+            s.decoder(method, tree=TREE, policy=policy)

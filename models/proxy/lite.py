@@ -163,6 +163,6 @@ default); exact greedy verification (`models/proxy/evaluate.py`). GSM8K: the fir
 |---|---|---|---|---|
 {rows}
 
-Target band of the issue: τ 1.9–2.5 on GSM8K and about 1.6–2.2 on CNN/DM. Machine: {r['machine']}.
+Target band of the lite head (public Qwen3-30B-A3B heads, SPECFIT.md §5): τ 1.9–2.5 on GSM8K and about 1.6–2.2 on CNN/DM. Machine: {r['machine']}.
 The same τ through the evaluation engine: `python -m specfit.eval.realism` (BENCHMARKS.md).
 """

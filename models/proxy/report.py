@@ -255,7 +255,7 @@ longest root path that matches its greedy tokens (exact greedy verification, `mo
 | {t['total_tokens']} / {t['depth']} / {t['top_k']} (default) | **{t['tau']:.2f}** | {t['tau_per_prompt_median']:.2f} | {t['cycles']} | {t['new_tokens']} |
 | {ch['total_tokens']} / {ch['depth']} / {ch['top_k']} (chain) | {ch['tau']:.2f} | {ch['tau_per_prompt_median']:.2f} | {ch['cycles']} | {ch['new_tokens']} |
 
-Quality bar of the issue: τ ≥ 2.0 with the default tree. Machine: {r['machine']}.
+Quality bar of the proxy head: τ ≥ 2.0 with the default tree. Machine: {r['machine']}.
 
 Caveat: the proxy target is a 6-layer toy whose greedy text is formulaic and repetitive, so it is
 much easier to draft than Qwen3-30B-A3B (SPECFIT.md §5 quotes τ ≈ 2.0–2.1 for public heads on a

@@ -46,7 +46,7 @@ from specfit.engine.clock import Clock, MeasuredClock
 from specfit.engine.online import OnlineModel, missed_expert_ms
 from specfit.engine.policy import DraftPolicy, make_policy
 from specfit.engine.twin import ARTwinCache
-from specfit.engine.verify import verify_greedy, verify_sampling
+from specfit.engine.verify import Sampling
 from specfit.solvers import get_solver
 from specfit.solvers.base import solver_class
 from specfit.solvers.stop import draft_can_beat_ar, ratio_upper_bound_unchecked, selectable_threshold, stop_node_ms
@@ -147,6 +147,35 @@ class TreeSettings:
         """Most nodes the drafter adds at ``depth`` >= 1: ``top_k`` children of the root, then ``top_k``
         children of each of the ``top_k`` nodes expanded per level (EAGLE-2 dynamic tree, Li et al. 2024 §4)."""
         return self.top_k ** min(depth, 2)
+
+
+@dataclass(frozen=True)
+class SelectionSettings:
+    """What shapes the verified subtree: the draft ``tree``'s settings, the ``cost`` model that prices
+    it (None for a cost-blind method), the ``solver`` that selects it (None for ``ar``), whether it
+    maximises the long-run rate (``rate_mode``) and the verify-width budget ``max_nodes`` (None: none)."""
+
+    tree: TreeSettings
+    cost: CostModel | HostProfile | None
+    solver: object
+    rate_mode: bool = False
+    max_nodes: int | None = None
+
+
+@dataclass
+class _TwinState:
+    """The AR twin (:mod:`specfit.engine.twin`) and the shadow cycles it prices.
+
+    Attributes: ``shadows`` the decoder's setting (AR steps may carry shadow cycles); ``cache`` the
+    twin's :class:`~specfit.engine.twin.ARTwinCache` (None until a generation has one) and ``key`` the
+    runtime cache it replays, ``(id, slots, policy)``; ``can_shadow`` whether this generation's AR steps
+    can carry shadow cycles (the twin, a transfer-regime cost, a level-by-level method: :meth:`SpecDecoder._prefill`).
+    """
+
+    shadows: bool
+    cache: ARTwinCache | None = None
+    key: tuple | None = None
+    can_shadow: bool = False
 
 
 def _verify_inputs(tree: DraftTree, keep: list) -> tuple[list, list]:
@@ -719,7 +748,9 @@ class SpecDecoder:
         Seed of the sampling verifier.
     rate_mode : bool
         Maximise A - λT with λ the running long-run rate (committed tokens over predicted ms of
-        the cycles so far) instead of A/T (SPECFIT.md §3, "per-cycle ratio vs long-run rate").
+        the cycles so far) instead of A/T (SPECFIT.md §3, "per-cycle ratio vs long-run rate"). With
+        every expert resident it pays about 1% of modeled tok/s over the ratio (BENCHMARKS.md, "Engine
+        mechanisms: what each pays").
     max_nodes : int, optional
         Verify-width budget passed to the selector.
     online : OnlineModel, optional
@@ -732,6 +763,8 @@ class SpecDecoder:
         decoding commits next, in place of the warm-up's and the explorations' drafted cycles until the
         shadows say drafting may pay (default True; used only where the gate has its AR twin;
         docs/SPECFIT.md §3, "Drafting in the AR step's shadow"). False: every learning cycle drafts.
+        With 16 cache slots shadows pay about 1% of modeled tok/s over learning from real drafts
+        (BENCHMARKS.md, "Engine mechanisms: what each pays").
     policy : str or DraftPolicy, optional
         Whether and how far each cycle drafts (:mod:`specfit.engine.policy`): ``"gate"`` (the calibrated
         methods' default: the AR gate on measured utility), ``"always"`` (the other methods' default) or
@@ -739,6 +772,16 @@ class SpecDecoder:
     clock : Clock, optional
         The clocks the engine reads (:mod:`specfit.engine.clock`; default the measured ones).
         :class:`~specfit.engine.clock.FrozenClock` makes every decision independent of the machine's timing.
+
+    Attributes
+    ----------
+    method, target, drafter, predictor, reference, online, policy, clock
+        As given (``policy``: the online model's for a calibrated method).
+    sampling : specfit.engine.verify.Sampling
+        ``temperature``, ``top_p``, ``seed`` and the sampling verifier's generator.
+    selecting : SelectionSettings
+        ``tree``, ``cost``, the ``solver``, ``rate_mode`` and ``max_nodes`` (``tree``, ``cost`` and
+        ``solver`` are also read as attributes of the decoder).
 
     Raises
     ------
@@ -763,25 +806,21 @@ class SpecDecoder:
             raise SpecFitInputError("predictor", f"method {m.name} needs an expert predictor")
         if m.needs_reference and reference is None:
             raise SpecFitInputError("reference", "method oracle needs a reference target for the true routing")
-        if temperature < 0:
-            raise SpecFitInputError("temperature", f"must be >= 0, got {temperature}")
+        sampling = Sampling(temperature, top_p, seed)  # refuses a temperature < 0
         head_aux, target_aux = getattr(drafter, "aux_layer_ids", None), getattr(target, "aux_layers", None)
         if m.drafts and head_aux is not None and target_aux is not None and tuple(head_aux) != tuple(target_aux):
             raise SpecFitInputError("aux_layers", f"the head reads target features after layers {tuple(head_aux)} "
                                     f"(its aux_layer_ids) but the target returns layers {tuple(target_aux)} (its "
                                     f"aux_layers); load the target with aux_layers={tuple(head_aux)}")
-        self.target, self.drafter, self.tree, self.cost = target, drafter, tree, cost
-        self.predictor, self.reference = predictor, reference
-        self.temperature, self.top_p, self.rate_mode, self.max_nodes = temperature, top_p, rate_mode, max_nodes
-        self.seed, self.shadows = seed, bool(shadows)
-        self.generator = torch.Generator().manual_seed(seed)  # moved to the logits' device at first use
-        self.solver = None
+        self.target, self.drafter, self.predictor, self.reference = target, drafter, predictor, reference
+        self.sampling = sampling  # greedy or lossless sampling, with its generator
+        solver = None
         if m.selector:  # a selector blind to the cost verifies a fixed-size tree: EAGLE's total_tokens
             options = {} if m.cost_aware else {"total_tokens": tree.total_tokens}
             if "time_limit_s" in inspect.signature(solver_class(m.selector)).parameters:
                 options["time_limit_s"] = self.SOLVE_TIME_LIMIT_S
-            self.solver = get_solver(m.selector, **options)
-        self.num_experts = int(target.spec.num_experts)
+            solver = get_solver(m.selector, **options)
+        self.selecting = SelectionSettings(tree, cost, solver, rate_mode, max_nodes)
         if m.drafts:  # a drafted tree's coverage accounting and the stop rule's bound run compiled: compiled, or
             from specfit.core.kernels import item_words_kernel, ratio_bound_kernel  # loaded from numba's cache, here,
 
@@ -798,13 +837,36 @@ class SpecDecoder:
         #: Whether and how far each cycle drafts (the online model's for a calibrated method).
         self.policy = self.online.policy if self.online is not None else make_policy(policy or "always")
         self.clock = clock if clock is not None else MeasuredClock()
-        self.acceptance = self.online.acceptance if self.online is not None else None
         self._now = _CycleState()  # what the running cycle knows (made anew by each cycle)
         self._carry = _Carry()  # what one cycle leaves the next
         self._calls = (None,)  # the predictor's calls (_predictor_calls), made on the first prediction
-        self._twin = None  # the AR twin's cache (specfit.engine.twin), made at the first generation
-        self._twin_key = None  # the runtime cache it replays: (id, slots, policy)
-        self._shadow_base = False  # whether this generation's AR steps could carry shadows (_set_shadowing)
+        self._twin = _TwinState(bool(shadows))  # the AR twin, made at the first generation that can have one
+
+    @property
+    def tree(self) -> TreeSettings:
+        """The draft-tree settings (:attr:`selecting`)."""
+        return self.selecting.tree
+
+    @property
+    def cost(self) -> CostModel | HostProfile | None:
+        """The cost model of the selection (:attr:`selecting`)."""
+        return self.selecting.cost
+
+    @property
+    def solver(self):
+        """The selector (:mod:`specfit.solvers`; None for ``ar``) (:attr:`selecting`)."""
+        return self.selecting.solver
+
+    @property
+    def num_experts(self) -> int:
+        """Experts per MoE layer of the target (``target.spec.num_experts``)."""
+        return int(self.target.spec.num_experts)
+
+    @property
+    def acceptance(self):
+        """The online model's calibrated acceptance (:class:`~specfit.core.acceptance.AcceptanceCalibrator`);
+        None for a method that is not calibrated."""
+        return self.online.acceptance if self.online is not None else None
 
     #: Per solve, for selectors that take a time limit: only a branch and bound can be slow (the exact
     #: solver under budgets or in the host regime, where rare trees took seconds in the grid); past it the
@@ -888,8 +950,8 @@ class SpecDecoder:
         self._sync_twin()
         self._carry.shadows.clear()
         if self.online is not None:  # an AR step carries a shadow cycle only where the twin prices its tokens
-            self._shadow_base = (self.shadows and self._twin is not None and self.drafter is not None
-                                 and isinstance(self.cost, CostModel) and self.method.level_by_level)
+            self._twin.can_shadow = (self._twin.shadows and self._twin.cache is not None and self.drafter is not None
+                                     and isinstance(self.cost, CostModel) and self.method.level_by_level)
             self._set_shadowing()
         return drafter_ready
 
@@ -953,7 +1015,7 @@ class SpecDecoder:
             rec.hidden_host_ms += hidden
         # accept a root path and a bonus token; commit
         t0 = self.clock.wall()
-        acc = self._accept(sub_tokens, sub_parents, out.logits)
+        acc = self.sampling.accept(sub_tokens, sub_parents, out.logits)
         self.target.commit(acc.path)
         if self.acceptance is not None and drafted is not None and drafted.n > 1:
             self._queue_acceptance_learning(rec, drafted, keep, acc, sub_parents)
@@ -965,7 +1027,7 @@ class SpecDecoder:
         self._record_verify(rec, stats0, routing, keep, acc)
         if rec.decision in ("ar", "shadow") and self.cost is not None:  # T(AR) of its counts: the rate mode's λ
             rec.predicted_ms = verify_ms(self.cost, 1, *self._uncached(rec))
-            if self._shadow_base:  # its H2D ms: what the next shadows' head forwards hide behind
+            if self._twin.can_shadow:  # its H2D ms: what the next shadows' head forwards hide behind
                 self.policy.observe_ar_h2d(rec.predicted_ms - verify_ms(self.cost, 1, np.zeros(len(rec.transferred)),
                                                                         rec.true_experts))
                 self._set_shadowing()
@@ -1021,16 +1083,6 @@ class SpecDecoder:
             learn_s += self.clock.cpu() - c0
         return learn_s
 
-    def _accept(self, sub_tokens: list, sub_parents: list, logits):
-        """The verify's acceptance (:mod:`specfit.engine.verify`): greedy, or lossless sampling when
-        ``temperature`` > 0."""
-        if self.temperature > 0:
-            if self.generator.device != logits.device:  # torch.multinomial needs both on one device
-                self.generator = torch.Generator(device=logits.device).manual_seed(self.seed)
-            return verify_sampling(sub_tokens, sub_parents, logits, temperature=self.temperature, top_p=self.top_p,
-                                   generator=self.generator)
-        return verify_greedy(sub_tokens, sub_parents, logits)
-
     def _queue_acceptance_learning(self, rec: CycleRecord, drafted: "_Drafted", keep: list, acc,
                                    sub_parents: list) -> None:
         """Queue the verify's acceptance learning (:meth:`OnlineModel.defer`: it runs while the device
@@ -1058,7 +1110,7 @@ class SpecDecoder:
         if self.predictor is not None:
             self._carry.unobserved.append((np.array([sub_tokens[v] for v in acc.path], np.int64),
                                      np.ascontiguousarray(routing[acc.path], np.int64)))
-        if self._twin is not None:
+        if self._twin.cache is not None:
             self._carry.twin_path = routing[acc.path]
 
     def _record_verify(self, rec: CycleRecord, stats0: dict, routing: np.ndarray, keep: list, acc) -> None:
@@ -1102,7 +1154,7 @@ class SpecDecoder:
         every drafted child of an accepted node, verified or not: :func:`greedy_trials`; else the
         verified ones: :func:`verify_trials`) and its path outcome (:meth:`AcceptanceCalibrator.observe_paths`).
         ``full``: the verified nodes' ids in ``drafted`` (root first); ``acc`` the verify's acceptance."""
-        if self.temperature == 0:
+        if self.sampling.temperature == 0:
             n = drafted.n
             old, ok = greedy_trials(drafted.parents[:n], drafted.tokens[:n], full[acc.path], acc.bonus_token)
         else:
@@ -1113,13 +1165,13 @@ class SpecDecoder:
 
     def _set_shadowing(self) -> None:
         """Let AR steps carry shadow cycles (:meth:`DraftPolicy.set_shadowing`) where the engine can resolve them
-        (``self._shadow_base``: the AR twin, a transfer-regime cost, a level-by-level method) and the recent
+        (``_TwinState.can_shadow``: the AR twin, a transfer-regime cost, a level-by-level method) and the recent
         AR steps' modeled H2D ms hide a whole tree's head forwards (``depth * draft_level_ms``; before
         any AR step, assumed to): where they copy too little, a shadow's levels would be paid as a real
         cycle's, and learning drafts for real as before."""
         mean = self.policy.ar_h2d_ms()
         need = self.tree.depth * (self.cost.draft_level_ms or 0.0)
-        self.policy.set_shadowing(bool(self._shadow_base and (mean is None or mean >= need)))
+        self.policy.set_shadowing(bool(self._twin.can_shadow and (mean is None or mean >= need)))
 
     def _shadow_of(self, tree: DraftTree, selection, items, rec: CycleRecord) -> _Shadow:
         """Keep this cycle's drafted tree and selection as a shadow cycle (``rec.decision == "shadow"``):
@@ -1188,7 +1240,8 @@ class SpecDecoder:
         A cycle's outcome is learned while the next cycle's verify runs on the device (SPECFIT.md §3,
         "Whole-cycle objective"): up to :meth:`_shortest_verify_ms` of it is hidden there
         (``rec.hidden_host_ms``), so the next cycle's gate and selection see the online model one
-        cycle late."""
+        cycle late. Deferring pays the learning's host ms off the critical path, up to the shortest verify
+        per cycle (part of the hidden host ms, (BENCHMARKS.md, "Engine mechanisms: what each pays"))."""
         if self._carry.learning is None and self._carry.twin_path is None:
             return 0.0
         args, self._carry.learning = self._carry.learning, None
@@ -1220,8 +1273,9 @@ class SpecDecoder:
         policy = getattr(cache, "policy", None)
         policy = getattr(getattr(policy, "base", policy), "name", policy)  # a lookahead cache: AR is its base policy
         key = (id(cache), slots, policy)
-        if self._twin is None or self._twin_key != key:
-            self._twin, self._twin_key = None, key
+        twin = self._twin
+        if twin.cache is None or twin.key != key:
+            twin.cache, twin.key = None, key
             k = int(getattr(getattr(self.target, "spec", None), "top_k", self.num_experts))
             ok = (hasattr(cache, "recency") and policy in ("lru", "lfu")
                   and getattr(self.target, "offload", "transfer") == "transfer"
@@ -1229,9 +1283,9 @@ class SpecDecoder:
             if not ok:
                 return
         state = cache.recency()
-        if self._twin is None:
-            self._twin = ARTwinCache(len(state[0]), self.num_experts, slots, policy)
-        self._twin.sync(*state)
+        if twin.cache is None:
+            twin.cache = ARTwinCache(len(state[0]), self.num_experts, slots, policy)
+        twin.cache.sync(*state)
 
     def _replay_twin(self) -> float | None:
         """Step the AR twin through the last cycle's committed forwards (every cycle's, AR steps the
@@ -1246,7 +1300,7 @@ class SpecDecoder:
         if self._carry.twin_path is None:
             return None
         path, self._carry.twin_path = self._carry.twin_path, None
-        ms = [self._ar_step_ms(self._twin.step(r)) for r in path]
+        ms = [self._ar_step_ms(self._twin.cache.step(r)) for r in path]
         for sh in self._carry.shadows:  # each forward's AR ms, in order, for the shadows it continues
             if len(sh.ar_ms) < len(sh.routing):
                 sh.ar_ms.extend(ms[:len(sh.routing) - len(sh.ar_ms)])
@@ -1382,7 +1436,9 @@ class SpecDecoder:
         gate's sound bound), which then runs while the device computes it (:meth:`_hide_behind_first_level`).
         The policy decides before the launch where it may take the AR step on measured utility alone
         (cheap, no root needed), or where the sound bound last said no draft can beat the AR step; else
-        behind the launched level, whose forward is then paid even by an AR step (``rec.levels_ahead``)."""
+        behind the launched level, whose forward is then paid even by an AR step (``rec.levels_ahead``).
+        Launching first pays the root's prediction, its cost and the sound bound off the critical path, up to
+        one draft level's ms per cycle (part of the hidden host ms, (BENCHMARKS.md, "Engine mechanisms: what each pays"))."""
         policy = self.policy
         speculate = policy.decided_ahead() is None and policy.asks_sound_bound() and policy.sound_said_draft()
 
@@ -1407,7 +1463,7 @@ class SpecDecoder:
         """The cycle's root tree and cost (:class:`_Growing`) and the stop rule's constants (:class:`_StopRule`)."""
         m, ts, now = self.method, self.tree, self._now
         cache = self._cache_now(cache)
-        rate = 1000.0 * self._carry.lam_tokens / self._carry.lam_ms if self.rate_mode and self._carry.lam_ms > 0 else None
+        rate = 1000.0 * self._carry.lam_tokens / self._carry.lam_ms if self.selecting.rate_mode and self._carry.lam_ms > 0 else None
         # every expert resident: no node brings an expert, so none is predicted (T(S) has no expert term)
         experts_known = m.needs_experts and not cache.all()  # predicted, or (oracle) the true routing
         predicted = m.needs_predictor and experts_known
@@ -1482,7 +1538,9 @@ class SpecDecoder:
         The stop rule stops iff P_f <= (per_node_ms + level_ms / width) * R* (:func:`specfit.solvers.stop.should_stop`).
         R* <= 1000 (1 + ΣP) / (T(root alone) + sunk), as every subtree holds the root, and R* <=
         :func:`~specfit.solvers.stop.ratio_upper_bound` (each node adds >= node_ms too); the kept levels
-        are predicted and solved only when both bounds let the rule fire (rate mode needs no R*). Sunk:
+        are predicted and solved only when both bounds let the rule fire (rate mode needs no R*); with every
+        expert resident the bounds cut the solver's host ms to about a third (BENCHMARKS.md, "Engine
+        mechanisms: what each pays"). Sunk:
         the cycle's host ms and the levels drafted."""
         sunk = rule.host_ms + rec.levels * rule.level_ms
         if rule.rate is not None:
@@ -1508,7 +1566,8 @@ class SpecDecoder:
         up to ``draft_level_ms`` of its last level's work and the cycle's final work (``final_s``: the
         last prediction, the selection). The hidden ms move from ``rec.host_cpu_ms`` and the levels'
         host ms (the online model's per-level cost, :meth:`_level_ms`) to ``rec.hidden_host_ms``
-        (SPECFIT.md §3, "Host work hidden by the device")."""
+        (SPECFIT.md §3, "Host work hidden by the device"). Hiding pays each level's host work off the
+        critical path, up to one draft level's ms per level (part of the hidden host ms, (BENCHMARKS.md, "Engine mechanisms: what each pays"))."""
         slot = (self.cost.draft_level_ms or 0.0) / 1e3
         if not level_host or slot <= 0.0:
             return
@@ -1547,7 +1606,9 @@ class SpecDecoder:
         ``tree`` or of an earlier pending level) to ``tree`` and empty the list. Their experts: predicted
         in one call when ``predicted`` (one predictor call per selection instead of one per level; one per
         level if some levels carry hidden states and others not, so each gets the states it has), zeros
-        when the tree has experts (the oracle's placeholder), else none. Timed into ``rec.tree_ms``."""
+        when the tree has experts (the oracle's placeholder), else none. Timed into ``rec.tree_ms``. Batching
+        saves one predictor call per level the stop rule does not solve (not measured apart: BENCHMARKS.md,
+        "Engine mechanisms: what each pays")."""
         if not pending:
             return
         t0 = self.clock.wall()
@@ -1699,7 +1760,7 @@ class SpecDecoder:
         t0 = self.clock.wall()
         cost = cost if cost is not None else CostModel(1.0, 0.0, 0.0)
         # cache: the one the tree's coverage accounting uses
-        sel = self.solver.solve_tree(tree, cost, cache, rate=rate, sunk_ms=sunk_ms, max_nodes=self.max_nodes)
+        sel = self.solver.solve_tree(tree, cost, cache, rate=rate, sunk_ms=sunk_ms, max_nodes=self.selecting.max_nodes)
         rec.solve_ms += (self.clock.wall() - t0) * 1e3
         return sel
 

@@ -230,6 +230,10 @@ class UtilityGate(DraftPolicy):
     share of exploring cycles. An exploration's outcome sets the interval once its last cycle is
     learned (the second decision after it: learning runs one cycle late).
 
+    Exploring costs about 0.2% of modeled tok/s in a 16-slot run where drafting never pays, the price of
+    noticing when it starts to pay (BENCHMARKS.md, "Engine mechanisms: what each pays"). The gate pays where drafting loses: with 16 cache slots it takes AR steps and beats drafting every
+    cycle, and with every expert resident it drafts as every cycle would (BENCHMARKS.md, "Engine mechanisms: what each pays").
+
     Attributes
     ----------
     state : GateState
@@ -301,7 +305,9 @@ class UtilityGate(DraftPolicy):
 
         A cycle learns acceptance only from the children of its accepted nodes, so levels far below
         what the exact selection verifies teach nothing and cost their draft and host time; the cap
-        lifts when the warm-up ends (SPECFIT.md §3, "Measured utility").
+        lifts when the warm-up ends (SPECFIT.md §3, "Measured utility"). With 16 cache slots it pays about
+        1% of modeled tok/s, and with every expert resident it costs about 1% (its shallower warm-up trees
+        commit fewer tokens) (BENCHMARKS.md, "Engine mechanisms: what each pays").
 
         Returns
         -------
@@ -423,7 +429,8 @@ class UtilityGate(DraftPolicy):
         The engine calls it in an AR step's learning slot, after learning the cycle before: after an AR
         step nothing else the gate reads changes before the next decision, so the decision is the one
         :meth:`decide` would make at the next cycle's start, and a run of AR steps puts no host time for
-        the gate on the critical path (SPECFIT.md §3, "Exploration, and what the rule guarantees")."""
+        the gate on the critical path (SPECFIT.md §3, "Exploration, and what the rule guarantees"). It pays
+        the gate's host ms of each AR step, hidden behind that step's verify (part of the hidden host ms, (BENCHMARKS.md, "Engine mechanisms: what each pays"))."""
         if self.state.ahead is None and not self.asks_sound_bound():
             self.state.ahead = self.decide()
 

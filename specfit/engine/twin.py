@@ -6,11 +6,10 @@ forwards: the cycle's root and its accepted draft nodes, each routed to exactly 
 routed it to (the same token after the same context). What AR would have paid for them depends on
 AR's own expert cache, which is not the engine's: a verify's draft nodes bring experts in and push
 others out, so after drafted cycles the engine's cache holds fewer of the experts the next tokens
-need than AR's would. Pricing the counterfactual AR step against the engine's cache charged AR for
-the drafting's own cache pollution: at 32 slots (H200 profile, strong head, GSM8K) the root missed
-13.6 experts per drafted cycle where AR decoding misses 11.4 per token, so the gate measured drafting
-at 1.15 × AR while decoding with it throughout gave 0.98 × (BENCHMARKS.md, the section on "the gate's
-counterfactual in AR decoding's own expert cache").
+need than AR's would. Pricing the counterfactual AR step against the engine's cache would charge AR
+for the drafting's own cache pollution, and the gate would overrate drafting. The twin also prices the
+shadow cycles' counterfactual, so without it an AR step carries none: with 16 cache slots the twin
+pays about 1% of modeled tok/s, what the shadow cycles pay (BENCHMARKS.md, "Engine mechanisms: what each pays").
 
 :class:`ARTwinCache` replays AR decoding's cache: the engine copies its cache's state into it after
 each prefill (:meth:`ARTwinCache.sync`) and then feeds it, one token at a time, the routing of every

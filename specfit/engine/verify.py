@@ -173,3 +173,31 @@ def verify_sampling(tokens: Sequence[int], parents: Sequence[int], logits: torch
                                 "create it with torch.Generator(device=logits.device)")
     probs = target_probs(logits, temperature, top_p)
     return _walk(tokens, parents, lambda u: int(torch.multinomial(probs[u], 1, generator=generator)))
+
+
+class Sampling:
+    """How a verify accepts: greedy at ``temperature`` 0 (:func:`verify_greedy`), else lossless
+    sampling (:func:`verify_sampling`) at ``temperature`` and ``top_p`` from a generator seeded with
+    ``seed``, made on the CPU and moved to the logits' device at the first sampled verify.
+
+    Raises
+    ------
+    SpecFitInputError
+        If ``temperature`` < 0.
+    """
+
+    def __init__(self, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0):
+        if temperature < 0:
+            raise SpecFitInputError("temperature", f"must be >= 0, got {temperature}")
+        self.temperature, self.top_p, self.seed = temperature, top_p, seed
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def accept(self, tokens: Sequence[int], parents: Sequence[int], logits: torch.Tensor) -> Acceptance:
+        """The verify's :class:`Acceptance` of the tree ``tokens``, ``parents`` (n,) from the target's
+        ``logits`` (n, V)."""
+        if self.temperature > 0:
+            if self.generator.device != logits.device:  # torch.multinomial needs both on one device
+                self.generator = torch.Generator(device=logits.device).manual_seed(self.seed)
+            return verify_sampling(tokens, parents, logits, temperature=self.temperature, top_p=self.top_p,
+                                   generator=self.generator)
+        return verify_greedy(tokens, parents, logits)

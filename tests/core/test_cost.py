@@ -145,7 +145,7 @@ def test_resident_experts_cost_their_read_and_missing_ones_copy_plus_read():
 
 
 def test_read_term_prices_a_wide_tree_at_qwen3_shape_above_the_root():
-    # issue's example: 33 nodes over 48 layers x 128 experts, top-8, every expert resident (h200)
+    # a full EAGLE tree: 33 nodes over 48 layers x 128 experts, top-8, every expert resident (h200)
     rng = np.random.default_rng(0)
     n, L, E, k = 33, 48, 128, 8
     experts = np.stack([np.stack([rng.choice(E, k, replace=False) for _ in range(L)]) for _ in range(n)])

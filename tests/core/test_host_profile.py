@@ -48,7 +48,7 @@ def test_named_host_profiles_read_experts_at_datasheet_bandwidth():
         assert p.host_per_expert_ms == pytest.approx(QWEN3_30B_A3B_EXPERT_BYTES / (p.dram_gb_per_s * 1e9) * 1e3, rel=1e-3)
         assert p.gpu is PROFILES[p.gpu.name] and p.draft_level_ms == p.gpu.draft_level_ms
         assert p.to_json()["regime"] == "host"
-    # the physics of issue 13: reading an expert from DRAM beats copying it over PCIe 4
+    # the host regime's premise: reading an expert from DRAM beats copying it over PCIe 4
     ddr5 = get_host_profile("qwen3-30b-a3b-pcie4+host-ddr5-5600-2ch")
     assert ddr5.host_per_expert_ms < PROFILES["qwen3-30b-a3b-pcie4"].per_expert_ms
     with pytest.raises(SpecFitInputError, match="host_profile"):

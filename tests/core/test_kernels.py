@@ -28,8 +28,8 @@ def test_entry_point_gives_the_dispatchers_results_and_refuses_another_item_size
 @pytest.mark.parametrize("factory", [item_words_kernel, frequency_observe_top_k_kernel, frequency_predict_kernel,
                                      exact_kernel, exact_nodes_kernel, linear_prefix_kernel])
 def test_the_hot_kernels_are_entry_points(factory):
-    """The kernels a drafted cycle enters several times skip the dispatch (BENCHMARKS.md, issue 9,
-    twenty-seventh round); a numba that dropped the entry point would hand out the dispatcher."""
+    """The kernels a drafted cycle enters several times are compiled entry points, so each call skips
+    numba's dispatch; a numba that dropped the entry point would hand out the dispatcher."""
     assert not isinstance(factory(), numba.core.dispatcher.Dispatcher)
 
 

@@ -150,7 +150,7 @@ def test_unknown_solver(tmp_path, capsys):
     _assert_one_line_error(*_cli(capsys, ["solve", str(path), "--solver", "simplex", "--json"]), "--solver")  # the flag on the command line
 
 
-# the command line names its flags (issue 10: flag names on the command line, field names in the API)
+# the command line names its flags (flag names on the command line, field names in the API)
 @pytest.mark.parametrize("argv,field", [(["--max-nodes", "0"], "--max-nodes"), (["--max-nodes", "-1"], "--max-nodes"),
                                         (["--rate", "-5"], "--rate"), (["--rate", "nan"], "--rate"),
                                         (["--solver", "cpsat", "--time-limit", "0"], "--time-limit"),

@@ -292,7 +292,7 @@ def test_lookahead_eviction_reads_the_draft_trees_demand_and_keeps_the_output(pr
         demands = [c for c in calls[1:] if c is not None]
         assert demands and all(c.shape == (len(spec.moe_layers), spec.num_experts) and (c >= 0).all() for c in demands)
         assert any(c.sum() > 0 for c in demands)
-    assert dec._twin is not None and dec._twin.policy == "lru"  # AR's cache: the base policy
+    assert dec._twin.cache is not None and dec._twin.cache.policy == "lru"  # AR's cache: the base policy
 
 
 def test_ar_twin_only_where_it_replays_the_runtime_cache_and_follows_a_new_cache(proxy):
@@ -310,13 +310,13 @@ def test_ar_twin_only_where_it_replays_the_runtime_cache_and_follows_a_new_cache
     dec = SpecDecoder(target, drafter, "specfit", tree=TreeSettings(32, 6, 4), cost=cost, predictor=predictor)
     assert spec.top_k > 6
     g = dec.generate(prompts[0], 8)
-    assert dec._twin is None and all(c.ar_tokens_ms == 0.0 for c in g.cycles)
+    assert dec._twin.cache is None and all(c.ar_tokens_ms == 0.0 for c in g.cycles)
     target.reset_cache(16, eviction="lfu")
     g = dec.generate(prompts[0], 8)
-    assert (dec._twin.slots, dec._twin.policy) == (16, "lfu") and any(c.ar_tokens_ms > 0 for c in g.cycles)
+    assert (dec._twin.cache.slots, dec._twin.cache.policy) == (16, "lfu") and any(c.ar_tokens_ms > 0 for c in g.cycles)
     target.reset_cache(24)
     dec.generate(prompts[0], 8)
-    assert (dec._twin.slots, dec._twin.policy) == (24, "lfu")
+    assert (dec._twin.cache.slots, dec._twin.cache.policy) == (24, "lfu")
 
 
 def test_ar_twin_per_cycle_with_the_gates_ar_steps_in_between(proxy, monkeypatch):
@@ -372,7 +372,7 @@ def test_the_gates_decision_made_during_an_ar_steps_verify_is_the_same(proxy, mo
             dec = SpecDecoder(targets[32], drafter, "specfit", tree=TreeSettings(32, 6, 4), cost=cost,
                               predictor=predictor, online=online, clock=FrozenClock())
             g = dec.generate(p, 24)
-            assert dec._twin is not None and dec._carry.twin_path is None
+            assert dec._twin.cache is not None and dec._carry.twin_path is None
             out.append((g.output_ids, [c.decision for c in g.cycles], [c.nodes_verified for c in g.cycles]))
         return out
 

@@ -95,3 +95,18 @@ def test_the_statistical_check_catches_a_biased_verifier():
     law = _exact_law(2, 1.0, 1.0)
     emp = _empirical_law(accept_first_child, 2, 2000, temperature=1.0)
     assert _tv(emp, law) > 0.1
+
+
+def test_sampling_settings_accept_greedily_or_by_a_seeded_sample():
+    from specfit.engine.verify import Sampling
+
+    logits = torch.randn(3, 16, generator=torch.Generator().manual_seed(0))
+    tokens, parents = [5, int(logits[0].argmax()), 7], [-1, 0, 0]
+    assert Sampling().accept(tokens, parents, logits) == verify_greedy(tokens, parents, logits)
+    a, b = Sampling(0.8, 0.9, seed=3), Sampling(0.8, 0.9, seed=3)
+    draws = [a.accept(tokens, parents, logits) for _ in range(5)]
+    assert draws == [b.accept(tokens, parents, logits) for _ in range(5)]  # one generator, seeded
+    assert len({d.bonus_token for d in draws + [Sampling(0.8, 0.9, seed=s).accept(tokens, parents, logits)
+                                               for s in range(20)]}) > 1
+    with pytest.raises(SpecFitInputError, match="temperature: must be >= 0"):
+        Sampling(-0.1)

@@ -30,7 +30,7 @@ def test_host_run_equals_transfer_run_and_is_priced_on_the_host_profile(first_ru
     assert summary["cost"]["regime"] == "host"
     assert "Offload host" in (host_run / "summary.md").read_text()
     ar = [k for k in host if k[2] == "ar"]
-    # issue 13's physics: with the same cache size, AR is modeled faster computing misses on the host
+    # the host regime's premise: with the same cache size, AR is modeled faster computing misses on the host
     assert sum(host[k]["modeled_ms"] for k in ar) < sum(transfer[k]["modeled_ms"] for k in ar)
 
 

@@ -127,7 +127,7 @@ def test_sampling_on_cuda_decodes():
     target = OffloadedQwen3Moe.from_pretrained(proxy_paths()["target"], device="cuda", cache_slots=4, max_len=64)
     dec = SpecDecoder(target, None, "ar", temperature=0.7, seed=1)
     gen = dec.generate([5, 9, 300], 4)
-    assert len(gen.output_ids) == 4 and dec.generator.device == target.device
+    assert len(gen.output_ids) == 4 and dec.sampling.generator.device == target.device
     assert target.cache.stats()["total"]["transfer_ms"] > 0
 
 

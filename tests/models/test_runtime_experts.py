@@ -268,7 +268,7 @@ def verify_then_settle(cache: DeviceExpertCache, layer: int, touched: list[int],
 
 @pytest.mark.parametrize("policy", ["lru", "lfu"])
 def test_experts_of_rejected_nodes_are_evicted_first(policy):
-    """Cache-aware verification (issue 9): an expert transferred only for rejected draft nodes is
+    """Cache-aware verification (``admission="accepted"``): an expert transferred only for rejected draft nodes is
     the next victim, and a resident one used only by rejected nodes keeps its old rank; with
     admission='all' both count as used, as in plain LRU/LFU."""
     aware = DeviceExpertCache(make_store(), "cpu", slots=3, policy=policy, admission="accepted")

@@ -160,7 +160,7 @@ def test_prefill_decode_verify_match_reference(tiny, slots, eviction, grouped, d
 @pytest.mark.parametrize("admission", ["accepted", "all"])
 @pytest.mark.parametrize("slots,eviction", [(1, "lru"), ("top_k", "lru"), ("top_k", "lfu")])
 def test_admission_changes_timing_not_results(tiny, slots, eviction, admission):
-    """Cache-aware verification (issue 9): after verify + commit, experts that only rejected nodes
+    """Cache-aware verification (``admission="accepted"``): after verify + commit, experts that only rejected nodes
     routed to are demoted (admission='accepted') or kept as used ('all'); every forward still equals
     the reference."""
     path, ref, _ = tiny
@@ -318,7 +318,7 @@ def test_greedy_generate_stops_at_eos(moe_ckpt):
     full = greedy_generate(model, [1, 2], 8)
     assert greedy_generate(model, [1, 2], 8, eos_token_id=full[2]) == full[:full.index(full[2]) + 1]
     with pytest.raises(SpecFitInputError, match="max_new_tokens: must be a positive integer"):
-        greedy_generate(model, [1, 2], 0)  # one rule with `specfit eval` (issue 10)
+        greedy_generate(model, [1, 2], 0)  # the same rule as `specfit eval`
 
 
 # --- loading -------------------------------------------------------------------------------------
