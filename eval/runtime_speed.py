@@ -12,7 +12,10 @@ One process, one torch thread, on a Qwen3-MoE checkpoint (default: the shipped p
    multiple of transformers'. The token ids of all three are checked equal.
 3. **Verify over AR step**: the median wall time of a 32-node verify forward (an EAGLE-like tree) over
    that of an AR step, interleaved, every expert resident; again with the verify on the host-routed rounds
-   path (``resident_grouped_mm`` off: one product per used slot, what GPUs without the grouped kernel run).
+   path (``resident_grouped_mm`` off: one product per used slot, what GPUs without the grouped kernel run);
+   and where each one's CPU time goes (``torch.profiler``, self time per aten op, :func:`time_breakdown`).
+4. With ``--compile``: what ``torch.compile`` captures of the AR step and what its first call costs
+   (:func:`compile_check`).
 
 Usage::
 
@@ -149,6 +152,93 @@ def verify_over_ar(model: OffloadedQwen3Moe, prompt: torch.Tensor, nodes: int = 
     return {"ar_step_ms": a, f"verify_{nodes}_ms": v, "ratio": v / a, "repeats": repeats}
 
 
+def time_breakdown(model: OffloadedQwen3Moe, prompt: torch.Tensor, nodes: int = 32, repeats: int = 10,
+                   seed: int = 0, top: int = 8) -> dict:
+    """Where an AR step's and an ``nodes``-node verify's CPU time goes: ``torch.profiler``'s self CPU time per aten
+    op over ``repeats`` forwards of each (after a warm-up), as shares of the total, the ``top`` largest.
+
+    Returns
+    -------
+    dict
+        ``{"ar_step": {op: share, ...}, "verify_N": {...}}``, shares in [0, 1] of the profiled self CPU time
+        (the profiler's own cost included, so read shares, not times).
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    rng = np.random.default_rng(seed)
+    parents = eagle_like_tree(nodes, rng)
+    tokens = torch.as_tensor(rng.integers(0, model.spec.vocab_size, nodes))
+    out = {}
+    with torch.no_grad():
+        model.reset()
+        model.prefill(prompt)
+        P = model.kv_len
+
+        def ar():
+            model.decode(int(prompt[-1]))
+            model.kv_len = P
+
+        for name, fn in (("ar_step", ar), (f"verify_{nodes}", lambda: model.verify(tokens, parents))):
+            fn()
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                for _ in range(repeats):
+                    fn()
+            rows = [(e.key, e.self_cpu_time_total) for e in prof.key_averages()]
+            total = sum(t for _, t in rows) or 1.0
+            out[name] = {k: t / total for k, t in sorted(rows, key=lambda kv: -kv[1])[:top]}
+    return out
+
+
+def compile_check(model: OffloadedQwen3Moe, prompt: torch.Tensor, repeats: int = 9) -> dict:
+    """What ``torch.compile`` (inductor, ``dynamic=False``) makes of the eager AR-step forward, every expert resident:
+    the graphs and graph breaks ``torch._dynamo.explain`` finds, the first compiled call's wall time (the compile),
+    whether the compiled logits equal the eager ones bitwise, and both steps' median wall ms (interleaved).
+
+    Returns
+    -------
+    dict
+        ``graphs``, ``graph_breaks``, ``break_reasons`` (first line of each, distinct), ``first_call_s``,
+        ``bitwise``, ``max_abs_diff``, ``eager_ms``, ``compiled_ms``.
+    """
+    import torch._dynamo as dynamo
+
+    with torch.no_grad():
+        model.reset()
+        model.prefill(prompt)
+        P = model.kv_len
+        ids = torch.tensor([int(prompt[-1])], device=model.device)
+        cos, sin = model._cos[P:P + 1], model._sin_signed[P:P + 1]
+
+        def eager():
+            model.kv_len = P
+            return model._forward(ids, cos, sin, None)
+
+        ref = eager()
+        ex = dynamo.explain(model._forward)(ids, cos, sin, None)
+        reasons = list(dict.fromkeys(str(b.reason).strip().splitlines()[0] for b in ex.break_reasons))
+        dynamo.reset()
+        compiled = torch.compile(model._forward, dynamic=False)
+
+        def comp():
+            model.kv_len = P
+            return compiled(ids, cos, sin, None)
+
+        t0 = time.perf_counter()
+        out = comp()
+        first = time.perf_counter() - t0
+        te, tc = [], []
+        for _ in range(repeats):
+            for fn, acc in ((eager, te), (comp, tc)):
+                t0 = time.perf_counter()
+                fn()
+                acc.append(time.perf_counter() - t0)
+        dynamo.reset()
+    return {"graphs": ex.graph_count, "graph_breaks": ex.graph_break_count, "break_reasons": reasons,
+            "first_call_s": first, "bitwise": bool(torch.equal(out.logits, ref.logits)),
+            "max_abs_diff": float((out.logits - ref.logits).abs().max()), "eager_ms": _median_ms(te),
+            "compiled_ms": _median_ms(tc)}
+
+
 def format_table(result: dict) -> str:
     """Markdown tables of the three measurements."""
     lines = ["| forward | experts | ops | ops / layer | not views / layer |", "|---|---|---:|---:|---:|"]
@@ -165,6 +255,15 @@ def format_table(result: dict) -> str:
     key = next(k for k in v if k.startswith("verify_"))
     lines += ["", f"AR step {v['ar_step_ms']:.3f} ms, {key.split('_')[1]}-node verify {v[key]:.3f} ms: "
               f"verify / AR step = {v['ratio']:.2f} (median of {v['repeats']})"]
+    for mode, shares in result.get("breakdown", {}).items():
+        lines.append(f"{mode} self CPU time: " + ", ".join(f"{k.removeprefix('aten::')} {100 * x:.0f}%"
+                                                        for k, x in shares.items()))
+    c = result.get("compile")
+    if c:
+        lines.append(f"torch.compile of the AR step: {c['graphs']} graphs, {c['graph_breaks']} breaks "
+                     f"({'; '.join(c['break_reasons'])}); first call {c['first_call_s']:.1f} s; compiled "
+                     f"{c['compiled_ms']:.3f} ms against eager {c['eager_ms']:.3f} ms; logits bitwise {c['bitwise']} "
+                     f"(max |diff| {c['max_abs_diff']:.2g})")
     g = v.get("rounds_path")
     if g:
         lines.append(f"the same with the verify on the host-routed rounds path (resident_grouped_mm off): "
@@ -180,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=9, help="interleaved rounds of the decode-speed comparison")
     ap.add_argument("--verify-repeats", type=int, default=30)
     ap.add_argument("--skip-decode", action="store_true", help="ops and verify / AR only (no transformers run)")
+    ap.add_argument("--compile", action="store_true",
+                    help="also torch.compile the AR-step forward (minutes on a CPU) and report what it captures")
     ap.add_argument("--json", default=None, help="also write the full result to this file")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -198,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
         ops["every expert resident" if slots == "all" else "0 slots"] = count_ops(model, prompt_t)
         if slots == "all":
             verify = verify_over_ar(model, prompt_t, repeats=args.verify_repeats)
+            breakdown = time_breakdown(model, prompt_t)
+            compiled = compile_check(model, prompt_t) if args.compile else None
             # for comparison: the host-routed rounds path (one host read of the routing per layer, one
             # product per used slot), what a resident verify runs where grouped_mm is not used
             model.resident_grouped_mm = False
@@ -206,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
             verify["rounds_path"] = verify_over_ar(model, prompt_t, repeats=max(3, args.verify_repeats // 3))
             model.resident_grouped_mm = True
         del model
-    result = {"ops": ops, "verify": verify, "model": args.model}
+    result = {"ops": ops, "verify": verify, "breakdown": breakdown, "compile": compiled, "model": args.model}
     if not args.skip_decode:
         result["decode"] = decode_speed(args.model, prompt, args.tokens, args.repeats)
     else:

@@ -345,6 +345,18 @@ class DeviceExpertCache:
             shared_gu = torch.empty(n, 2 * I, H, dtype=dt, device=self.device)
             shared_dn = torch.empty(n, H, I, dtype=dt, device=self.device)
             self.gate_up, self.down = [shared_gu] * L, [shared_dn] * L
+        self._copy_stream = None           # CUDA: the stream the H2D copies run on (created on first copy)
+        self._forget()
+        if slots == E:
+            for layer in range(L):
+                self._load(layer, range(E), range(E))
+                self._slot_of[layer] = {e: e for e in range(E)}
+            self._resident[:] = True
+            self.reset_stats()
+
+    def _forget(self) -> None:
+        """The bookkeeping of an empty cache: nothing resident, every counter and recency at zero."""
+        L, E = self.store.num_layers, self.store.num_experts
         self._slot_of: list[dict[int, int]] = [{} for _ in range(L)]   # expert -> slot, per layer
         self._resident = np.zeros((L, E), dtype=bool)  # the same residency as an array (resident_mask)
         self._last_use = [[0] * E for _ in range(L)]
@@ -357,15 +369,25 @@ class DeviceExpertCache:
         self._held: list[dict[int, tuple[int, int, bool]]] | None = None  # closed, awaiting settle
         self._deferred: list[tuple[int, torch.Tensor, list | None]] = []  # touch_resident's pending counts
         self._slot_table: list[torch.Tensor | None] = [None] * L  # expert -> slot on the device, per layer
-        self._copy_stream = None           # CUDA: the stream the H2D copies run on (created on first copy)
         self._ready: list[object | None] = [None] * L  # CUDA: per layer, the event of its last copies
         self._lookahead: list[list[float]] | None = None  # (L, E) demand read by a Lookahead policy
-        if slots == E:
-            for layer in range(L):
-                self._load(layer, range(E), range(E))
-                self._slot_of[layer] = {e: e for e in range(E)}
+
+    def clear(self) -> None:
+        """Return to the state of a new cache of the same settings without allocating or copying anything.
+
+        With ``slots`` below E every expert is forgotten (the slots' memory is kept and overwritten by later
+        loads); with every expert resident (``"all"``) the experts stay in their slots, as a new cache would
+        load them. Either way every counter, recency, demotion, lookahead demand and pending record is
+        reset, so what follows (results, counters, eviction order) is what a new cache gives.
+        """
+        self._flush_touches()
+        self.timer.flush()
+        full = self.slots == self.store.num_experts
+        slot_of = self._slot_of
+        self._forget()
+        if full:
+            self._slot_of = slot_of
             self._resident[:] = True
-            self.reset_stats()
 
     # -- queries ---------------------------------------------------------------------------------
     @property

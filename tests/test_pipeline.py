@@ -174,3 +174,18 @@ def test_the_draft_policy_is_one_argument(sf):
     for method, policy in (("eagle3", "gate"), ("specfit", "sometimes")):
         with pytest.raises(SpecFitInputError, match="policy"):
             s.decoder(method, tree=TREE, policy=policy)
+
+
+def test_repeated_generations_reuse_the_loaded_expert_cache(sf):
+    """A second generation with the same cache settings clears the target's cache in place (no new slots, no
+    second copy of the experts) and gives what a new cache gives: the same tokens, counters and eviction order."""
+    first = sf.generate(PROMPT, method="ar", max_new_tokens=5)
+    cache = sf.target.cache
+    again = sf.generate(PROMPT, method="ar", max_new_tokens=5)
+    assert sf.target.cache is cache
+    def counts(out):  # the counters, times left out
+        return [{k: v for k, v in layer.items() if not k.endswith("_ms")} for layer in out.stats["layers"]]
+
+    assert again.output_ids == first.output_ids and counts(again) == counts(first)
+    sf.target.reset_cache(3)                          # other settings: a new cache, as before
+    assert sf.target.cache is not cache and sf.target.cache.slots == 3

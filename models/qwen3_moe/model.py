@@ -94,7 +94,12 @@ def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm over the last dim, computed in float32 (Zhang & Sennrich 2019, eq. 4)."""
+    """RMSNorm over the last dim, computed in float32 (Zhang & Sennrich 2019, eq. 4).
+
+    On the CPU in float32 through ``torch.nn.functional.rms_norm`` (the same operations in one call: bitwise
+    the expression below, with less Python per call)."""
+    if x.dtype == torch.float32 and weight.dtype == torch.float32 and x.device.type == "cpu":
+        return weight * F.rms_norm(x, x.shape[-1:], eps=eps)
     xf = x.float()
     return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
@@ -195,6 +200,18 @@ def grouped_kernel_available(device: torch.device, dtype: torch.dtype, hidden_si
     except (RuntimeError, TypeError, ValueError, NotImplementedError, AssertionError):
         return False
     return True
+
+
+#: The parents of a tree that is its root alone.
+_ROOT_PARENTS = np.array([-1], dtype=np.int64)
+
+
+def _is_root_only(parents) -> bool:
+    """Whether ``parents`` is ``[-1]`` (one root node), without building a :class:`DraftTree`."""
+    if not isinstance(parents, (list, tuple, np.ndarray)) or len(parents) != 1:
+        return False
+    p = parents[0]
+    return isinstance(p, (int, np.integer)) and not isinstance(p, bool) and p == -1
 
 
 class _Layer(NamedTuple):
@@ -524,6 +541,8 @@ class OffloadedQwen3Moe:
             Bad parents, a length mismatch, token ids out of range, or KV overflow.
         """
         ids = self._ids(tokens)
+        if len(ids) == 1 and self.dtype == torch.float32 and _is_root_only(parents):
+            return self._verify_root(ids)
         tree = DraftTree(parents, q=np.ones(len(parents)))
         if tree.n != len(ids):
             raise SpecFitInputError("parents", f"must have one entry per token ({len(ids)}), got {tree.n}")
@@ -544,6 +563,20 @@ class OffloadedQwen3Moe:
         finally:
             self.cache.end_tentative()
         self._pending = (self.kv_len, tree.parents, out)
+        return out
+
+    def _verify_root(self, ids: torch.Tensor) -> ForwardOutput:
+        """:meth:`verify` of a tree that is its root alone (an AR step through the verify interface): the
+        forward of :meth:`decode` (position ``kv_len``, every KV row visible; in float32 bitwise the masked
+        forward, whose mask hides nothing), without building a tree, its mask or its positions."""
+        P = self.kv_len
+        self._check_room(1)
+        self.cache.begin_tentative()
+        try:
+            out = self._forward(ids, self._cos[P:P + 1], self._sin_signed[P:P + 1], None)
+        finally:
+            self.cache.end_tentative()
+        self._pending = (P, _ROOT_PARENTS, out)
         return out
 
     def commit(self, path: Sequence[int]) -> None:
@@ -572,10 +605,11 @@ class OffloadedQwen3Moe:
         for a, b in zip(path, path[1:]):
             if not 0 < b < len(par) or par[b] != a:
                 raise SpecFitInputError("path", f"node {b} is not a child of node {a} in the verified tree")
-        src = torch.tensor(path, device=self.device) + prefix
         n = len(path)
-        self.k_cache[:, :, prefix:prefix + n] = self.k_cache[:, :, src]
-        self.v_cache[:, :, prefix:prefix + n] = self.v_cache[:, :, src]
+        if path != list(range(n)):  # a path of the first n nodes (a chain, an AR step) is in place already
+            src = torch.tensor(path, device=self.device) + prefix
+            self.k_cache[:, :, prefix:prefix + n] = self.k_cache[:, :, src]
+            self.v_cache[:, :, prefix:prefix + n] = self.v_cache[:, :, src]
         self.kv_len = prefix + n
         self._pending = None
         routing = verified.routing.numpy()[path]
@@ -592,7 +626,9 @@ class OffloadedQwen3Moe:
         """Replace the expert cache by an empty one with ``cache_slots`` slots per MoE layer.
 
         The old slots are released before the new ones are allocated, so the device never holds
-        both. ``"all"`` loads every expert (not counted in the new counters).
+        both. ``"all"`` loads every expert (not counted in the new counters). When the cache already has
+        these settings (a transfer cache), it is cleared in place instead (:meth:`DeviceExpertCache.clear`):
+        the same state, without allocating the slots again or copying every expert again.
 
         Parameters
         ----------
@@ -611,7 +647,12 @@ class OffloadedQwen3Moe:
         """
         policy = eviction or self.cache.policy.name
         admission = admission or self.cache.admission
-        check_cache_args(cache_slots, policy, self.spec.num_experts, admission)
+        slots = check_cache_args(cache_slots, policy, self.spec.num_experts, admission)
+        c = self.cache
+        if (type(c) is DeviceExpertCache and self.offload == "transfer" and c.slots == slots
+                and c.policy.name == policy and c.admission == admission):
+            c.clear()
+            return
         self.cache = None
         self.cache = self._new_cache(cache_slots, policy, admission)
 
@@ -789,9 +830,10 @@ class OffloadedQwen3Moe:
           row's expert weights gathered (``index_select`` of the slot tensors) and two batched products
           (``bmm``), one row per batch entry.
 
-        The weighted rows are summed per token in increasing expert id: on the CPU in float32 by one
-        ``index_add_`` (row by row there, so bitwise the per-expert path's adds), in bfloat16 rank by rank (its
-        ``index_add_`` accumulates wider), elsewhere by a sum over the k rows (no atomics). Returns (n, H).
+        The weighted rows are summed per token in increasing expert id by a sum over the k rows (no atomics; on
+        the CPU in float32 torch reduces that outer dimension row after row from zero, so bitwise the per-expert
+        path's ``index_add_`` calls), on the CPU in bfloat16 rank by rank (a wider accumulator would round
+        differently). Returns (n, H).
         """
         t0 = self.cache.timer.start() if self.profile else None
         self.cache.touch_resident(layer, top_i)
@@ -823,10 +865,8 @@ class OffloadedQwen3Moe:
             x = h[:, None, :].expand(n, k, H).reshape(n * k, 1, H)
             gate, up = torch.bmm(x, w1.transpose(1, 2)).chunk(2, dim=-1)
             y = torch.bmm(F.silu(gate) * up, w2.transpose(1, 2)).view(n * k, H) * w
-        if h.device.type != "cpu":
-            out = y.view(n, k, H).sum(dim=1)
-        elif h.dtype == torch.float32:
-            out = torch.zeros_like(h).index_add_(0, tok, y)  # row by row in float32 on the CPU
+        if h.device.type != "cpu" or h.dtype == torch.float32:
+            out = y.view(n, k, H).sum(dim=1)  # on the CPU in float32 one row after the other, from 0
         else:  # bfloat16's index_add_ accumulates wider; add rank by rank, rounding after each add
             y = y.view(n, k, H)
             out = y[:, 0]

@@ -307,3 +307,30 @@ def test_settle_without_record_and_demotion_ends_on_use():
 def test_bad_admission():
     with pytest.raises(SpecFitInputError, match="admission"):
         DeviceExpertCache(make_store(), "cpu", slots=2, admission="some")
+
+
+@pytest.mark.parametrize("slots", [0, 3, "all"])
+def test_clear_gives_the_state_of_a_new_cache(slots):
+    """After use, :meth:`DeviceExpertCache.clear` leaves what a new cache of the same settings holds: the same
+    residents, counters, recency and slot tables; the same copies and evictions after it (every expert of
+    "all" stays in its slot, nothing is copied again)."""
+    store = make_store()
+    used = DeviceExpertCache(store, "cpu", slots, "lookahead")
+    slot_tensors = used.gate_up + used.down
+    for layer in range(L):
+        used.run(layer, [0, 4, 5], lambda e, gu, dn: None)
+        used.slot_table(layer)
+    used.set_lookahead([[1.0] * E for _ in range(L)])
+    used.clear()
+    assert all(a is b for a, b in zip(used.gate_up + used.down, slot_tensors))  # nothing allocated again
+    fresh = DeviceExpertCache(store, "cpu", slots, "lookahead")
+    assert used.stats() == fresh.stats() and used.cached_experts() == fresh.cached_experts()
+    for c in (used, fresh):
+        for layer in range(L):
+            run_and_check(c, layer, [1, 4, 2, 3, 5])
+            run_and_check(c, layer, [0, 2])
+    assert used.cached_experts() == fresh.cached_experts()
+    assert {k: v for k, v in used.stats()["total"].items() if not k.endswith("_ms")} == \
+        {k: v for k, v in fresh.stats()["total"].items() if not k.endswith("_ms")}
+    assert all((a == b).all() for a, b in zip(used.recency(), fresh.recency()))
+    assert all(torch.equal(used.slot_table(layer), fresh.slot_table(layer)) for layer in range(L))

@@ -111,3 +111,21 @@ def test_resident_ar_step_dispatches_fewer_ops_than_the_offloaded_one():
             model.decode(6)
         counts.append(c.total)
     assert counts[0] < counts[1]
+
+
+@pytest.mark.parametrize("slots", ["all", 5])
+def test_root_only_verify_is_the_tree_verify_and_its_commit_the_decode(slots):
+    """A one-node verify (the engine's AR step) takes the decode forward without building a tree: bitwise the
+    tree path's outputs (parents given as a tensor take that path), and after its commit the KV and the next
+    forward are bitwise what a decode of the same token leaves."""
+    fast, tree, dec = (proxy("cpu", slots=slots) for _ in range(3))
+    for m in (fast, tree, dec):
+        m.prefill(torch.arange(20) * 7 % 4096)
+    a, b = fast.verify([9], [-1]), tree.verify([9], torch.tensor([-1]))
+    assert torch.equal(a.logits, b.logits) and torch.equal(a.routing, b.routing)
+    assert torch.equal(a.aux_hidden, b.aux_hidden)
+    fast.commit([0])
+    c = dec.decode(9)
+    assert torch.equal(a.logits, c.logits) and fast.kv_len == dec.kv_len == 21
+    assert torch.equal(fast.k_cache, dec.k_cache) and torch.equal(fast.v_cache, dec.v_cache)
+    assert torch.equal(fast.decode(4).logits, dec.decode(4).logits)
