@@ -433,7 +433,7 @@ class SpecFit:
         online = None
         if m.calibrated:
             online = self.online.setdefault(self.online_key(m.name, tree, temperature, top_p), OnlineModel(tree.depth))
-        return SpecDecoder(self.target, self.drafter if m.drafts else None, m, tree=tree,
+        return SpecDecoder(self.target, self.drafter if m.needs_drafter else None, m, tree=tree,
                            cost=self.cost, predictor=self.predictor if needs_predictor else None,
                            reference=self._reference if m.needs_reference else None, temperature=temperature, top_p=top_p,
                            seed=seed, rate_mode=rate_mode, online=online, clock=self.clock)
@@ -569,7 +569,7 @@ class SpecFit:
             raise SpecFitInputError("prompt", f"token ids must lie in [0, {spec.vocab_size}) (vocab_size), got {bad[0]}")
         check_context("max_new_tokens", len(ids), max_new_tokens, spec.max_position_embeddings)
         dec = self.decoder(method, tree=tree, temperature=temperature, top_p=top_p, seed=seed, rate_mode=rate_mode)
-        need = kv_tokens_needed(len(ids), max_new_tokens, dec.tree if dec.method.drafts else None)
+        need = kv_tokens_needed(len(ids), max_new_tokens, dec.tree if dec.method.needs_drafter else None)
         capacity = getattr(self.target, "max_len", need)
         if need > capacity:
             raise SpecFitInputError("max_new_tokens", f"prompt ({len(ids)} tokens) + {max_new_tokens} new tokens + "

@@ -40,7 +40,7 @@ import torch
 from specfit.core.acceptance import greedy_trials, verify_trials
 from specfit.core.cost import CostModel, HostProfile
 from specfit.core.errors import SpecFitInputError, check_context, check_positive_int, check_single_sequence, lookup
-from specfit.core.lookahead import tree_expert_demand
+from specfit.core.lookahead import expert_demand, tree_expert_demand
 from specfit.core.tree import DraftTree, check_experts
 from specfit.engine.clock import Clock, MeasuredClock
 from specfit.engine.online import OnlineModel, missed_expert_ms
@@ -73,6 +73,14 @@ class Method:
         Select, stop and gate with calibrated acceptance learned online from verify outcomes
         (:mod:`specfit.core.acceptance`), charge the draft levels of the cycle (whole-cycle
         objective) and take the AR step when no draft can beat it (SPECFIT.md §3).
+    lookahead_levels : int
+        Head levels of the lookahead chain an AR step drafts (0: none): with an expert cache that evicts
+        by lookahead (``--eviction lookahead``), a step that verifies the root alone and drafts no tree
+        first drafts a chain of this many tokens (the head's top-1 child per level), and the chain's
+        predicted experts, weighted by its path probabilities, are the cache's demand during the step
+        (:meth:`SpecDecoder._lookahead_chain`). Timing only, never outputs.
+    lookahead_top_k : int
+        Children per expanded node of the lookahead draft (1: a chain; more: a small EAGLE-2 tree).
 
     The properties below say what a method needs; callers test them, never method names.
     """
@@ -84,6 +92,8 @@ class Method:
     oracle: bool = False
     uses_cache: bool = True
     calibrated: bool = False
+    lookahead_levels: int = 0
+    lookahead_top_k: int = 1
 
     @property
     def cost_aware(self) -> bool:
@@ -98,8 +108,13 @@ class Method:
 
     @property
     def needs_predictor(self) -> bool:
-        """True iff the method predicts the draft nodes' experts with an expert predictor."""
-        return self.needs_experts and not self.oracle
+        """True iff the method predicts the draft nodes' (or its lookahead chain's) experts with an expert predictor."""
+        return (self.needs_experts and not self.oracle) or self.lookahead_levels > 0
+
+    @property
+    def needs_drafter(self) -> bool:
+        """True iff the method runs the draft head: to grow a draft tree, or its AR steps' lookahead chain."""
+        return self.drafts or self.lookahead_levels > 0
 
     @property
     def needs_reference(self) -> bool:
@@ -107,12 +122,18 @@ class Method:
         return self.oracle
 
 
+#: Levels of the lookahead chain of ``ar+lookahead`` and of specfit's AR steps (``Method.lookahead_levels``),
+#: chosen by measurement (BENCHMARKS.md, "Engine-driven lookahead").
+LOOKAHEAD_LEVELS = 3
+
 METHODS: dict[str, Method] = {
     "ar": Method("ar", drafts=False, selector=None),
+    "ar+lookahead": Method("ar+lookahead", drafts=False, selector=None, lookahead_levels=LOOKAHEAD_LEVELS),
     "eagle3-vanilla": Method("eagle3-vanilla", drafts=True, selector="eagle", uses_cache=False),
     "eagle3": Method("eagle3", drafts=True, selector="eagle"),
     "eagle3-scan": Method("eagle3-scan", drafts=True, selector="scan"),
-    "specfit": Method("specfit", drafts=True, selector="exact", level_by_level=True, calibrated=True),
+    "specfit": Method("specfit", drafts=True, selector="exact", level_by_level=True, calibrated=True,
+                      lookahead_levels=LOOKAHEAD_LEVELS),
     "oracle": Method("oracle", drafts=True, selector="exact", level_by_level=True, oracle=True, calibrated=True),
 }
 
@@ -755,8 +776,9 @@ class SpecDecoder:
                  clock: Clock | None = None):
         self.method = get_method(method) if isinstance(method, str) else method
         m = self.method
-        if m.drafts and drafter is None:
-            raise SpecFitInputError("drafter", f"method {m.name} drafts a tree and needs a drafter")
+        if m.needs_drafter and drafter is None:
+            raise SpecFitInputError("drafter", f"method {m.name} drafts {'a tree' if m.drafts else 'a lookahead chain'} "
+                                    "and needs a drafter")
         if m.cost_aware and cost is None:
             raise SpecFitInputError("cost", f"method {m.name} selects under the cost model and needs one")
         if m.needs_predictor and predictor is None:
@@ -766,7 +788,7 @@ class SpecDecoder:
         if temperature < 0:
             raise SpecFitInputError("temperature", f"must be >= 0, got {temperature}")
         head_aux, target_aux = getattr(drafter, "aux_layer_ids", None), getattr(target, "aux_layers", None)
-        if m.drafts and head_aux is not None and target_aux is not None and tuple(head_aux) != tuple(target_aux):
+        if m.needs_drafter and head_aux is not None and target_aux is not None and tuple(head_aux) != tuple(target_aux):
             raise SpecFitInputError("aux_layers", f"the head reads target features after layers {tuple(head_aux)} "
                                     f"(its aux_layer_ids) but the target returns layers {tuple(target_aux)} (its "
                                     f"aux_layers); load the target with aux_layers={tuple(head_aux)}")
@@ -930,7 +952,7 @@ class SpecDecoder:
         if selection is not None:
             keep = list(selection.nodes)
             sub_tokens, sub_parents = _verify_inputs(tree, keep)
-        self._set_lookahead(tree, keep)  # host work of the cycle, timed with it
+        self._set_lookahead(tree, keep, root, rec, drafter_ready)  # host work of the cycle, timed with it
         rec.host_cpu_ms += (self.clock.cpu() - c0 - now.untimed_s) * 1e3  # (+ the learning's unhidden part)
         rec.predict_ms = now.predict_s * 1e3
         shadow_host_ms = 0.0
@@ -979,23 +1001,58 @@ class SpecDecoder:
         self._carry.lam_ms += rec.predicted_ms
         return CycleOutcome(rec, acc.new_tokens, out.aux_hidden[acc.path], [sub_tokens[v] for v in acc.path])
 
-    def _set_lookahead(self, tree: DraftTree | None, keep: list) -> None:
+    def _set_lookahead(self, tree: DraftTree | None, keep: list, root: int = -1, rec: CycleRecord | None = None,
+                       drafter_ready: bool = False) -> None:
         """Give a lookahead expert cache (``cache.policy.uses_lookahead``) the predicted demand of the
         tokens after this cycle's verify: :func:`~specfit.core.lookahead.tree_expert_demand` of the drafted
         ``tree`` less the verified nodes ``keep`` (a shadow cycle verifies the root alone: every other
         node counts), each node's predicted experts weighted by its path probability (calibrated for a
-        calibrated method). An AR step without a tree keeps the last tree's demand (its nodes still predict
-        the next tokens); a tree without predicted experts clears it (the base policy's eviction).
-        Timing only, never outputs."""
+        calibrated method). An AR step without a tree drafts a lookahead chain below ``root`` where the
+        method has one (``Method.lookahead_levels``; :meth:`_lookahead_chain`, its head forwards in
+        ``rec``), else keeps the last tree's demand (its nodes still predict the next tokens); a tree
+        without predicted experts clears it (the base policy's eviction). Timing only, never outputs."""
         cache = self.target.cache
         if not getattr(getattr(cache, "policy", None), "uses_lookahead", False):
             return
-        if tree is None:  # an AR step without a tree: the last tree's demand still predicts the next tokens
+        if tree is None:  # an AR step without a tree: its lookahead chain, or the last tree's demand
+            slots = getattr(cache, "slots", None)
+            if (self.method.lookahead_levels and drafter_ready and rec is not None and self.predictor is not None
+                    and isinstance(slots, (int, np.integer)) and 0 < slots < self.num_experts):
+                cache.set_lookahead(self._lookahead_chain(root, rec))
             return
         if tree.experts is None or tree.n <= len(keep) or tree.experts.shape[1] != cache.num_layers:
             cache.set_lookahead(None)
         else:
             cache.set_lookahead(tree_expert_demand(tree, exclude=keep))
+
+    def _lookahead_chain(self, root: int, rec: CycleRecord) -> np.ndarray | None:
+        """An AR step's lookahead: the head drafts a chain of ``Method.lookahead_levels`` tokens below
+        ``root`` (its most likely child per level: ``draft_levels(root, 1, depth)``), the predictor
+        predicts their experts, and :func:`~specfit.core.lookahead.expert_demand` weights them by the
+        head's path probabilities (the chain's P_v). Returns the (L, E) demand.
+
+        The head forwards are ``rec.shadow_levels`` (priced like a shadow cycle's: they run while the AR
+        step copies its experts, so only what exceeds its H2D ms is charged, eval/modeled.py) and the
+        cycle's ``draft_ms``; the prediction and the demand are host work of the cycle."""
+        depth = self.method.lookahead_levels
+        uses_hidden = getattr(self.predictor, "uses_hidden", True)
+        levels = self.drafter.draft_levels(root, self.method.lookahead_top_k, depth)
+        tokens, pp, hidden = [], [], []
+        for _ in range(depth):
+            level = self._next_level(levels, rec)
+            if level is None:
+                break
+            _, tok, p = _level_arrays(level)
+            tokens.append(tok)
+            pp.append(p)
+            hidden.append(level.hidden.float().cpu().numpy() if uses_hidden and level.hidden is not None else None)
+        levels.close()
+        rec.shadow_levels += len(tokens)
+        if not tokens:  # a drafter that yielded no level: no demand (the base policy's eviction)
+            return None
+        tokens = np.concatenate(tokens)
+        h = np.concatenate(hidden) if hidden and all(x is not None for x in hidden) else None
+        return expert_demand(np.clip(np.concatenate(pp), 0.0, 1.0), self._predict(tokens, h), self.num_experts)
 
     def _learning_slot(self, rec: CycleRecord, tree: DraftTree | None, items, ahead: bool) -> float:
         """The host work run while this cycle's verify is on the device, its thread CPU seconds: the last

@@ -1,0 +1,145 @@
+"""The AR step's lookahead chain (``Method.lookahead_levels``): ``ar+lookahead`` and specfit's AR steps draft a
+short chain with the head before the step's forward, and its predicted experts are the lookahead expert cache's
+demand during that forward. Outputs equal plain AR's; the chain's head forwards are priced by the shadow rule
+(what exceeds the step's H2D copies, eval/modeled.py)."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from specfit.core.cost import get_profile
+from specfit.engine import METHODS, SpecDecoder, TreeSettings
+from specfit.engine.decoder import CycleRecord
+from specfit.engine.policy import UtilityGate
+from specfit.eval.modeled import modeled_cycle_ms
+from specfit.models.eagle3 import Eagle3Config, Eagle3Drafter, check_target, load_eagle3
+from specfit.models.experts import DeviceExpertCache
+from specfit.models.predictors import get_predictor
+from specfit.models.proxy import paths
+from specfit.models.qwen3_moe import OffloadedQwen3Moe
+from specfit.models.qwen3_moe.generate import load_tokenizer
+from specfit.eval.datasets import encode, load_prompts
+
+NEW_TOKENS = 12
+LEVELS = METHODS["ar+lookahead"].lookahead_levels
+
+
+@pytest.fixture(scope="module")
+def lite(one_torch_thread):
+    """A target factory (slots, eviction) on the proxy, the shipped lite head's drafter, a pcie4 cost and
+    two prompts' ids (one GSM8K, one CNN/DailyMail)."""
+    d = paths()
+    head_dir = d["eagle3-lite"]
+    target_config = json.loads((d["target"] / "config.json").read_text())
+    aux = check_target(Eagle3Config.from_dict(json.loads((head_dir / "config.json").read_text())), target_config)
+
+    def target(slots, eviction="lookahead"):
+        return OffloadedQwen3Moe.from_pretrained(d["target"], cache_slots=slots, max_len=512, aux_layers=aux,
+                                                 eviction=eviction, dtype=torch.float32)
+
+    t = target(16)
+    drafter = Eagle3Drafter(load_eagle3(head_dir, target_config=target_config, embed_weight=t.embed_weight.float()))
+    tok = load_tokenizer(d["target"])
+    prompts = [encode(p, tok, max_article_tokens=64) for p in load_prompts("gsm8k", limit=1) + load_prompts("cnndm", limit=1)]
+    cost = get_profile("qwen3-30b-a3b-pcie4").for_layers(len(t.spec.moe_layers))
+    return target, drafter, cost, prompts
+
+
+def _predictor(spec):
+    return get_predictor("recency", num_layers=len(spec.moe_layers), num_experts=spec.num_experts, top_k=spec.top_k)
+
+
+def _spy(monkeypatch, events):
+    """Record, in order, each demand the engine sets and each target forward it launches."""
+    set_original, verify_original = DeviceExpertCache.set_lookahead, OffloadedQwen3Moe.verify
+    monkeypatch.setattr(DeviceExpertCache, "set_lookahead", lambda self, demand: (
+        events.append(("set", None if demand is None else np.array(demand))), set_original(self, demand))[1])
+    monkeypatch.setattr(OffloadedQwen3Moe, "verify", lambda self, tokens, parents: (
+        events.append(("verify", len(parents))), verify_original(self, tokens, parents))[1])
+
+
+def test_ar_lookahead_equals_ar_and_sets_a_chain_demand_before_every_forward(lite, monkeypatch):
+    make, drafter, cost, prompts = lite
+    events = []
+    _spy(monkeypatch, events)
+    target = make(16)
+    spec = target.spec
+    L, E, k = len(spec.moe_layers), spec.num_experts, spec.top_k
+    dec = SpecDecoder(target, drafter, "ar+lookahead", cost=cost, predictor=_predictor(spec))
+    ar = SpecDecoder(make(16, "lru"), None, "ar", cost=cost)
+    for p in prompts:
+        want = ar.generate(p, NEW_TOKENS)
+        events.clear()
+        g = dec.generate(p, NEW_TOKENS)
+        assert g.output_ids == want.output_ids  # timing only
+        assert all(c.levels == 0 and c.nodes_verified == 1 and c.shadow_levels == LEVELS
+                   for c in g.cycles)
+        # before each AR forward (every cycle's verify of the root alone) a fresh chain demand was set
+        forwards = [i for i, e in enumerate(events) if e[0] == "verify"]
+        assert len(forwards) == len(g.cycles)
+        last = -1
+        for i in forwards:
+            demands = [e[1] for e in events[last + 1:i] if e[0] == "set"]
+            assert demands and demands[-1] is not None, "no chain demand before an AR forward"
+            d = demands[-1]
+            assert d.shape == (L, E) and (d >= 0).all()
+            per_layer = d.sum(axis=1)  # each chain node adds its path probability to k experts per layer
+            assert np.allclose(per_layer, per_layer[0]) and 0 < per_layer[0] <= k * LEVELS + 1e-9
+            last = i
+        # the chain changes which experts stay resident: never more copies than plain AR here
+        assert sum(map(sum, (c.transferred for c in g.cycles))) <= sum(map(sum, (c.transferred for c in want.cycles)))
+
+
+def test_ar_lookahead_drafts_nothing_where_the_cache_does_not_look_ahead(lite):
+    """Under LRU (the cache ignores demand) or with every expert resident (nothing is evicted) the chain
+    would be paid for nothing: ar+lookahead is plain AR there, record for record."""
+    make, drafter, cost, prompts = lite
+    for slots, eviction in ((16, "lru"), ("all", "lookahead")):
+        target = make(slots, eviction)
+        dec = SpecDecoder(target, drafter, "ar+lookahead", cost=cost, predictor=_predictor(target.spec))
+        ar = SpecDecoder(make(slots, eviction), None, "ar", cost=cost)
+        g, a = dec.generate(prompts[0], NEW_TOKENS), ar.generate(prompts[0], NEW_TOKENS)
+        assert g.output_ids == a.output_ids
+        assert [(c.shadow_levels, c.transferred) for c in g.cycles] == [(0, c.transferred) for c in a.cycles]
+
+
+def test_specfit_ar_steps_draft_the_chain_with_a_lookahead_cache(lite, monkeypatch):
+    """specfit's AR steps (here every cycle: the gate says AR) draft the chain and set its demand with
+    ``eviction="lookahead"``, and not under LRU; the output is AR's either way."""
+    make, drafter, cost, prompts = lite
+    monkeypatch.setattr(UtilityGate, "decide", lambda self, sound=None: "ar")
+    monkeypatch.setattr(UtilityGate, "decide_ahead", lambda self: None)
+    ar = SpecDecoder(make(16, "lru"), None, "ar", cost=cost)
+    want = ar.generate(prompts[1], NEW_TOKENS).output_ids
+    for eviction, levels in (("lookahead", LEVELS), ("lru", 0)):
+        target = make(16, eviction)
+        dec = SpecDecoder(target, drafter, "specfit", tree=TreeSettings(32, 6, 4), cost=cost,
+                          predictor=_predictor(target.spec))
+        g = dec.generate(prompts[1], NEW_TOKENS)
+        assert g.output_ids == want
+        steps = [c for c in g.cycles if c.decision == "ar"]
+        assert steps and all(c.shadow_levels == levels and c.levels == 0 for c in steps)
+
+
+def test_the_chain_is_priced_like_a_shadows_levels(lite, monkeypatch):
+    """An AR step's chain forwards cost what exceeds the step's modeled H2D copies (the shadow rule of
+    eval/modeled.py): nothing where it copies enough, every level where it copies nothing."""
+    make, drafter, cost, prompts = lite
+    dl = cost.draft_level_ms
+    per = cost.per_expert_array(2)
+    copies = float(per @ np.array([3, 0]))
+    assert copies > LEVELS * dl  # an AR step that copies 3 experts in one layer hides the whole chain
+    plain = modeled_cycle_ms(CycleRecord(decision="ar", transferred=[3, 0], true_experts=[4, 4]), cost)
+    hid = modeled_cycle_ms(CycleRecord(decision="ar", shadow_levels=LEVELS, transferred=[3, 0], true_experts=[4, 4]), cost)
+    bare = modeled_cycle_ms(CycleRecord(decision="ar", shadow_levels=LEVELS, transferred=[0, 0], true_experts=[4, 4]), cost)
+    assert hid["total_ms"] == pytest.approx(plain["total_ms"]) and hid["draft_ms"] == 0.0
+    assert bare["draft_ms"] == pytest.approx(LEVELS * dl)
+    # on a real run every cycle's chain is priced by that rule
+    target = make(16)
+    g = SpecDecoder(target, drafter, "ar+lookahead", cost=cost, predictor=_predictor(target.spec)).generate(
+        prompts[0], NEW_TOKENS)
+    for c in g.cycles:
+        moved = float(cost.per_expert_array(len(c.transferred)) @ c.transferred)
+        assert modeled_cycle_ms(c, cost)["draft_ms"] == pytest.approx(max(0.0, LEVELS * dl - moved))
