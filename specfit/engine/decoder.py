@@ -74,13 +74,14 @@ class Method:
         (:mod:`specfit.core.acceptance`), charge the draft levels of the cycle (whole-cycle
         objective) and take the AR step when no draft can beat it (SPECFIT.md §3).
     lookahead_levels : int
-        Head levels of the lookahead chain an AR step drafts (0: none): with an expert cache that evicts
+        Head levels of the lookahead draft an AR step drafts (0: none): with an expert cache that evicts
         by lookahead (``--eviction lookahead``), a step that verifies the root alone and drafts no tree
-        first drafts a chain of this many tokens (the head's top-1 child per level), and the chain's
-        predicted experts, weighted by its path probabilities, are the cache's demand during the step
+        first drafts this many levels below the root, never verified, and their nodes' predicted experts,
+        weighted by their path probabilities, are the cache's demand during the step
         (:meth:`SpecDecoder._lookahead_chain`). Timing only, never outputs.
     lookahead_top_k : int
-        Children per expanded node of the lookahead draft (1: a chain; more: a small EAGLE-2 tree).
+        Children per expanded node and nodes expanded per level of the lookahead draft (1: a chain of the
+        head's most likely tokens; more: a small EAGLE-2 tree).
 
     The properties below say what a method needs; callers test them, never method names.
     """
@@ -108,12 +109,12 @@ class Method:
 
     @property
     def needs_predictor(self) -> bool:
-        """True iff the method predicts the draft nodes' (or its lookahead chain's) experts with an expert predictor."""
+        """True iff the method predicts the draft nodes' (or its lookahead draft's) experts with an expert predictor."""
         return (self.needs_experts and not self.oracle) or self.lookahead_levels > 0
 
     @property
     def needs_drafter(self) -> bool:
-        """True iff the method runs the draft head: to grow a draft tree, or its AR steps' lookahead chain."""
+        """True iff the method runs the draft head: to grow a draft tree, or its AR steps' lookahead draft."""
         return self.drafts or self.lookahead_levels > 0
 
     @property
@@ -122,18 +123,21 @@ class Method:
         return self.oracle
 
 
-#: Levels of the lookahead chain of ``ar+lookahead`` and of specfit's AR steps (``Method.lookahead_levels``),
-#: chosen by measurement (BENCHMARKS.md, "Engine-driven lookahead").
-LOOKAHEAD_LEVELS = 3
+#: Levels and width of the lookahead draft of ``ar+lookahead`` and of specfit's AR steps
+#: (``Method.lookahead_levels``, ``Method.lookahead_top_k``): a small tree of 6 + 36 nodes, chosen by
+#: measurement (BENCHMARKS.md, "Engine-driven lookahead": wider beat deeper at 16 and 32 slots).
+LOOKAHEAD_LEVELS = 2
+LOOKAHEAD_TOP_K = 6
 
 METHODS: dict[str, Method] = {
     "ar": Method("ar", drafts=False, selector=None),
-    "ar+lookahead": Method("ar+lookahead", drafts=False, selector=None, lookahead_levels=LOOKAHEAD_LEVELS),
+    "ar+lookahead": Method("ar+lookahead", drafts=False, selector=None, lookahead_levels=LOOKAHEAD_LEVELS,
+                           lookahead_top_k=LOOKAHEAD_TOP_K),
     "eagle3-vanilla": Method("eagle3-vanilla", drafts=True, selector="eagle", uses_cache=False),
     "eagle3": Method("eagle3", drafts=True, selector="eagle"),
     "eagle3-scan": Method("eagle3-scan", drafts=True, selector="scan"),
     "specfit": Method("specfit", drafts=True, selector="exact", level_by_level=True, calibrated=True,
-                      lookahead_levels=LOOKAHEAD_LEVELS),
+                      lookahead_levels=LOOKAHEAD_LEVELS, lookahead_top_k=LOOKAHEAD_TOP_K),
     "oracle": Method("oracle", drafts=True, selector="exact", level_by_level=True, oracle=True, calibrated=True),
 }
 
@@ -777,7 +781,7 @@ class SpecDecoder:
         self.method = get_method(method) if isinstance(method, str) else method
         m = self.method
         if m.needs_drafter and drafter is None:
-            raise SpecFitInputError("drafter", f"method {m.name} drafts {'a tree' if m.drafts else 'a lookahead chain'} "
+            raise SpecFitInputError("drafter", f"method {m.name} drafts {'a tree' if m.drafts else 'a lookahead draft'} "
                                     "and needs a drafter")
         if m.cost_aware and cost is None:
             raise SpecFitInputError("cost", f"method {m.name} selects under the cost model and needs one")
@@ -1007,14 +1011,14 @@ class SpecDecoder:
         tokens after this cycle's verify: :func:`~specfit.core.lookahead.tree_expert_demand` of the drafted
         ``tree`` less the verified nodes ``keep`` (a shadow cycle verifies the root alone: every other
         node counts), each node's predicted experts weighted by its path probability (calibrated for a
-        calibrated method). An AR step without a tree drafts a lookahead chain below ``root`` where the
+        calibrated method). An AR step without a tree drafts a lookahead draft below ``root`` where the
         method has one (``Method.lookahead_levels``; :meth:`_lookahead_chain`, its head forwards in
         ``rec``), else keeps the last tree's demand (its nodes still predict the next tokens); a tree
         without predicted experts clears it (the base policy's eviction). Timing only, never outputs."""
         cache = self.target.cache
         if not getattr(getattr(cache, "policy", None), "uses_lookahead", False):
             return
-        if tree is None:  # an AR step without a tree: its lookahead chain, or the last tree's demand
+        if tree is None:  # an AR step without a tree: its lookahead draft, or the last tree's demand
             slots = getattr(cache, "slots", None)
             if (self.method.lookahead_levels and drafter_ready and rec is not None and self.predictor is not None
                     and isinstance(slots, (int, np.integer)) and 0 < slots < self.num_experts):
@@ -1026,10 +1030,11 @@ class SpecDecoder:
             cache.set_lookahead(tree_expert_demand(tree, exclude=keep))
 
     def _lookahead_chain(self, root: int, rec: CycleRecord) -> np.ndarray | None:
-        """An AR step's lookahead: the head drafts a chain of ``Method.lookahead_levels`` tokens below
-        ``root`` (its most likely child per level: ``draft_levels(root, 1, depth)``), the predictor
-        predicts their experts, and :func:`~specfit.core.lookahead.expert_demand` weights them by the
-        head's path probabilities (the chain's P_v). Returns the (L, E) demand.
+        """An AR step's lookahead: the head drafts ``Method.lookahead_levels`` levels below ``root``
+        (``draft_levels(root, Method.lookahead_top_k, depth)``: a chain for top_k 1, else a small tree),
+        the predictor predicts their nodes' experts, and :func:`~specfit.core.lookahead.expert_demand`
+        weights them by the head's path probabilities P_v. Returns the (L, E) demand (None if the drafter
+        yielded no level).
 
         The head forwards are ``rec.shadow_levels`` (priced like a shadow cycle's: they run while the AR
         step copies its experts, so only what exceeds its H2D ms is charged, eval/modeled.py) and the

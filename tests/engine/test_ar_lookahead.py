@@ -24,27 +24,26 @@ from specfit.eval.datasets import encode, load_prompts
 
 NEW_TOKENS = 12
 LEVELS = METHODS["ar+lookahead"].lookahead_levels
+#: Nodes of the lookahead draft (an EAGLE-2 tree of lookahead_top_k children per expanded node).
+NODES = sum(TreeSettings(depth=LEVELS, top_k=METHODS["ar+lookahead"].lookahead_top_k).level_width(j)
+            for j in range(1, LEVELS + 1))
 
 
 @pytest.fixture(scope="module")
 def lite(one_torch_thread):
-    """A target factory (slots, eviction) on the proxy, the shipped lite head's drafter, a pcie4 cost and
-    two prompts' ids (one GSM8K, one CNN/DailyMail)."""
+    """Two proxy targets (the engine's and plain AR's; ``reset_cache`` sets their slots and eviction), the
+    shipped lite head's drafter, a pcie4 cost and two prompts' ids (one GSM8K, one CNN/DailyMail)."""
     d = paths()
-    head_dir = d["eagle3-lite"]
     target_config = json.loads((d["target"] / "config.json").read_text())
-    aux = check_target(Eagle3Config.from_dict(json.loads((head_dir / "config.json").read_text())), target_config)
-
-    def target(slots, eviction="lookahead"):
-        return OffloadedQwen3Moe.from_pretrained(d["target"], cache_slots=slots, max_len=512, aux_layers=aux,
-                                                 eviction=eviction, dtype=torch.float32)
-
-    t = target(16)
-    drafter = Eagle3Drafter(load_eagle3(head_dir, target_config=target_config, embed_weight=t.embed_weight.float()))
+    aux = check_target(Eagle3Config.from_dict(json.loads((d["eagle3-lite"] / "config.json").read_text())), target_config)
+    targets = [OffloadedQwen3Moe.from_pretrained(d["target"], cache_slots=16, max_len=256, aux_layers=aux,
+                                                 dtype=torch.float32) for _ in range(2)]
+    drafter = Eagle3Drafter(load_eagle3(d["eagle3-lite"], target_config=target_config,
+                                        embed_weight=targets[0].embed_weight.float()))
     tok = load_tokenizer(d["target"])
-    prompts = [encode(p, tok, max_article_tokens=64) for p in load_prompts("gsm8k", limit=1) + load_prompts("cnndm", limit=1)]
-    cost = get_profile("qwen3-30b-a3b-pcie4").for_layers(len(t.spec.moe_layers))
-    return target, drafter, cost, prompts
+    prompts = [encode(p, tok, max_article_tokens=48) for p in load_prompts("gsm8k", limit=1) + load_prompts("cnndm", limit=1)]
+    cost = get_profile("qwen3-30b-a3b-pcie4").for_layers(len(targets[0].spec.moe_layers))
+    return targets, drafter, cost, prompts
 
 
 def _predictor(spec):
@@ -60,47 +59,52 @@ def _spy(monkeypatch, events):
         events.append(("verify", len(parents))), verify_original(self, tokens, parents))[1])
 
 
+def _ar(lite, slots, prompt, tokens):
+    """Plain AR decoding (LRU) of ``prompt`` on the second target."""
+    (_, target), _, cost, _ = lite
+    target.reset_cache(slots, "lru")
+    return SpecDecoder(target, None, "ar", cost=cost).generate(prompt, tokens)
+
+
 def test_ar_lookahead_equals_ar_and_sets_a_chain_demand_before_every_forward(lite, monkeypatch):
-    make, drafter, cost, prompts = lite
+    (target, _), drafter, cost, prompts = lite
+    want = _ar(lite, 16, prompts[0], NEW_TOKENS)
     events = []
     _spy(monkeypatch, events)
-    target = make(16)
+    target.reset_cache(16, "lookahead")
     spec = target.spec
     L, E, k = len(spec.moe_layers), spec.num_experts, spec.top_k
-    dec = SpecDecoder(target, drafter, "ar+lookahead", cost=cost, predictor=_predictor(spec))
-    ar = SpecDecoder(make(16, "lru"), None, "ar", cost=cost)
-    for p in prompts:
-        want = ar.generate(p, NEW_TOKENS)
-        events.clear()
-        g = dec.generate(p, NEW_TOKENS)
-        assert g.output_ids == want.output_ids  # timing only
-        assert all(c.levels == 0 and c.nodes_verified == 1 and c.shadow_levels == LEVELS
-                   for c in g.cycles)
-        # before each AR forward (every cycle's verify of the root alone) a fresh chain demand was set
-        forwards = [i for i, e in enumerate(events) if e[0] == "verify"]
-        assert len(forwards) == len(g.cycles)
-        last = -1
-        for i in forwards:
-            demands = [e[1] for e in events[last + 1:i] if e[0] == "set"]
-            assert demands and demands[-1] is not None, "no chain demand before an AR forward"
-            d = demands[-1]
-            assert d.shape == (L, E) and (d >= 0).all()
-            per_layer = d.sum(axis=1)  # each chain node adds its path probability to k experts per layer
-            assert np.allclose(per_layer, per_layer[0]) and 0 < per_layer[0] <= k * LEVELS + 1e-9
-            last = i
-        # the chain changes which experts stay resident: never more copies than plain AR here
-        assert sum(map(sum, (c.transferred for c in g.cycles))) <= sum(map(sum, (c.transferred for c in want.cycles)))
+    g = SpecDecoder(target, drafter, "ar+lookahead", cost=cost, predictor=_predictor(spec)).generate(prompts[0], NEW_TOKENS)
+    assert g.output_ids == want.output_ids  # timing only
+    assert all(c.levels == 0 and c.nodes_verified == 1 and c.shadow_levels == LEVELS for c in g.cycles)
+    # before each AR forward (every cycle verifies the root alone) a fresh chain demand was set
+    forwards = [i for i, e in enumerate(events) if e[0] == "verify"]
+    assert len(forwards) == len(g.cycles)
+    last = -1
+    for i in forwards:
+        demands = [e[1] for e in events[last + 1:i] if e[0] == "set"]
+        assert demands and demands[-1] is not None, "no chain demand before an AR forward"
+        d = demands[-1]
+        assert d.shape == (L, E) and (d >= 0).all()
+        per_layer = d.sum(axis=1)  # each drafted node adds its path probability to k experts per layer
+        assert np.allclose(per_layer, per_layer[0]) and 0 < per_layer[0] <= k * NODES + 1e-9
+        last = i
+    # the chain's head forwards are priced by the shadow rule: what exceeds the step's H2D copies
+    dl = cost.draft_level_ms
+    for c in g.cycles:
+        moved = float(cost.per_expert_array(len(c.transferred)) @ c.transferred)
+        assert modeled_cycle_ms(c, cost)["draft_ms"] == pytest.approx(max(0.0, LEVELS * dl - moved))
 
 
 def test_ar_lookahead_drafts_nothing_where_the_cache_does_not_look_ahead(lite):
     """Under LRU (the cache ignores demand) or with every expert resident (nothing is evicted) the chain
     would be paid for nothing: ar+lookahead is plain AR there, record for record."""
-    make, drafter, cost, prompts = lite
+    (target, _), drafter, cost, prompts = lite
     for slots, eviction in ((16, "lru"), ("all", "lookahead")):
-        target = make(slots, eviction)
-        dec = SpecDecoder(target, drafter, "ar+lookahead", cost=cost, predictor=_predictor(target.spec))
-        ar = SpecDecoder(make(slots, eviction), None, "ar", cost=cost)
-        g, a = dec.generate(prompts[0], NEW_TOKENS), ar.generate(prompts[0], NEW_TOKENS)
+        a = _ar(lite, slots, prompts[0], 6)
+        target.reset_cache(slots, eviction)
+        g = SpecDecoder(target, drafter, "ar+lookahead", cost=cost, predictor=_predictor(target.spec)).generate(
+            prompts[0], 6)
         assert g.output_ids == a.output_ids
         assert [(c.shadow_levels, c.transferred) for c in g.cycles] == [(0, c.transferred) for c in a.cycles]
 
@@ -108,38 +112,30 @@ def test_ar_lookahead_drafts_nothing_where_the_cache_does_not_look_ahead(lite):
 def test_specfit_ar_steps_draft_the_chain_with_a_lookahead_cache(lite, monkeypatch):
     """specfit's AR steps (here every cycle: the gate says AR) draft the chain and set its demand with
     ``eviction="lookahead"``, and not under LRU; the output is AR's either way."""
-    make, drafter, cost, prompts = lite
+    (target, _), drafter, cost, prompts = lite
     monkeypatch.setattr(UtilityGate, "decide", lambda self, sound=None: "ar")
     monkeypatch.setattr(UtilityGate, "decide_ahead", lambda self: None)
-    ar = SpecDecoder(make(16, "lru"), None, "ar", cost=cost)
-    want = ar.generate(prompts[1], NEW_TOKENS).output_ids
+    want = _ar(lite, 16, prompts[1], 8).output_ids
     for eviction, levels in (("lookahead", LEVELS), ("lru", 0)):
-        target = make(16, eviction)
+        target.reset_cache(16, eviction)
         dec = SpecDecoder(target, drafter, "specfit", tree=TreeSettings(32, 6, 4), cost=cost,
                           predictor=_predictor(target.spec))
-        g = dec.generate(prompts[1], NEW_TOKENS)
+        g = dec.generate(prompts[1], 8)
         assert g.output_ids == want
         steps = [c for c in g.cycles if c.decision == "ar"]
         assert steps and all(c.shadow_levels == levels and c.levels == 0 for c in steps)
 
 
-def test_the_chain_is_priced_like_a_shadows_levels(lite, monkeypatch):
+def test_the_chain_is_priced_like_a_shadows_levels():
     """An AR step's chain forwards cost what exceeds the step's modeled H2D copies (the shadow rule of
     eval/modeled.py): nothing where it copies enough, every level where it copies nothing."""
-    make, drafter, cost, prompts = lite
+    cost = get_profile("qwen3-30b-a3b-pcie4").for_layers(2)
     dl = cost.draft_level_ms
-    per = cost.per_expert_array(2)
-    copies = float(per @ np.array([3, 0]))
-    assert copies > LEVELS * dl  # an AR step that copies 3 experts in one layer hides the whole chain
-    plain = modeled_cycle_ms(CycleRecord(decision="ar", transferred=[3, 0], true_experts=[4, 4]), cost)
-    hid = modeled_cycle_ms(CycleRecord(decision="ar", shadow_levels=LEVELS, transferred=[3, 0], true_experts=[4, 4]), cost)
-    bare = modeled_cycle_ms(CycleRecord(decision="ar", shadow_levels=LEVELS, transferred=[0, 0], true_experts=[4, 4]), cost)
+    assert float(cost.per_expert_array(2) @ np.array([3, 0])) > LEVELS * dl  # 3 copies hide the whole chain
+    plain = modeled_cycle_ms(CycleRecord(transferred=[3, 0], true_experts=[4, 4]), cost)
+    hid = modeled_cycle_ms(CycleRecord(shadow_levels=LEVELS, transferred=[3, 0], true_experts=[4, 4]), cost)
+    bare = modeled_cycle_ms(CycleRecord(shadow_levels=LEVELS, transferred=[0, 0], true_experts=[4, 4]), cost)
     assert hid["total_ms"] == pytest.approx(plain["total_ms"]) and hid["draft_ms"] == 0.0
     assert bare["draft_ms"] == pytest.approx(LEVELS * dl)
-    # on a real run every cycle's chain is priced by that rule
-    target = make(16)
-    g = SpecDecoder(target, drafter, "ar+lookahead", cost=cost, predictor=_predictor(target.spec)).generate(
-        prompts[0], NEW_TOKENS)
-    for c in g.cycles:
-        moved = float(cost.per_expert_array(len(c.transferred)) @ c.transferred)
-        assert modeled_cycle_ms(c, cost)["draft_ms"] == pytest.approx(max(0.0, LEVELS * dl - moved))
+    assert bare["total_ms"] == pytest.approx(modeled_cycle_ms(CycleRecord(transferred=[0, 0], true_experts=[4, 4]),
+                                                              cost)["total_ms"] + LEVELS * dl)
