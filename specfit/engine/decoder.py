@@ -831,11 +831,16 @@ class SpecDecoder:
         self._twin = None  # the AR twin's cache (specfit.engine.twin), made at the first generation
         self._twin_key = None  # the runtime cache it replays: (id, slots, policy)
         self._shadow_base = False  # whether this generation's AR steps could carry shadows (_set_shadowing)
+        self._lookahead_ar = [None, 0.0, 0.0]  # the last AR step's ms with the lookahead; decayed sums (_replay_twin)
 
     #: Per solve, for selectors that take a time limit: only a branch and bound can be slow (the exact
     #: solver under budgets or in the host regime, where rare trees took seconds in the grid); past it the
     #: selector returns the best selection found so far (SPECFIT.md §3). A verify is 3-100 ms.
     SOLVE_TIME_LIMIT_S = 0.005
+
+    #: Per AR step, the decay of the sums whose ratio scales the AR twin's ms under a lookahead cache
+    #: (:meth:`_replay_twin`): about the last 20 AR steps count.
+    LOOKAHEAD_AR_DECAY = 0.95
 
     # -- one generation ------------------------------------------------------------------------
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, eos_id: int | None = None) -> Generation:
@@ -995,6 +1000,8 @@ class SpecDecoder:
                 self.policy.observe_ar_h2d(rec.predicted_ms - verify_ms(self.cost, 1, np.zeros(len(rec.transferred)),
                                                                         rec.true_experts))
                 self._set_shadowing()
+            if self._twin is not None and self.method.lookahead_levels and self._looks_ahead():
+                self._lookahead_ar[0] = rec.predicted_ms  # against the twin's ms for the same token (_replay_twin)
         if shadow is not None:  # up to the AR step's modeled ms less what it already hides
             hidden = min(shadow_host_ms, max(rec.predicted_ms - rec.hidden_host_ms, 0.0))
             rec.hidden_host_ms += hidden
@@ -1016,7 +1023,7 @@ class SpecDecoder:
         ``rec``), else keeps the last tree's demand (its nodes still predict the next tokens); a tree
         without predicted experts clears it (the base policy's eviction). Timing only, never outputs."""
         cache = self.target.cache
-        if not getattr(getattr(cache, "policy", None), "uses_lookahead", False):
+        if not self._looks_ahead():
             return
         if tree is None:  # an AR step without a tree: its lookahead draft, or the last tree's demand
             slots = getattr(cache, "slots", None)
@@ -1028,6 +1035,10 @@ class SpecDecoder:
             cache.set_lookahead(None)
         else:
             cache.set_lookahead(tree_expert_demand(tree, exclude=keep))
+
+    def _looks_ahead(self) -> bool:
+        """Whether the target's expert cache evicts by a lookahead demand (``cache.policy.uses_lookahead``)."""
+        return getattr(getattr(self.target.cache, "policy", None), "uses_lookahead", False)
 
     def _lookahead_chain(self, root: int, rec: CycleRecord) -> np.ndarray | None:
         """An AR step's lookahead: the head drafts ``Method.lookahead_levels`` levels below ``root``
@@ -1299,6 +1310,14 @@ class SpecDecoder:
         """Step the AR twin through the last cycle's committed forwards (every cycle's, AR steps the
         online model does not learn from included: :meth:`_learn_last_cycle` runs each cycle).
 
+        With a lookahead cache and a method whose AR steps draft a lookahead (``Method.lookahead_levels``)
+        the AR steps the gate can take cost less than the twin's (its base policy, LRU/LFU, has no draft to
+        look ahead with): each step's ms is scaled by the measured ratio of this engine's AR steps' modeled
+        ms (their verify on the measured counts) to the twin's for the same tokens, sums decayed by
+        :attr:`LOOKAHEAD_AR_DECAY` per AR step. Approximation: the ratio is of the AR steps the engine took,
+        in the cache its drafted cycles left; the lookahead's head forwards are not in it (hidden behind
+        the copies at 16-32 slots, eval/modeled.py).
+
         Returns
         -------
         float or None
@@ -1309,6 +1328,12 @@ class SpecDecoder:
             return None
         path, self._carry.twin_path = self._carry.twin_path, None
         ms = [self._ar_step_ms(self._twin.step(r)) for r in path]
+        la = self._lookahead_ar
+        if la[0] is not None and len(ms) == 1:  # an AR step with the lookahead, and the twin's for its token
+            la[1], la[2] = self.LOOKAHEAD_AR_DECAY * la[1] + la[0], self.LOOKAHEAD_AR_DECAY * la[2] + ms[0]
+        la[0] = None
+        if la[2] > 0:  # the AR steps this engine takes (with the lookahead), not LRU's
+            ms = [m * la[1] / la[2] for m in ms]
         for sh in self._carry.shadows:  # each forward's AR ms, in order, for the shadows it continues
             if len(sh.ar_ms) < len(sh.routing):
                 sh.ar_ms.extend(ms[:len(sh.routing) - len(sh.ar_ms)])
