@@ -139,3 +139,38 @@ def test_the_chain_is_priced_like_a_shadows_levels():
     assert bare["draft_ms"] == pytest.approx(LEVELS * dl)
     assert bare["total_ms"] == pytest.approx(modeled_cycle_ms(CycleRecord(transferred=[0, 0], true_experts=[4, 4]),
                                                               cost)["total_ms"] + LEVELS * dl)
+
+
+def test_the_gates_ar_twin_is_scaled_to_the_lookahead_ar_steps(lite, monkeypatch):
+    """Under a lookahead cache the AR twin (LRU) prices AR steps the engine does not take: its ms are scaled
+    by the decayed ratio of the engine's own AR steps' modeled ms to the twin's for the same tokens; under
+    LRU nothing is scaled (the twin is what AR pays)."""
+    import copy
+
+    (target, _), drafter, cost, prompts = lite
+    monkeypatch.setattr(UtilityGate, "decide", lambda self, sound=None: "ar")
+    monkeypatch.setattr(UtilityGate, "decide_ahead", lambda self: None)
+    for eviction in ("lru", "lookahead"):
+        target.reset_cache(16, eviction)
+        dec = SpecDecoder(target, drafter, "specfit", tree=TreeSettings(32, 6, 4), cost=cost,
+                          predictor=_predictor(target.spec))
+        dec.generate(prompts[0], 6)
+        assert dec._twin is not None
+        if eviction == "lru":
+            assert dec._lookahead_ar == [None, 0.0, 0.0]
+            continue
+        assert dec._lookahead_ar[1] > 0 and dec._lookahead_ar[2] > 0  # AR steps with the lookahead, measured
+        path = np.array([[list(range(k, k + target.spec.top_k)) for k in range(len(target.spec.moe_layers))]] * 2)
+        dec._lookahead_ar = [None, 3.0, 4.0]
+        dec._carry.twin_path = path
+        twin = copy.deepcopy(dec._twin)
+        want = 0.75 * sum(dec._ar_step_ms(twin.step(r)) for r in path)
+        assert dec._replay_twin() == pytest.approx(want)
+        # one AR step (one committed token): its ms against the twin's join the decayed sums first
+        dec._lookahead_ar, dec._carry.twin_path = [5.0, 3.0, 4.0], path[:1]
+        twin = copy.deepcopy(dec._twin)
+        plain = dec._ar_step_ms(twin.step(path[0]))
+        a = SpecDecoder.LOOKAHEAD_AR_DECAY
+        ratio = (a * 3.0 + 5.0) / (a * 4.0 + plain)
+        assert dec._replay_twin() == pytest.approx(ratio * plain)
+        assert dec._lookahead_ar[0] is None
