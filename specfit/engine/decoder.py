@@ -832,6 +832,7 @@ class SpecDecoder:
         self._twin_key = None  # the runtime cache it replays: (id, slots, policy)
         self._shadow_base = False  # whether this generation's AR steps could carry shadows (_set_shadowing)
         self._lookahead_ar = [None, 0.0, 0.0]  # the last AR step's ms with the lookahead; decayed sums (_replay_twin)
+        self._copied = True  # whether the last forward copied an expert (an AR step's lookahead draft follows one)
 
     #: Per solve, for selectors that take a time limit: only a branch and bound can be slow (the exact
     #: solver under budgets or in the host regime, where rare trees took seconds in the grid); past it the
@@ -897,6 +898,7 @@ class SpecDecoder:
         cycle's root) into the target, the reference, the predictor and the drafter, and sync the AR twin;
         whether the drafter holds the prompt (False for a one-token prompt: the first cycle drafts nothing)."""
         self._carry.lam_tokens = self._carry.lam_ms = 0.0
+        self._copied = True  # the prefill copied the prompt's experts
         for t in (self.target, self.reference):
             if t is not None:
                 t.reset()
@@ -994,6 +996,7 @@ class SpecDecoder:
         routing = out.routing.numpy()
         self._observe_committed(sub_tokens, acc, routing)
         self._record_verify(rec, stats0, routing, keep, acc)
+        self._copied = sum(rec.transferred) > 0
         if rec.decision in ("ar", "shadow") and self.cost is not None:  # T(AR) of its counts: the rate mode's λ
             rec.predicted_ms = verify_ms(self.cost, 1, *self._uncached(rec))
             if self._shadow_base:  # its H2D ms: what the next shadows' head forwards hide behind
@@ -1020,7 +1023,9 @@ class SpecDecoder:
         node counts), each node's predicted experts weighted by its path probability (calibrated for a
         calibrated method). An AR step without a tree drafts a lookahead draft below ``root`` where the
         method has one (``Method.lookahead_levels``; :meth:`_lookahead_chain`, its head forwards in
-        ``rec``), else keeps the last tree's demand (its nodes still predict the next tokens); a tree
+        ``rec``) and the last forward copied an expert (after a forward that copied none the step likely
+        evicts nothing, and the draft would be paid in full: its head forwards hide behind copies), else
+        keeps the last tree's demand (its nodes still predict the next tokens); a tree
         without predicted experts clears it (the base policy's eviction). Timing only, never outputs."""
         cache = self.target.cache
         if not self._looks_ahead():
@@ -1028,7 +1033,7 @@ class SpecDecoder:
         if tree is None:  # an AR step without a tree: its lookahead draft, or the last tree's demand
             slots = getattr(cache, "slots", None)
             if (self.method.lookahead_levels and drafter_ready and rec is not None and self.predictor is not None
-                    and isinstance(slots, (int, np.integer)) and 0 < slots < self.num_experts):
+                    and self._copied and isinstance(slots, (int, np.integer)) and 0 < slots < self.num_experts):
                 cache.set_lookahead(self._lookahead_chain(root, rec))
             return
         if tree.experts is None or tree.n <= len(keep) or tree.experts.shape[1] != cache.num_layers:

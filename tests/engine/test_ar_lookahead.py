@@ -76,14 +76,22 @@ def test_ar_lookahead_equals_ar_and_sets_a_chain_demand_before_every_forward(lit
     L, E, k = len(spec.moe_layers), spec.num_experts, spec.top_k
     g = SpecDecoder(target, drafter, "ar+lookahead", cost=cost, predictor=_predictor(spec)).generate(prompts[0], NEW_TOKENS)
     assert g.output_ids == want.output_ids  # timing only
-    assert all(c.levels == 0 and c.nodes_verified == 1 and c.shadow_levels == LEVELS for c in g.cycles)
-    # before each AR forward (every cycle verifies the root alone) a fresh chain demand was set
+    # every step drafts the lookahead after a forward that copied an expert (the prefill did), none after one
+    # that copied nothing (it would be paid in full for an eviction that likely does not come)
+    drafts = [j == 0 or sum(g.cycles[j - 1].transferred) > 0 for j in range(len(g.cycles))]
+    assert sum(drafts) >= len(drafts) - 2  # 16 slots: nearly every AR step copies
+    assert [(c.levels, c.nodes_verified, c.shadow_levels) for c in g.cycles] == [(0, 1, LEVELS * d) for d in drafts]
+    # before each AR forward (every cycle verifies the root alone) that drafts, a fresh demand was set
     forwards = [i for i, e in enumerate(events) if e[0] == "verify"]
     assert len(forwards) == len(g.cycles)
     last = -1
-    for i in forwards:
+    for i, drafted in zip(forwards, drafts):
         demands = [e[1] for e in events[last + 1:i] if e[0] == "set"]
-        assert demands and demands[-1] is not None, "no chain demand before an AR forward"
+        if not drafted:
+            assert not demands
+            last = i
+            continue
+        assert demands and demands[-1] is not None, "no lookahead demand before an AR forward"
         d = demands[-1]
         assert d.shape == (L, E) and (d >= 0).all()
         per_layer = d.sum(axis=1)  # each drafted node adds its path probability to k experts per layer
@@ -91,9 +99,9 @@ def test_ar_lookahead_equals_ar_and_sets_a_chain_demand_before_every_forward(lit
         last = i
     # the chain's head forwards are priced by the shadow rule: what exceeds the step's H2D copies
     dl = cost.draft_level_ms
-    for c in g.cycles:
+    for c, drafted in zip(g.cycles, drafts):
         moved = float(cost.per_expert_array(len(c.transferred)) @ c.transferred)
-        assert modeled_cycle_ms(c, cost)["draft_ms"] == pytest.approx(max(0.0, LEVELS * dl - moved))
+        assert modeled_cycle_ms(c, cost)["draft_ms"] == pytest.approx(max(0.0, LEVELS * dl * drafted - moved))
 
 
 def test_ar_lookahead_drafts_nothing_where_the_cache_does_not_look_ahead(lite):
@@ -107,6 +115,18 @@ def test_ar_lookahead_drafts_nothing_where_the_cache_does_not_look_ahead(lite):
             prompts[0], 6)
         assert g.output_ids == a.output_ids
         assert [(c.shadow_levels, c.transferred) for c in g.cycles] == [(0, c.transferred) for c in a.cycles]
+
+
+def test_no_lookahead_draft_after_a_forward_that_copied_nothing(lite):
+    """With most experts resident (112 of 128 slots) many forwards copy nothing: the step after one drafts no
+    lookahead (and sets no demand), the step after a copying forward does."""
+    (target, _), drafter, cost, prompts = lite
+    target.reset_cache(112, "lookahead")
+    g = SpecDecoder(target, drafter, "ar+lookahead", cost=cost, predictor=_predictor(target.spec)).generate(
+        prompts[1], NEW_TOKENS)
+    copied = [True] + [sum(c.transferred) > 0 for c in g.cycles[:-1]]
+    assert [c.shadow_levels for c in g.cycles] == [LEVELS * d for d in copied]
+    assert not all(copied)  # the case is exercised
 
 
 def test_specfit_ar_steps_draft_the_chain_with_a_lookahead_cache(lite, monkeypatch):
