@@ -13,8 +13,9 @@ from pathlib import Path
 
 from specfit.core.io import atomic_write_text, dumps
 
-#: The baselines specfit is compared with: the best of these per dataset and cache size.
-BASELINES = ("ar", "eagle3", "eagle3-scan")
+#: The baselines specfit is compared with: the best of these per dataset and cache size (``ar+lookahead``:
+#: AR decoding with the head's lookahead for the expert cache, run under ``--eviction lookahead``).
+BASELINES = ("ar", "ar+lookahead", "eagle3", "eagle3-scan")
 
 #: Table columns: header, row key, format.
 COLUMNS = (("dataset", "dataset", "s"), ("slots", "cache_slots", "d"), ("cached", "cached_fraction", ".2f"),

@@ -24,8 +24,12 @@ deployment a hardware profile describes (Qwen3-30B-A3B on one GPU, experts behin
   (``CycleRecord.levels_ahead``) included. A shadow cycle (an AR step that drafts and selects a tree to
   learn from, ``CycleRecord.shadow_levels``; docs/SPECFIT.md §3, "Drafting in the AR step's shadow") runs
   its head forwards while the AR step's experts are copied host-to-device, when the GPU's compute units
-  would otherwise wait: only the part of them longer than the step's modeled H2D ms is charged. Not
-  modeled: the head forwards' own memory traffic beside the copies.
+  would otherwise wait: only the part of them longer than the step's modeled H2D ms is charged. An AR
+  step's lookahead draft (``Method.lookahead_levels``: ``ar+lookahead``, specfit's AR steps with a lookahead
+  expert cache) is priced by the same rule, its head forwards counted in ``shadow_levels``: they run while
+  the step copies its experts. Approximation: the engine sets the chain's demand before the step's
+  forward, while on a GPU the first layers' copies may start before the chain is drafted (their evictions
+  would see the previous demand). Not modeled: the head forwards' own memory traffic beside the copies.
 * host: the expert predictor, the solver and the engine's bookkeeping (tree, calibration, gate)
   run on the host CPU in deployment as well, so their measured time is added as is: the CPU time
   of the engine's thread (``CycleRecord.host_cpu_ms``, ``time.thread_time``), not wall-clock time,

@@ -100,14 +100,14 @@ def summarise(records: list[ResultRecord], depth: int, temperature: float) -> li
     Returns
     -------
     list of SummaryRow
-        ``equal_to_ar`` compares each drafting method's outputs with those of the method that drafts
-        nothing (``ar``); ``predicted_vs_transferred`` is set for the methods with an expert
+        ``equal_to_ar`` compares the outputs of each method that runs the draft head (a tree, or
+        ``ar+lookahead``'s chain) with those of the method that runs none (``ar``); ``predicted_vs_transferred`` is set for the methods with an expert
         predictor (``Method.needs_predictor``); ``speedup_vs_<m>`` for :data:`SPEEDUP_BASELINES`.
     """
     groups: dict[tuple[str, str], list[ResultRecord]] = {}
     for r in records:
         groups.setdefault((r.dataset, r.method), []).append(r)
-    ar_out = {(r.dataset, r.id): r.output_ids for r in records if not get_method(r.method).drafts}
+    ar_out = {(r.dataset, r.id): r.output_ids for r in records if not get_method(r.method).needs_drafter}
     rows = []
     for (dataset, method), recs in groups.items():
         new = sum(r.new_tokens for r in recs)
@@ -122,7 +122,7 @@ def summarise(records: list[ResultRecord], depth: int, temperature: float) -> li
         predict = sum(r.measured_ms.get("predict", 0.0) for r in recs)
         wall_ms = 1000.0 * sum(r.wall_s for r in recs)
         equal, diverge = None, {}
-        if temperature == 0 and get_method(method).drafts and all((dataset, r.id) in ar_out for r in recs):
+        if temperature == 0 and get_method(method).needs_drafter and all((dataset, r.id) in ar_out for r in recs):
             for r in recs:
                 pos = metrics.first_divergence(r.output_ids, ar_out[(dataset, r.id)])
                 if pos is not None:
@@ -224,7 +224,8 @@ def reliability_plot(records: list[ResultRecord], out: Path) -> dict[str, Path]:
 def _predicted_vs_transferred(method: str, recs: list[ResultRecord]) -> float | None:
     """Uncached experts the selector predicted over those really transferred (1 = exact), for the
     methods that select with predicted experts; None otherwise or for records without the count."""
-    if not get_method(method).needs_predictor or any(r.experts_predicted_new is None for r in recs):
+    m = get_method(method)
+    if not (m.needs_predictor and m.drafts) or any(r.experts_predicted_new is None for r in recs):
         return None
     moved = sum(r.experts_transferred + r.experts_host_computed for r in recs)
     return sum(r.experts_predicted_new for r in recs) / moved if moved else None

@@ -300,7 +300,7 @@ def plan(config: EvalConfig) -> Plan:
     names = [ps[0].dataset for ps in prompts_by_set]
     if len(set(names)) != len(names):
         raise SpecFitInputError("datasets", "names a dataset twice")
-    target_dir, draft_dir = _resolve_dirs(config, any(m.drafts for m in methods))
+    target_dir, draft_dir = _resolve_dirs(config, any(m.needs_drafter for m in methods))
     spec = read_spec(target_dir)
     if not spec.moe_layers:
         raise SpecFitInputError("model", f"{target_dir} has no MoE layer (mlp_only_layers / decoder_sparse_step "

@@ -251,7 +251,8 @@ def _add_eval(sub) -> None:
                         "(default gsm8k,cnndm)")
     p.add_argument("--limit", type=int, default=10, help="prompts per dataset (default 10)")
     p.add_argument("--methods", default="ar,eagle3-vanilla,eagle3,specfit",
-                   help="comma-separated methods (default ar,eagle3-vanilla,eagle3,specfit; also eagle3-scan, oracle)")
+                   help="comma-separated methods (default ar,eagle3-vanilla,eagle3,specfit; also eagle3-scan, oracle, "
+                        "ar+lookahead: AR whose steps draft a lookahead for --eviction lookahead)")
     p.add_argument("--max-new-tokens", type=int, default=64,
                    help="new tokens per prompt, >= 1 (default 64); the longest prompt plus these must fit in the "
                         "model's max_position_embeddings")

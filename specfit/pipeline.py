@@ -447,7 +447,7 @@ class SpecFit:
             if wanted is not None and online.policy.name != wanted:
                 raise SpecFitInputError("policy", f"{m.name} learned under these settings with the "
                                         f"{online.policy.name!r} policy; online.clear() forgets it to draft with {wanted!r}")
-        return SpecDecoder(self.target, self.drafter if m.drafts else None, m, tree=tree,
+        return SpecDecoder(self.target, self.drafter if m.needs_drafter else None, m, tree=tree,
                            cost=self.cost, predictor=self.predictor if needs_predictor else None,
                            reference=self._reference if m.needs_reference else None, temperature=temperature, top_p=top_p,
                            seed=seed, rate_mode=rate_mode, online=online, clock=self.clock,
@@ -585,7 +585,7 @@ class SpecFit:
         check_context("max_new_tokens", len(ids), max_new_tokens, spec.max_position_embeddings)
         dec = self.decoder(method, tree=tree, temperature=temperature, top_p=top_p, seed=seed, rate_mode=rate_mode,
                            policy=policy)
-        need = kv_tokens_needed(len(ids), max_new_tokens, dec.tree if dec.method.drafts else None)
+        need = kv_tokens_needed(len(ids), max_new_tokens, dec.tree if dec.method.needs_drafter else None)
         capacity = getattr(self.target, "max_len", need)
         if need > capacity:
             raise SpecFitInputError("max_new_tokens", f"prompt ({len(ids)} tokens) + {max_new_tokens} new tokens + "

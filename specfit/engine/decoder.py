@@ -40,7 +40,7 @@ import torch
 from specfit.core.acceptance import greedy_trials, verify_trials
 from specfit.core.cost import CostModel, HostProfile
 from specfit.core.errors import SpecFitInputError, check_context, check_positive_int, check_single_sequence, lookup
-from specfit.core.lookahead import tree_expert_demand
+from specfit.core.lookahead import expert_demand, tree_expert_demand
 from specfit.core.tree import DraftTree, check_experts
 from specfit.engine.clock import Clock, MeasuredClock
 from specfit.engine.online import OnlineModel, missed_expert_ms
@@ -73,6 +73,15 @@ class Method:
         Select, stop and gate with calibrated acceptance learned online from verify outcomes
         (:mod:`specfit.core.acceptance`), charge the draft levels of the cycle (whole-cycle
         objective) and take the AR step when no draft can beat it (SPECFIT.md §3).
+    lookahead_levels : int
+        Head levels of the lookahead draft an AR step drafts (0: none): with an expert cache that evicts
+        by lookahead (``--eviction lookahead``), a step that verifies the root alone and drafts no tree
+        first drafts this many levels below the root, never verified, and their nodes' predicted experts,
+        weighted by their path probabilities, are the cache's demand during the step
+        (:meth:`SpecDecoder._lookahead_chain`). Timing only, never outputs.
+    lookahead_top_k : int
+        Children per expanded node and nodes expanded per level of the lookahead draft (1: a chain of the
+        head's most likely tokens; more: a small EAGLE-2 tree).
 
     The properties below say what a method needs; callers test them, never method names.
     """
@@ -84,6 +93,8 @@ class Method:
     oracle: bool = False
     uses_cache: bool = True
     calibrated: bool = False
+    lookahead_levels: int = 0
+    lookahead_top_k: int = 1
 
     @property
     def cost_aware(self) -> bool:
@@ -98,8 +109,13 @@ class Method:
 
     @property
     def needs_predictor(self) -> bool:
-        """True iff the method predicts the draft nodes' experts with an expert predictor."""
-        return self.needs_experts and not self.oracle
+        """True iff the method predicts the draft nodes' (or its lookahead draft's) experts with an expert predictor."""
+        return (self.needs_experts and not self.oracle) or self.lookahead_levels > 0
+
+    @property
+    def needs_drafter(self) -> bool:
+        """True iff the method runs the draft head: to grow a draft tree, or its AR steps' lookahead draft."""
+        return self.drafts or self.lookahead_levels > 0
 
     @property
     def needs_reference(self) -> bool:
@@ -107,12 +123,21 @@ class Method:
         return self.oracle
 
 
+#: Levels and width of the lookahead draft of ``ar+lookahead`` and of specfit's AR steps
+#: (``Method.lookahead_levels``, ``Method.lookahead_top_k``): a small tree of 6 + 36 nodes, chosen by
+#: measurement (BENCHMARKS.md, "Engine-driven lookahead": wider beat deeper at 16 and 32 slots).
+LOOKAHEAD_LEVELS = 2
+LOOKAHEAD_TOP_K = 6
+
 METHODS: dict[str, Method] = {
     "ar": Method("ar", drafts=False, selector=None),
+    "ar+lookahead": Method("ar+lookahead", drafts=False, selector=None, lookahead_levels=LOOKAHEAD_LEVELS,
+                           lookahead_top_k=LOOKAHEAD_TOP_K),
     "eagle3-vanilla": Method("eagle3-vanilla", drafts=True, selector="eagle", uses_cache=False),
     "eagle3": Method("eagle3", drafts=True, selector="eagle"),
     "eagle3-scan": Method("eagle3-scan", drafts=True, selector="scan"),
-    "specfit": Method("specfit", drafts=True, selector="exact", level_by_level=True, calibrated=True),
+    "specfit": Method("specfit", drafts=True, selector="exact", level_by_level=True, calibrated=True,
+                      lookahead_levels=LOOKAHEAD_LEVELS, lookahead_top_k=LOOKAHEAD_TOP_K),
     "oracle": Method("oracle", drafts=True, selector="exact", level_by_level=True, oracle=True, calibrated=True),
 }
 
@@ -169,13 +194,16 @@ class _TwinState:
     Attributes: ``shadows`` the decoder's setting (AR steps may carry shadow cycles); ``cache`` the
     twin's :class:`~specfit.engine.twin.ARTwinCache` (None until a generation has one) and ``key`` the
     runtime cache it replays, ``(id, slots, policy)``; ``can_shadow`` whether this generation's AR steps
-    can carry shadow cycles (the twin, a transfer-regime cost, a level-by-level method: :meth:`SpecDecoder._prefill`).
+    can carry shadow cycles (the twin, a transfer-regime cost, a level-by-level method: :meth:`SpecDecoder._prefill`);
+    ``lookahead_ms`` the last AR step's ms with the cache's lookahead (None once replayed) and the decayed sums
+    of those and of the twin's ms for the same tokens (:meth:`SpecDecoder._replay_twin`).
     """
 
     shadows: bool
     cache: ARTwinCache | None = None
     key: tuple | None = None
     can_shadow: bool = False
+    lookahead_ms: list = field(default_factory=lambda: [None, 0.0, 0.0])
 
 
 def _verify_inputs(tree: DraftTree, keep: list) -> tuple[list, list]:
@@ -652,7 +680,8 @@ class _Carry:
     ``learning`` the last cycle's outcome, learned during the next verify (:class:`_Learning`);
     ``ar_next`` ``(Ŝ,)`` when the next cycle is an AR step decided ahead; ``twin_path`` the last cycle's
     committed forwards' routing (τ, L, k), not yet replayed in the AR twin; ``shadows`` the shadow cycles
-    drafted whose outcome is not known yet (oldest first).
+    drafted whose outcome is not known yet (oldest first); ``copied`` whether the last forward copied an
+    expert (an AR step drafts its lookahead only after one).
     """
 
     lam_tokens: float = 0.0
@@ -662,6 +691,7 @@ class _Carry:
     ar_next: tuple | None = None
     twin_path: np.ndarray | None = None
     shadows: list = field(default_factory=list)
+    copied: bool = True
 
 
 @dataclass
@@ -798,8 +828,9 @@ class SpecDecoder:
                  clock: Clock | None = None):
         self.method = get_method(method) if isinstance(method, str) else method
         m = self.method
-        if m.drafts and drafter is None:
-            raise SpecFitInputError("drafter", f"method {m.name} drafts a tree and needs a drafter")
+        if m.needs_drafter and drafter is None:
+            raise SpecFitInputError("drafter", f"method {m.name} drafts {'a tree' if m.drafts else 'a lookahead draft'} "
+                                    "and needs a drafter")
         if m.cost_aware and cost is None:
             raise SpecFitInputError("cost", f"method {m.name} selects under the cost model and needs one")
         if m.needs_predictor and predictor is None:
@@ -808,7 +839,7 @@ class SpecDecoder:
             raise SpecFitInputError("reference", "method oracle needs a reference target for the true routing")
         sampling = Sampling(temperature, top_p, seed)  # refuses a temperature < 0
         head_aux, target_aux = getattr(drafter, "aux_layer_ids", None), getattr(target, "aux_layers", None)
-        if m.drafts and head_aux is not None and target_aux is not None and tuple(head_aux) != tuple(target_aux):
+        if m.needs_drafter and head_aux is not None and target_aux is not None and tuple(head_aux) != tuple(target_aux):
             raise SpecFitInputError("aux_layers", f"the head reads target features after layers {tuple(head_aux)} "
                                     f"(its aux_layer_ids) but the target returns layers {tuple(target_aux)} (its "
                                     f"aux_layers); load the target with aux_layers={tuple(head_aux)}")
@@ -873,6 +904,10 @@ class SpecDecoder:
     #: selector returns the best selection found so far (SPECFIT.md §3). A verify is 3-100 ms.
     SOLVE_TIME_LIMIT_S = 0.005
 
+    #: Per AR step, the decay of the sums whose ratio scales the AR twin's ms under a lookahead cache
+    #: (:meth:`_replay_twin`): about the last 20 AR steps count.
+    LOOKAHEAD_AR_DECAY = 0.95
+
     # -- one generation ------------------------------------------------------------------------
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, eos_id: int | None = None) -> Generation:
         """Decode up to ``max_new_tokens`` new tokens after ``prompt_ids``.
@@ -928,6 +963,7 @@ class SpecDecoder:
         cycle's root) into the target, the reference, the predictor and the drafter, and sync the AR twin;
         whether the drafter holds the prompt (False for a one-token prompt: the first cycle drafts nothing)."""
         self._carry.lam_tokens = self._carry.lam_ms = 0.0
+        self._carry.copied = True  # the prefill copied the prompt's experts
         for t in (self.target, self.reference):
             if t is not None:
                 t.reset()
@@ -992,7 +1028,7 @@ class SpecDecoder:
         if selection is not None:
             keep = list(selection.nodes)
             sub_tokens, sub_parents = _verify_inputs(tree, keep)
-        self._set_lookahead(tree, keep)  # host work of the cycle, timed with it
+        self._set_lookahead(tree, keep, root, rec, drafter_ready)  # host work of the cycle, timed with it
         rec.host_cpu_ms += (self.clock.cpu() - c0 - now.untimed_s) * 1e3  # (+ the learning's unhidden part)
         rec.predict_ms = now.predict_s * 1e3
         shadow_host_ms = 0.0
@@ -1025,12 +1061,15 @@ class SpecDecoder:
         routing = out.routing.numpy()
         self._observe_committed(sub_tokens, acc, routing)
         self._record_verify(rec, stats0, routing, keep, acc)
+        self._carry.copied = sum(rec.transferred) > 0
         if rec.decision in ("ar", "shadow") and self.cost is not None:  # T(AR) of its counts: the rate mode's λ
             rec.predicted_ms = verify_ms(self.cost, 1, *self._uncached(rec))
             if self._twin.can_shadow:  # its H2D ms: what the next shadows' head forwards hide behind
                 self.policy.observe_ar_h2d(rec.predicted_ms - verify_ms(self.cost, 1, np.zeros(len(rec.transferred)),
                                                                         rec.true_experts))
                 self._set_shadowing()
+            if self._twin.cache is not None and self.method.lookahead_levels and self._looks_ahead():
+                self._twin.lookahead_ms[0] = rec.predicted_ms  # against the twin's ms for the same token (_replay_twin)
         if shadow is not None:  # up to the AR step's modeled ms less what it already hides
             hidden = min(shadow_host_ms, max(rec.predicted_ms - rec.hidden_host_ms, 0.0))
             rec.hidden_host_ms += hidden
@@ -1041,23 +1080,65 @@ class SpecDecoder:
         self._carry.lam_ms += rec.predicted_ms
         return CycleOutcome(rec, acc.new_tokens, out.aux_hidden[acc.path], [sub_tokens[v] for v in acc.path])
 
-    def _set_lookahead(self, tree: DraftTree | None, keep: list) -> None:
+    def _set_lookahead(self, tree: DraftTree | None, keep: list, root: int = -1, rec: CycleRecord | None = None,
+                       drafter_ready: bool = False) -> None:
         """Give a lookahead expert cache (``cache.policy.uses_lookahead``) the predicted demand of the
         tokens after this cycle's verify: :func:`~specfit.core.lookahead.tree_expert_demand` of the drafted
         ``tree`` less the verified nodes ``keep`` (a shadow cycle verifies the root alone: every other
         node counts), each node's predicted experts weighted by its path probability (calibrated for a
-        calibrated method). An AR step without a tree keeps the last tree's demand (its nodes still predict
-        the next tokens); a tree without predicted experts clears it (the base policy's eviction).
-        Timing only, never outputs."""
+        calibrated method). An AR step without a tree drafts a lookahead draft below ``root`` where the
+        method has one (``Method.lookahead_levels``; :meth:`_lookahead_chain`, its head forwards in
+        ``rec``) and the last forward copied an expert (after a forward that copied none the step likely
+        evicts nothing, and the draft would be paid in full: its head forwards hide behind copies), else
+        keeps the last tree's demand (its nodes still predict the next tokens); a tree
+        without predicted experts clears it (the base policy's eviction). Timing only, never outputs."""
         cache = self.target.cache
-        if not getattr(getattr(cache, "policy", None), "uses_lookahead", False):
+        if not self._looks_ahead():
             return
-        if tree is None:  # an AR step without a tree: the last tree's demand still predicts the next tokens
+        if tree is None:  # an AR step without a tree: its lookahead draft, or the last tree's demand
+            slots = getattr(cache, "slots", None)
+            if (self.method.lookahead_levels and drafter_ready and rec is not None and self.predictor is not None
+                    and self._carry.copied and isinstance(slots, (int, np.integer)) and 0 < slots < self.num_experts):
+                cache.set_lookahead(self._lookahead_chain(root, rec))
             return
         if tree.experts is None or tree.n <= len(keep) or tree.experts.shape[1] != cache.num_layers:
             cache.set_lookahead(None)
         else:
             cache.set_lookahead(tree_expert_demand(tree, exclude=keep))
+
+    def _looks_ahead(self) -> bool:
+        """Whether the target's expert cache evicts by a lookahead demand (``cache.policy.uses_lookahead``)."""
+        return getattr(getattr(self.target.cache, "policy", None), "uses_lookahead", False)
+
+    def _lookahead_chain(self, root: int, rec: CycleRecord) -> np.ndarray | None:
+        """An AR step's lookahead: the head drafts ``Method.lookahead_levels`` levels below ``root``
+        (``draft_levels(root, Method.lookahead_top_k, depth)``: a chain for top_k 1, else a small tree),
+        the predictor predicts their nodes' experts, and :func:`~specfit.core.lookahead.expert_demand`
+        weights them by the head's path probabilities P_v. Returns the (L, E) demand (None if the drafter
+        yielded no level).
+
+        The head forwards are ``rec.shadow_levels`` (priced like a shadow cycle's: they run while the AR
+        step copies its experts, so only what exceeds its H2D ms is charged, eval/modeled.py) and the
+        cycle's ``draft_ms``; the prediction and the demand are host work of the cycle."""
+        depth = self.method.lookahead_levels
+        uses_hidden = getattr(self.predictor, "uses_hidden", True)
+        levels = self.drafter.draft_levels(root, self.method.lookahead_top_k, depth)
+        tokens, pp, hidden = [], [], []
+        for _ in range(depth):
+            level = self._next_level(levels, rec)
+            if level is None:
+                break
+            _, tok, p = _level_arrays(level)
+            tokens.append(tok)
+            pp.append(p)
+            hidden.append(level.hidden.float().cpu().numpy() if uses_hidden and level.hidden is not None else None)
+        levels.close()
+        rec.shadow_levels += len(tokens)
+        if not tokens:  # a drafter that yielded no level: no demand (the base policy's eviction)
+            return None
+        tokens = np.concatenate(tokens)
+        h = np.concatenate(hidden) if hidden and all(x is not None for x in hidden) else None
+        return expert_demand(np.clip(np.concatenate(pp), 0.0, 1.0), self._predict(tokens, h), self.num_experts)
 
     def _learning_slot(self, rec: CycleRecord, tree: DraftTree | None, items, ahead: bool) -> float:
         """The host work run while this cycle's verify is on the device, its thread CPU seconds: the last
@@ -1291,6 +1372,14 @@ class SpecDecoder:
         """Step the AR twin through the last cycle's committed forwards (every cycle's, AR steps the
         online model does not learn from included: :meth:`_learn_last_cycle` runs each cycle).
 
+        With a lookahead cache and a method whose AR steps draft a lookahead (``Method.lookahead_levels``)
+        the AR steps the gate can take cost less than the twin's (its base policy, LRU/LFU, has no draft to
+        look ahead with): each step's ms is scaled by the measured ratio of this engine's AR steps' modeled
+        ms (their verify on the measured counts) to the twin's for the same tokens, sums decayed by
+        :attr:`LOOKAHEAD_AR_DECAY` per AR step. Approximation: the ratio is of the AR steps the engine took,
+        in the cache its drafted cycles left; the lookahead's head forwards are not in it (hidden behind
+        the copies at 16-32 slots, eval/modeled.py).
+
         Returns
         -------
         float or None
@@ -1301,6 +1390,12 @@ class SpecDecoder:
             return None
         path, self._carry.twin_path = self._carry.twin_path, None
         ms = [self._ar_step_ms(self._twin.cache.step(r)) for r in path]
+        la = self._twin.lookahead_ms
+        if la[0] is not None and len(ms) == 1:  # an AR step with the lookahead, and the twin's for its token
+            la[1], la[2] = self.LOOKAHEAD_AR_DECAY * la[1] + la[0], self.LOOKAHEAD_AR_DECAY * la[2] + ms[0]
+        la[0] = None
+        if la[2] > 0:  # the AR steps this engine takes (with the lookahead), not LRU's
+            ms = [m * la[1] / la[2] for m in ms]
         for sh in self._carry.shadows:  # each forward's AR ms, in order, for the shadows it continues
             if len(sh.ar_ms) < len(sh.routing):
                 sh.ar_ms.extend(ms[:len(sh.routing) - len(sh.ar_ms)])

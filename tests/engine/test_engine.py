@@ -123,7 +123,7 @@ def test_greedy_output_of_every_method_equals_ar(ckpt, ar_outputs, method):
     if get_method(method).calibrated:  # the AR gate may stop drafting once it measured that drafting loses
         drafted = [c for c in cycles if c.decision != "ar"]
         assert len(drafted) >= dec.online.policy.MIN_DRAFTED and sum(c.accepted for c in drafted) >= 1
-    elif method != "ar":
+    elif get_method(method).drafts:  # (ar+lookahead drafts a lookahead chain, never verified: tau 1)
         assert max(taus) > 1.2  # the self drafter makes speculation accept tokens
 
 

@@ -241,3 +241,21 @@ def test_task_metric_of_a_mixed_dataset():
     row = summarise(recs, depth=2, temperature=0.0)[0]
     assert row["task"] == {"accuracy": 0.5, "rouge1": 0.5, "rouge2": 0.25, "rougeL": 0.4}
     assert row["task_metric"] == "acc 0.500, R-L 0.400"
+
+
+def test_ar_lookahead_rows_compare_with_ar_and_never_stand_for_it():
+    """``ar+lookahead`` runs the head (its lookahead draft) and verifies nothing drafted: its outputs are
+    compared with ar's, in either order of the records, and its speedup is against ar's row; it reports no
+    predicted-vs-transferred ratio (it selects nothing)."""
+    ar = _rec("ar", "p", [1, 2, 3, 4], [0, 0, 0, 0], 2.0, 400.0, 32, 64, [1, 1, 1, 1])
+    for bad_at in (None, 2):
+        out = [1, 2, 3, 4] if bad_at is None else [1, 2, 7, 4]
+        la = _rec("ar+lookahead", "p", out, [0, 0, 0, 0], 2.0, 320.0, 24, 64, [1, 1, 1, 1])
+        for recs in ([ar, la], [la, ar]):
+            rows = {r["method"]: r for r in summarise(recs, depth=3, temperature=0.0)}
+            assert rows["ar"]["equal_to_ar"] is None
+            assert rows["ar+lookahead"]["equal_to_ar"] is (bad_at is None)
+            assert rows["ar+lookahead"]["first_divergence"] == ({} if bad_at is None else {"p": bad_at})
+            assert rows["ar+lookahead"]["speedup_vs_ar"] == pytest.approx(1.25)
+            assert rows["ar+lookahead"]["experts_per_token"] == 6.0 and rows["ar"]["experts_per_token"] == 8.0
+            assert rows["ar+lookahead"].predicted_vs_transferred is None
