@@ -94,8 +94,9 @@ class ResultRecord(_JsonRecord):
     measured_ms : dict
         Measured totals in ms: ``draft``, ``predict`` (the expert predictor's calls), ``tree`` (tree
         building, calibration and pruning per level; absent in old files), ``solve``, ``verify``,
-        ``transfer``, ``accept``, ``hidden_host`` (host CPU ms overlapped with a draft level
-        or the verify and left out of the modeled time, :mod:`specfit.eval.modeled`; absent in old files),
+        ``transfer``, ``accept``, ``hidden_host`` (host ms overlapped with a draft level or the verify and
+        left out of the modeled time, as the run's clock gave them: priced from counts with the counted
+        clock, :mod:`specfit.eval.modeled`; absent in old files),
         ``host_thread`` (this machine's CPU ms of the engine's thread outside the forwards,
         ``CycleRecord.host_thread_ms``: the measured counterpart of ``modeled["host_ms"]`` and
         ``hidden_host``, whichever clock priced them; absent in old files).
@@ -219,9 +220,9 @@ class SummaryRow(_JsonRecord):
         their counts or measured, as the run's clock says, :mod:`specfit.eval.modeled`) over the modeled
         time; the target is <= 2%.
     host_ms_per_token, host_thread_ms_per_token : float or None
-        Per committed token: the modeled host ms (``modeled["host_ms"]``) and this machine's measured
-        CPU ms of the same host work, hidden parts included (``measured_ms["host_thread"]``; None for
-        records written without it).
+        Per committed token, hidden parts included: the host ms the run's clock priced (``modeled["host_ms"]
+        + measured_ms["hidden_host"]``: counted or measured) and this machine's measured CPU ms of the same
+        host work (``measured_ms["host_thread"]``; None for records written without it).
     """
 
     dataset: str

@@ -226,9 +226,9 @@ class CycleRecord:
         learning while this cycle verifies (up to the shortest verify) (SPECFIT.md §3, "Host work hidden
         by the device").
     host_thread_ms : float
-        This machine's measured CPU ms of the engine's thread in the cycle outside the forwards (head,
-        target, reference) and the accept step, hidden parts included, from
-        :meth:`specfit.engine.clock.Clock.thread`: reported beside ``host_cpu_ms``, never decided on.
+        This machine's measured CPU ms of the host work ``host_cpu_ms`` and ``hidden_host_ms`` stand for
+        (the cycle's thread time up to its accept step less the forwards (head, target, reference), the
+        accept step and the commit), from :meth:`specfit.engine.clock.Clock.thread`: reported, never decided on.
     ar_tokens_ms : float
         What plain AR decoding would have paid for this cycle's committed tokens, one step each in its own
         expert cache (the AR twin, :mod:`specfit.engine.twin`; calibrated methods in the transfer regime
@@ -973,6 +973,7 @@ class SpecDecoder:
         self._commit_reference(keep, acc, sub_tokens, sub_parents)
         now.device_thread_s += self.clock.thread() - d0
         rec.accept_ms = (self.clock.wall() - t0) * 1e3
+        rec.host_thread_ms = (self.clock.thread() - th0 - now.device_thread_s) * 1e3  # the host work up to here
         # record
         routing = out.routing.numpy()
         self._observe_committed(sub_tokens, acc, routing)
@@ -991,7 +992,6 @@ class SpecDecoder:
         self._queue_learning(rec, routing)
         self._carry.lam_tokens += rec.committed
         self._carry.lam_ms += rec.predicted_ms
-        rec.host_thread_ms = (self.clock.thread() - th0 - now.device_thread_s) * 1e3
         return CycleOutcome(rec, acc.new_tokens, out.aux_hidden[acc.path], [sub_tokens[v] for v in acc.path])
 
     def _set_lookahead(self, tree: DraftTree | None, keep: list) -> None:
