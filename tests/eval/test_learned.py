@@ -173,6 +173,7 @@ def test_a_warm_start_starts_each_dataset_from_the_saved_state(tiny, whole, tmp_
     (dict(methods="ar,specfit,oracle"), "method"),
     (dict(draft="HEAD2"), "head"),
     (dict(temperature=0.5), "temperature"),
+    (dict(clock="measured"), "clock"),  # host ms learned on the counted clock
 ])
 def test_a_warm_start_of_other_settings_is_refused_naming_the_field(tiny, whole, tmp_path, change, field):
     if change.get("draft") == "HEAD2":
