@@ -132,7 +132,8 @@ def test_the_comparison_sees_what_the_learning_changes(tiny, whole, tmp_path, mo
 def test_learned_json_holds_each_dataset_and_the_prompts_it_covers(whole):
     doc = json.loads((whole / "learned.json").read_text())
     assert doc["format"] == 1 and set(doc["sets"]) == {"gsm8k", "cnndm"}
-    assert set(doc["identity"]) == {"target", "head", "profile", "offload", "admission", "predictor", "device"}
+    assert set(doc["identity"]) == {"target", "head", "profile", "offload", "admission", "predictor", "device", "clock"}
+    assert doc["identity"]["clock"] == "counted"  # specfit eval on the CPU
     for d, items in doc["sets"].items():
         assert [e["key"]["method"] for e in items] == ["specfit"]
         ids = [r["id"] for r in read_results(whole / "results.jsonl") if r["dataset"] == d and r["method"] == "specfit"]
