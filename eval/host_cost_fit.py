@@ -32,14 +32,18 @@ FIT_METHODS = ("ar", "eagle3", "eagle3-scan", "specfit")
 
 
 class RecordingClock(MeasuredClock):
-    """The measured clock, with the counts charged so far per kind (``counts``)."""
+    """The measured clock, recording the counts charged per cycle: each cycle's first charge is its
+    ``cycle`` (``SpecDecoder._cycle``), so ``segments[i]`` holds the counts from the i-th cycle's start to
+    the next one's (a generation's final learning lands in its last cycle, as its host ms do)."""
 
     def __init__(self):
-        self.counts = dict.fromkeys(HOST_WORK, 0.0)
+        self.segments: list[np.ndarray] = []
 
     def charge(self, kind: str, n: float = 1) -> None:
-        """Count ``n`` of ``kind``."""
-        self.counts[kind] += n
+        """Count ``n`` of ``kind`` in the running cycle's segment."""
+        if kind == "cycle" or not self.segments:
+            self.segments.append(np.zeros(len(HOST_WORK)))
+        self.segments[-1][HOST_WORK.index(kind)] += n
 
 
 def measure(config) -> list[dict]:
@@ -63,23 +67,13 @@ def measure(config) -> list[dict]:
                 models.online.clear()
                 dataset = pr.dataset
             for m in p.methods:
-                dec = models.decoder(m, tree=tree)
-                cycle, mine = dec._cycle, []
-
-                def counted(root, ready, cycle=cycle, mine=mine):
-                    before = dict(clock.counts)
-                    out = cycle(root, ready)
-                    mine.append([out.record, [clock.counts[k] - before[k] for k in HOST_WORK]])
-                    return out
-
-                dec._cycle = counted
-                start = dict(clock.counts)
-                dec.generate(ids, config.max_new_tokens, eos_id=models.eos_token_id)
-                total = np.array([clock.counts[k] - start[k] for k in HOST_WORK])
-                if mine:  # the generation's final learning: charged after its last cycle, booked to it
-                    mine[-1][1] = list(np.asarray(mine[-1][1]) + total - np.sum([c for _, c in mine], axis=0))
-                rows += [{"dataset": pr.dataset, "method": m.name, "counts": c,
-                          "host_ms": rec.host_cpu_ms + rec.hidden_host_ms} for rec, c in mine]
+                first = len(clock.segments)
+                gen = models.decoder(m, tree=tree).generate(ids, config.max_new_tokens, eos_id=models.eos_token_id)
+                segments = clock.segments[first:]
+                if len(segments) != len(gen.cycles):
+                    raise RuntimeError(f"{len(segments)} cycles charged, {len(gen.cycles)} recorded")
+                rows += [{"dataset": pr.dataset, "method": m.name, "counts": c.tolist(),
+                          "host_ms": rec.host_cpu_ms + rec.hidden_host_ms} for rec, c in zip(gen.cycles, segments)]
     return rows
 
 
