@@ -122,7 +122,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None, help="write the result here")
     a = ap.parse_args(argv)
     slots = a.cache_slots if a.cache_slots == "all" else int(a.cache_slots)
-    config = EvalConfig(datasets=("gsm8k", "cnndm"), limit=a.limit, methods=FIT_METHODS, max_new_tokens=a.max_new_tokens,
+    config = EvalConfig(datasets=("gsm8k", "cnndm"), limit=a.limit, methods=FIT_METHODS,
+                        max_new_tokens=a.max_new_tokens,
                         cache_slots=slots, profile=a.profile, clock="measured", out="/tmp/specfit-host-cost-fit")
     rows = measure(config)
     res = {"machine": machine(), "command": command_line("specfit.eval.host_cost_fit", argv), **fit(rows),

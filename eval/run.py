@@ -692,7 +692,8 @@ def _run(p: Plan, progress: bool) -> dict:
     meta = {"config": config.to_json(), "resolved": p.identity, "num_layers": num_layers,
             "num_experts": int(spec.num_experts), "top_k": int(spec.top_k),
             "cost": pricing.to_json(), "draft_level_ms": models.cost.draft_level_ms, "max_len": models.target.max_len,
-            "clock": config.clock, **({"host_costs": get_host_costs(config.profile).to_json()} if config.clock == "counted" else {})}
+            "clock": config.clock,
+            **({"host_costs": get_host_costs(config.profile).to_json()} if config.clock == "counted" else {})}
     if config.offload != "transfer":
         meta["offload_note"] = (_HOST_NOTE if config.offload == "host" else _AUTO_NOTE).format(profile=config.host_profile)
     rows, text, paths = write_summary(out, records, meta, [pr for pr, _ in p.prompts])

@@ -81,7 +81,7 @@ class HostCosts:
         return getattr(self, kind) * n
 
     def to_json(self) -> dict:
-        """``{kind: ms}`` for every kind, and ``source`` when it is set (the ``host_costs`` object of a profile file)."""
+        """``{kind: ms}`` for every kind, and ``source`` when it is set (a profile file's ``host_costs``)."""
         out = {k: getattr(self, k) for k in HOST_WORK}
         if self.source:
             out["source"] = self.source
