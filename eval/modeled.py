@@ -10,7 +10,7 @@ deployment a hardware profile describes (Qwen3-30B-A3B on one GPU, experts behin
                 + (48 / L) * sum_l [per_expert_ms * transferred[l] + read_ms * true_experts[l]]
     draft_ms  = (levels + levels_ahead) * profile.draft_level_ms
                 + max(0, shadow_levels * profile.draft_level_ms - (verify_ms - fixed_ms - per_node_ms * nodes_verified))
-    host_ms   = host_cpu_ms                    (measured here: CPU time of the engine's thread)
+    host_ms   = host_cpu_ms                    (the engine's clock: priced from counts, or measured)
 
 * verify: SPECFIT.md §3's T(S) with the *measured* counts of the cycle — nodes the target
   verified (root included), experts the runtime really copied per MoE layer, and the distinct experts
@@ -30,10 +30,16 @@ deployment a hardware profile describes (Qwen3-30B-A3B on one GPU, experts behin
   the step copies its experts. Approximation: the engine sets the chain's demand before the step's
   forward, while on a GPU the first layers' copies may start before the chain is drafted (their evictions
   would see the previous demand). Not modeled: the head forwards' own memory traffic beside the copies.
-* host: the expert predictor, the solver and the engine's bookkeeping (tree, calibration, gate)
-  run on the host CPU in deployment as well, so their measured time is added as is: the CPU time
-  of the engine's thread (``CycleRecord.host_cpu_ms``, ``time.thread_time``), not wall-clock time,
-  which on a shared machine swings severalfold with other processes' load.
+* host: the expert predictor, the solver and the engine's bookkeeping (tree, calibration, gate,
+  learning) run on the host CPU in deployment as well, so their time is added as the engine's clock
+  gave it (``CycleRecord.host_cpu_ms``, :mod:`specfit.engine.clock`). With the counted clock (``specfit
+  eval``'s default on the CPU) each piece of host work is priced from its count with the profile's host
+  prices (:class:`specfit.core.host_cost.HostCosts`: per cycle, drafted cycle, draft level and node,
+  predictor call and node, solve and tree node, learned cycle and node; a fit of this project's measured
+  host CPU time), so the figure is a property of the method, the data and the profile, not of the
+  machine that ran it; with the measured clock (the default on CUDA) it is the CPU time of the engine's
+  thread (``time.thread_time``). This machine's measured host CPU ms are reported beside, never added
+  (``CycleRecord.host_thread_ms``, ``measured_ms["host_thread"]``).
   On the proxy they see L-layer instances (48 in deployment), which understates them; their share
   is reported separately (``host_share``). Parts are left out, as a GPU hides them: a drafted cycle's
   host work before its first draft level is read (the root's prediction and cost, the AR gate's sound

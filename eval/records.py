@@ -94,8 +94,12 @@ class ResultRecord(_JsonRecord):
     measured_ms : dict
         Measured totals in ms: ``draft``, ``predict`` (the expert predictor's calls), ``tree`` (tree
         building, calibration and pruning per level; absent in old files), ``solve``, ``verify``,
-        ``transfer``, ``accept``, ``hidden_host`` (host CPU ms overlapped with a draft level
-        or the verify and left out of the modeled time, :mod:`specfit.eval.modeled`; absent in old files).
+        ``transfer``, ``accept``, ``hidden_host`` (host ms overlapped with a draft level or the verify and
+        left out of the modeled time, as the run's clock gave them: priced from counts with the counted
+        clock, :mod:`specfit.eval.modeled`; absent in old files),
+        ``host_thread`` (this machine's CPU ms of the engine's thread outside the forwards,
+        ``CycleRecord.host_thread_ms``: the measured counterpart of ``modeled["host_ms"]`` and
+        ``hidden_host``, whichever clock priced them; absent in old files).
     score : dict
         Task metric of ``text`` (accuracy or ROUGE F1), ``{}`` without a reference.
     """
@@ -150,7 +154,8 @@ class ResultRecord(_JsonRecord):
         cycles = gen.cycles
         parts = [modeled_cycle_ms(c, cost) for c in cycles]
         measured = {k: sum(getattr(c, f"{k}_ms") for c in cycles)
-                    for k in ("draft", "predict", "tree", "solve", "verify", "transfer", "accept", "hidden_host")}
+                    for k in ("draft", "predict", "tree", "solve", "verify", "transfer", "accept", "hidden_host",
+                              "host_thread")}
         return cls(
             id=prompt.id, dataset=prompt.dataset, method=method, task=prompt.task,
             prompt_tokens=len(prompt_ids), output_ids=list(gen.output_ids), text=text,
@@ -211,8 +216,13 @@ class SummaryRow(_JsonRecord):
     ar_share : float or None
         Fraction of cycles in which the AR gate skipped drafting (None for old records).
     host_share : float
-        Host part of the modeled time (expert predictor, solver, the engine's bookkeeping: measured
-        CPU ms, :mod:`specfit.eval.modeled`) over the modeled time; the target is <= 2%.
+        Host part of the modeled time (expert predictor, solver, the engine's bookkeeping: priced from
+        their counts or measured, as the run's clock says, :mod:`specfit.eval.modeled`) over the modeled
+        time; the target is <= 2%.
+    host_ms_per_token, host_thread_ms_per_token : float or None
+        Per committed token, hidden parts included: the host ms the run's clock priced (``modeled["host_ms"]
+        + measured_ms["hidden_host"]``: counted or measured) and this machine's measured CPU ms of the same
+        host work (``measured_ms["host_thread"]``; None for records written without it).
     """
 
     dataset: str
@@ -244,6 +254,8 @@ class SummaryRow(_JsonRecord):
     host_share: float = 0.0
     predict_share: float | None = 0.0
     solve_predict_share: float | None = 0.0
+    host_ms_per_token: float | None = None
+    host_thread_ms_per_token: float | None = None
 
 
 # -- results.jsonl --------------------------------------------------------------------------------

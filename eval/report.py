@@ -28,6 +28,7 @@ COLUMNS = (
     ("experts/token", "experts_per_token", ".1f"), ("hit rate", "cache_hit_rate", ".3f"),
     ("nodes/cycle", "mean_nodes_verified", ".1f"), ("host share", "host_share", ".1%"),
     ("solve + predict share", "solve_predict_share", ".1%"),
+    ("host ms/tok (priced)", "host_ms_per_token", ".3f"), ("host ms/tok (this CPU)", "host_thread_ms_per_token", ".3f"),
     ("= ar", "equal_to_ar", "s"), ("task", "task_metric", "s"),
     ("A pred (calibrated)", "predicted_tau", ".2f"), ("A pred (raw P)", "predicted_tau_raw", ".2f"),
     ("AR-step share", "ar_share", ".0%"),
@@ -38,7 +39,8 @@ PRINTED_COLUMNS = (
     ("dataset", "dataset", "s"), ("method", "method", "s"), ("τ", "tau", ".2f"),
     ("tok/s modeled", "modeled_tokens_per_s", ".1f"), ("tok/s wall", "tokens_per_s", ".1f"),
     ("× ar", "speedup_vs_ar", ".3f"), ("× eagle3", "speedup_vs_eagle3", ".3f"),
-    ("experts/token", "experts_per_token", ".1f"), ("= ar", "equal_to_ar", "s"),
+    ("experts/token", "experts_per_token", ".1f"), ("host ms/tok priced", "host_ms_per_token", ".3f"),
+    ("host ms/tok this CPU", "host_thread_ms_per_token", ".3f"), ("= ar", "equal_to_ar", "s"),
 )
 
 
@@ -49,7 +51,8 @@ def printed_table(rows: list[SummaryRow], summary_md: Path) -> str:
     lines += ["| " + " | ".join(_fmt(getattr(r, k), f) for _, k, f in PRINTED_COLUMNS) + " |" for r in rows]
     lines += ["", "tok/s modeled and the × columns: the measured cycles priced on the hardware profile (modeled); "
               "tok/s wall: this machine; τ: committed tokens per cycle; experts/token: uncached experts per "
-              f"committed token; = ar: greedy output equals ar's. Every column: {summary_md}", ""]
+              "committed token; host ms/tok: the engine's host work per committed token (hidden parts included), "
+              "as the run's clock priced it (counted or measured) and as this machine's CPU measured it; = ar: greedy output equals ar's. Every column: {summary_md}", ""]
     return "\n".join(lines)
 
 
@@ -147,6 +150,10 @@ def summarise(records: list[ResultRecord], depth: int, temperature: float) -> li
             modeled_share={k: sum(r.modeled[k] for r in recs) / modeled_ms if modeled_ms else 0.0
                            for k in MODELED_PARTS},
             host_share=sum(r.modeled["host_ms"] for r in recs) / modeled_ms if modeled_ms else 0.0,
+            host_ms_per_token=(sum(r.modeled["host_ms"] + r.measured_ms.get("hidden_host", 0.0) for r in recs) / committed
+                               if committed else None),
+            host_thread_ms_per_token=(sum(r.measured_ms["host_thread"] for r in recs) / committed if committed else None)
+            if all("host_thread" in r.measured_ms for r in recs) else None,
             equal_to_ar=equal, first_divergence=diverge,
             acceptance_by_depth=metrics.acceptance_by_depth(accept, depth),
             task=task, task_metric=task_text, **_calibration_columns(recs),

@@ -24,6 +24,11 @@ Fairness and reproducibility:
   times use (:mod:`eval.modeled`);
 * the sampling verifier (temperature > 0) is seeded per prompt from ``seed`` (an integer in
   [0, 2**63)) and the prompt's dataset and id (:func:`_prompt_seed`, a hash, not a reduction modulo);
+* the engine's host work (predictor, tree, solver, bookkeeping, learning) is priced from its counts with
+  the profile's host prices (``clock="counted"``, the default on the CPU: :class:`specfit.engine.clock.CountedClock`,
+  :func:`specfit.core.cost.get_host_costs`), so the same command gives the same decisions and modeled figures
+  on any machine (greedy); ``clock="measured"`` (the default on CUDA) learns from this machine's CPU time
+  instead. Either way each record keeps this machine's measured host CPU ms (``measured_ms["host_thread"]``);
 * each method first decodes 2 tokens after a short prompt untimed, so one-time costs (lazy
   imports, allocator warm-up) do not land in the first prompt's wall-clock time.
 
@@ -34,7 +39,8 @@ interruption is cut off) and skips the (id, dataset, method) triples it already 
 engine learned after its last finished prompt and the prompt ids that state covers; it is rewritten
 atomically after each such prompt, and a resumed run restores it, so an interrupted and resumed run
 writes the records an uninterrupted one does (decisions included, where the engine's clock is
-deterministic: :class:`specfit.engine.clock.FrozenClock`; measured host time varies run to run). A
+deterministic: the counted clock, :class:`specfit.engine.clock.CountedClock`; measured host time varies
+run to run). A
 record written after the last save of ``learned.json`` (an interruption between the two writes) is
 dropped and decoded again. The same file is a later run's ``warm_start``.
 """
@@ -68,7 +74,7 @@ WARMUP_TOKENS = 16
 #: Settings that must match for results in one ``OUT`` folder to be comparable.
 IDENTITY_FIELDS = ("model", "draft", "max_new_tokens", "cache_slots", "eviction", "admission", "profile", "temperature",
                    "top_p", "seed", "total_tokens", "depth", "top_k", "predictor", "max_article_tokens", "rate_mode",
-                   "device", "dtype", "offload", "host_profile", "warm_start")
+                   "device", "dtype", "offload", "host_profile", "warm_start", "clock")
 
 
 @dataclass(frozen=True)
@@ -136,6 +142,11 @@ class EvalConfig:
         priced and selected as ``host``, the copies priced on the link.
     host_profile : str
         Host-regime profile of :data:`specfit.core.cost.HOST_PROFILES` that prices ``host``/``auto`` runs.
+    clock : str or None
+        What the engine's host work costs (:data:`specfit.engine.clock.CLOCKS`): ``counted`` prices it from
+        its counts with the profile's host prices (reproducible modeled figures), ``measured`` from this
+        machine's thread CPU time; None (default): ``counted`` on the CPU, ``measured`` on CUDA (the engine
+        learns what its host work costs on the GPU machine it runs on). :func:`plan` records the one used.
     warm_start : str or None
         A previous run folder (its ``learned.json``) or a ``learned.json`` file: each dataset's
         ``specfit``/``oracle`` start from what that run learned on the same dataset (or on the file's
@@ -176,6 +187,7 @@ class EvalConfig:
     offload: str = "transfer"
     host_profile: str = DEFAULT_HOST_PROFILE
     warm_start: str | None = None
+    clock: str | None = None
     threads: int = 1
     out: str | None = None
 
@@ -275,7 +287,8 @@ def plan(config: EvalConfig) -> Plan:
     from specfit.models.devices import resolve_device
 
     device = resolve_device(config.device)  # settings as run: a folder's identity compares these
-    config = replace(config, device=str(device), dtype=_dtype_name(config.dtype, device))
+    config = replace(config, device=str(device), dtype=_dtype_name(config.dtype, device),
+                     clock=_clock_name(config.clock, device))
     if not config.methods:
         raise SpecFitInputError("methods", "name at least one method")
     if len(set(config.methods)) != len(config.methods):
@@ -333,6 +346,25 @@ def plan(config: EvalConfig) -> Plan:
     return Plan(config, target_dir, draft_dir, prompts, methods, tokenizer, identity, trace)
 
 
+def _clock_name(clock, device) -> str:
+    """``clock`` if it names a clock of :data:`specfit.engine.clock.CLOCKS`; None: ``"measured"`` on CUDA,
+    ``"counted"`` elsewhere.
+
+    Raises
+    ------
+    SpecFitInputError
+        ``clock``, if it names another clock.
+    """
+    from specfit.engine.clock import CLOCKS
+
+    if clock is None:
+        return "measured" if getattr(device, "type", str(device)).startswith("cuda") else "counted"
+    if clock not in CLOCKS:
+        raise SpecFitInputError("clock", f"must be one of {', '.join(CLOCKS)} (or None: counted on the CPU, measured "
+                                         f"on CUDA), got {clock!r}")
+    return clock
+
+
 def _dtype_name(dtype, device) -> str:
     """``"float32"`` or ``"bfloat16"``: ``dtype`` given by name or as a torch dtype, or None for the
     runtime's default on ``device`` (:func:`specfit.models.devices.default_dtype`).
@@ -379,6 +411,8 @@ def _check_out(out: Path, identity: dict, named: str) -> None:
         old = read_json(cfg)
     except SpecFitInputError as exc:
         raise SpecFitInputError("out", f"{exc.field}: {exc.rule}; use another out folder") from None
+    if "clock" in identity and "model" in old:  # a folder written before the clock was recorded: measured
+        old = {"clock": "measured", **old}
     for k, v in identity.items():  # a head or trace only some methods need may be missing on one side
         if k in old and old[k] != v and not (k in _OPTIONAL_PARTS and (old[k] is None or v is None)):
             fix = (f"leave out --out (these settings write to {named}) or name another folder"
@@ -396,15 +430,21 @@ def load_models(p: Plan):
     """
     from specfit.pipeline import SpecFit, kv_tokens_needed
 
+    from specfit.core.cost import get_host_costs
+    from specfit.engine.clock import make_clock
+
     c = p.config
     longest = max(len(ids) for _, ids in p.prompts)
     needs_predictor = p.trace_path is not None or c.predictor == "recency"
-    return SpecFit.from_pretrained(p.target_dir, p.draft_dir, cache_slots=c.cache_slots, eviction=c.eviction,
+    models = SpecFit.from_pretrained(p.target_dir, p.draft_dir, cache_slots=c.cache_slots, eviction=c.eviction,
                                    admission=c.admission,
                                    device=c.device, dtype=c.dtype, predictor=c.predictor if needs_predictor else None,
                                    predictor_trace=p.trace_path, profile=c.profile, offload=c.offload,
                                    host_profile=c.host_profile,
                                    max_len=kv_tokens_needed(longest, c.max_new_tokens, _tree(c)))
+    models.clock = make_clock(c.clock, get_host_costs(c.profile))
+    models.identity["clock"] = c.clock  # what it learns is in the clock's ms: a warm start must match it
+    return models
 
 
 #: The summary's note on a ``--offload host`` run.
@@ -599,6 +639,7 @@ def _run(p: Plan, progress: bool) -> dict:
     import torch
     from tqdm import tqdm
 
+    from specfit.core.cost import get_host_costs
     from specfit.core.io import atomic_write_text, dumps
     from specfit.eval.report import printed_table, write_summary
 
@@ -650,7 +691,9 @@ def _run(p: Plan, progress: bool) -> dict:
                      key=lambda r: (sets[r.dataset], order[r.method]))  # rows: datasets, then --methods
     meta = {"config": config.to_json(), "resolved": p.identity, "num_layers": num_layers,
             "num_experts": int(spec.num_experts), "top_k": int(spec.top_k),
-            "cost": pricing.to_json(), "draft_level_ms": models.cost.draft_level_ms, "max_len": models.target.max_len}
+            "cost": pricing.to_json(), "draft_level_ms": models.cost.draft_level_ms, "max_len": models.target.max_len,
+            "clock": config.clock,
+            **({"host_costs": get_host_costs(config.profile).to_json()} if config.clock == "counted" else {})}
     if config.offload != "transfer":
         meta["offload_note"] = (_HOST_NOTE if config.offload == "host" else _AUTO_NOTE).format(profile=config.host_profile)
     rows, text, paths = write_summary(out, records, meta, [pr for pr, _ in p.prompts])

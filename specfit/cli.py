@@ -289,6 +289,10 @@ def _add_eval(sub) -> None:
                         "qwen3-30b-a3b-pcie4+host-ddr5-5600-2ch)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1: the proxy is too small to gain from more; 0 = torch's default)")
+    p.add_argument("--clock", choices=("counted", "measured"), default=None,
+                   help="price the engine's host work (predictor, tree, solver, bookkeeping) from its counts with the "
+                        "profile's host prices (counted: the same command, the same modeled figures on any machine) or "
+                        "learn it from this machine's CPU time (measured); default counted on the CPU, measured on CUDA")
     p.add_argument("--out", default=None,
                    help="output folder; a rerun resumes (default: named from the settings, e.g. "
                         "runs/eval-lite-pcie4-32slots, a sweep runs/sweep-lite-pcie4)")
@@ -310,7 +314,7 @@ def _run_eval(args) -> int:
                        top_p=args.top_p, seed=args.seed, total_tokens=args.total_tokens, depth=args.depth,
                        top_k=args.top_k, predictor=args.predictor, predictor_trace=args.predictor_trace,
                        device=args.device, dtype=args.dtype, threads=args.threads, offload=args.offload, host_profile=args.host_profile, out=args.out,
-                       warm_start=args.warm_start,
+                       warm_start=args.warm_start, clock=args.clock,
                        progress=not args.no_progress)
     except KeyboardInterrupt:
         raise _Interrupted("interrupted; rerun the same command to resume") from None

@@ -206,7 +206,8 @@ class SpecFit:
         on the first ``oracle`` generation.
     identity : dict, optional
         What makes what the engine learns transferable (target, head, profile, offload, predictor,
-        admission, device); :meth:`from_pretrained` fills it. :meth:`save_learned` records it and
+        admission, device, clock: host ms learned on one clock are not another's); :meth:`from_pretrained`
+        fills it (``clock`` ``"measured"``; ``specfit eval`` sets the clock it runs on). :meth:`save_learned` records it and
         :meth:`load_learned` refuses a file whose identity differs (:mod:`specfit.engine.learned`).
     clock : Clock, optional
         The clocks every decoder reads (:mod:`specfit.engine.clock`; default the measured ones);
@@ -377,7 +378,7 @@ class SpecFit:
                     "profile": _profile_id(profile if offload == "transfer" else host_profile),
                     "offload": offload, "admission": admission,
                     "predictor": predictor if isinstance(predictor, str) or predictor is None else type(predictor).__name__,
-                    "device": target.device.type}
+                    "device": target.device.type, "clock": "measured"}  # the decoders' default clock
         return cls(target, drafter, tokenizer=load_tokenizer(target_dir), predictor=built,
                    cost=cost if given else cost.for_layers(L),
                    cache_slots=slots, eviction=eviction, reference=reference, identity=identity,

@@ -21,6 +21,7 @@ import numpy as np
 
 from specfit.core.errors import (MAX_LAYERS, MAX_MS, MIN_CYCLE_MS, SpecFitInputError, check_int, check_number,
                                    check_positive_int, lookup)
+from specfit.core.host_cost import HOST_COSTS, HostCosts, host_costs_from_json
 
 #: Bytes of one Qwen3-30B-A3B expert in bf16: (gate, up, down) = 3 * 2048 * 768 params * 2 bytes.
 QWEN3_30B_A3B_EXPERT_BYTES = 9_437_184
@@ -958,7 +959,7 @@ def get_profile(name: str) -> CostModel:
 #: Keys of a profile file (:func:`load_profile`).
 PROFILE_FILE_KEYS = ("name", "fixed_ms", "per_node_ms", "per_expert_ms", "read_ms", "expert_bytes", "memory_gb_per_s",
                      "link_gb_per_s", "reference_layers", "num_experts", "experts_per_token", "draft_level_ms",
-                     "host_level_ms", "about")
+                     "host_level_ms", "host_costs", "about")
 
 
 def profile_from_json(obj, where: str = "profile") -> CostModel:
@@ -968,7 +969,9 @@ def profile_from_json(obj, where: str = "profile") -> CostModel:
     (ms) or ``expert_bytes`` with ``link_gb_per_s``; the read of a routed expert, ``read_ms`` (ms) or
     ``expert_bytes`` with ``memory_gb_per_s`` (a time given in ms wins; the bandwidths are then kept as
     the profile's stated sources); optional ``name``, ``reference_layers``, ``num_experts``,
-    ``draft_level_ms``, ``host_level_ms`` and ``about`` (free text or object: where the numbers come from).
+    ``draft_level_ms``, ``host_level_ms``, ``host_costs`` (the engine's host prices per count,
+    :func:`specfit.core.host_cost.host_costs_from_json`; read by :func:`get_host_costs`) and ``about``
+    (free text or object: where the numbers come from).
 
     Raises
     ------
@@ -1005,9 +1008,31 @@ def profile_from_json(obj, where: str = "profile") -> CostModel:
     for k in ("draft_level_ms", "host_level_ms"):
         if obj.get(k) is not None:
             meta[k] = check_ms(f"{where}.{k}", obj[k])
+    if "host_costs" in obj:  # checked with the rest; get_host_costs reads them
+        host_costs_from_json(obj["host_costs"], f"{where}.host_costs")
     return CostModel(check_ms(f"{where}.fixed_ms", obj["fixed_ms"]), check_ms(f"{where}.per_node_ms", obj["per_node_ms"]),
                      pe, name=str(obj.get("name", where)), read_ms=rd, expert_bytes=nbytes,
                      memory_gb_per_s=bw.get("memory_gb_per_s"), link_gb_per_s=bw.get("link_gb_per_s"), **meta)
+
+
+def get_host_costs(name: str) -> HostCosts:
+    """The engine's host prices (ms per count of host work, :mod:`specfit.core.host_cost`) that go with the
+    profile ``name``: a profile file's ``host_costs`` when it has them, else :data:`specfit.core.host_cost.HOST_COSTS`
+    (every named profile's: the host CPU is the same whichever GPU verifies).
+
+    Raises
+    ------
+    SpecFitInputError
+        As :func:`get_profile`; a file's ``host_costs`` invalid (field ``profile.host_costs.<kind>``).
+    """
+    get_profile(name)  # a bad name or file: one error
+    if isinstance(name, str) and name not in PROFILES:
+        from specfit.core.readers import read_json
+
+        obj = read_json(name, "profile")
+        if "host_costs" in obj:
+            return host_costs_from_json(obj["host_costs"], "profile.host_costs")
+    return HOST_COSTS
 
 
 def load_profile(path: str | Path) -> CostModel:

@@ -274,13 +274,18 @@ class CycleRecord:
     host_cpu_ms : float
         CPU ms of the engine's thread on the host side of the cycle (predictor, tree, calibration, gate,
         solver; head and target forwards excluded), from :meth:`specfit.engine.clock.Clock.cpu`: unlike
-        wall-clock ms it does not grow with other processes' load.
+        wall-clock ms it does not grow with other processes' load. With a counted clock
+        (:class:`specfit.engine.clock.CountedClock`) the same parts priced from their counts instead.
     hidden_host_ms : float
         Host CPU ms the device hides (not in ``host_cpu_ms``; what exceeds each slot is): the work before
         the first draft level is read, while that level computes (up to the profile's ``draft_level_ms``);
         each level's work while the next computes (a drafter that launches ahead); the last cycle's
         learning while this cycle verifies (up to the shortest verify) (SPECFIT.md §3, "Host work hidden
         by the device").
+    host_thread_ms : float
+        This machine's measured CPU ms of the host work ``host_cpu_ms`` and ``hidden_host_ms`` stand for
+        (the cycle's thread time up to its accept step less the forwards (head, target, reference), the
+        accept step and the commit), from :meth:`specfit.engine.clock.Clock.thread`: reported, never decided on.
     ar_tokens_ms : float
         What plain AR decoding would have paid for this cycle's committed tokens, one step each in its own
         expert cache (the AR twin, :mod:`specfit.engine.twin`; calibrated methods in the transfer regime
@@ -318,6 +323,7 @@ class CycleRecord:
     accept_ms: float = 0.0
     host_cpu_ms: float = 0.0
     hidden_host_ms: float = 0.0
+    host_thread_ms: float = 0.0
     ar_tokens_ms: float = 0.0
     host: dict = field(default_factory=dict)
 
@@ -657,7 +663,8 @@ class _CycleState:
     with the cycle's cost model; ``untimed_s`` CPU s of head and reference forwards (not host work);
     ``predict_s`` wall s in the expert predictor; ``drafted`` the whole drafted tree (:class:`_Drafted`);
     ``level_host_ms`` host CPU ms in the draft levels; ``selected_depth`` the deepest verified node (0: the
-    root alone); ``reference_verified`` whether the oracle's reference verified this cycle's tree.
+    root alone); ``reference_verified`` whether the oracle's reference verified this cycle's tree;
+    ``device_thread_s`` thread CPU s of the forwards and the accept step (left out of ``host_thread_ms``).
     """
 
     cache: np.ndarray | None = None
@@ -669,6 +676,7 @@ class _CycleState:
     level_host_ms: float = 0.0
     selected_depth: int = 0
     reference_verified: bool = False
+    device_thread_s: float = 0.0
 
 
 @dataclass
@@ -997,10 +1005,11 @@ class SpecDecoder:
         if self._carry.learning is None:  # nothing reads the last cycle's AR twin ms; the next prefill syncs the twin
             self._carry.twin_path = None
         if self.online is not None and (self.online.deferred or self._carry.learning) and cycles:
-            c0 = self.clock.cpu()  # left to hide them behind
+            c0, th0 = self.clock.cpu(), self.clock.thread()  # left to hide them behind
             self.online.flush()
             self._learn_last_cycle()
             cycles[-1].host_cpu_ms += (self.clock.cpu() - c0) * 1e3
+            cycles[-1].host_thread_ms += (self.clock.thread() - th0) * 1e3
         if self._carry.shadows:  # their continuation ends here: never resolved
             self.policy.drop_shadows(len(self._carry.shadows))
             self._carry.shadows.clear()
@@ -1013,7 +1022,9 @@ class SpecDecoder:
         rec, now = CycleRecord(), _CycleState()
         self._now = now
         stats0 = self.target.cache.stats()
+        th0 = self.clock.thread()
         c0 = self.clock.cpu()
+        self.clock.charge("cycle")
         # decide → draft → predict → select (an AR step decided in the last learning slot skips drafting)
         ahead = self._carry.ar_next is not None and drafter_ready
         tree = selection = items = shadow = None
@@ -1042,7 +1053,7 @@ class SpecDecoder:
             rec.predicted_new = items.new_per_layer(keep).tolist()
         # verify, the last cycle's learning in its shadow (on a GPU the verify is launched first)
         learn_s = self._learning_slot(rec, tree if selection is not None else None, items, ahead)
-        t0 = self.clock.wall()
+        t0, d0 = self.clock.wall(), self.clock.thread()
         out = self.target.verify(torch.tensor(sub_tokens), sub_parents)
         rec.verify_ms = (self.clock.wall() - t0) * 1e3
         if learn_s:
@@ -1053,10 +1064,14 @@ class SpecDecoder:
         t0 = self.clock.wall()
         acc = self.sampling.accept(sub_tokens, sub_parents, out.logits)
         self.target.commit(acc.path)
+        now.device_thread_s += self.clock.thread() - d0  # the verify, the accept step and the commit
         if self.acceptance is not None and drafted is not None and drafted.n > 1:
             self._queue_acceptance_learning(rec, drafted, keep, acc, sub_parents)
+        d0 = self.clock.thread()
         self._commit_reference(keep, acc, sub_tokens, sub_parents)
+        now.device_thread_s += self.clock.thread() - d0
         rec.accept_ms = (self.clock.wall() - t0) * 1e3
+        rec.host_thread_ms = (self.clock.thread() - th0 - now.device_thread_s) * 1e3  # the host work up to here
         # record
         routing = out.routing.numpy()
         self._observe_committed(sub_tokens, acc, routing)
@@ -1235,6 +1250,7 @@ class SpecDecoder:
         every drafted child of an accepted node, verified or not: :func:`greedy_trials`; else the
         verified ones: :func:`verify_trials`) and its path outcome (:meth:`AcceptanceCalibrator.observe_paths`).
         ``full``: the verified nodes' ids in ``drafted`` (root first); ``acc`` the verify's acceptance."""
+        self.clock.charge("learn_node", drafted.n)
         if self.sampling.temperature == 0:
             n = drafted.n
             old, ok = greedy_trials(drafted.parents[:n], drafted.tokens[:n], full[acc.path], acc.bonus_token)
@@ -1295,6 +1311,7 @@ class SpecDecoder:
             tau += 1
         if len(sh.ar_ms) < tau:
             return False
+        self.clock.charge("learn_node", n)
         old, ok = greedy_trials(d.parents[:n], d.tokens[:n], path, bonus)
         self.acceptance.learn_verify(d.q[old], d.depth[old], np.asarray(ok, dtype=bool), d.rank[old],
                                       d.cal[sh.selected[1:]], d.depth[sh.selected[1:]], tau - 1)
@@ -1327,6 +1344,7 @@ class SpecDecoder:
             return 0.0
         args, self._carry.learning = self._carry.learning, None
         c0 = self.clock.cpu()
+        self.clock.charge("learn")
         twin_ms = self._replay_twin()
         if self._carry.shadows:
             self._resolve_shadows()
@@ -1557,6 +1575,7 @@ class SpecDecoder:
     def _start_drafting(self, root: int, cache: np.ndarray | None, rec: CycleRecord, depth: int):
         """The cycle's root tree and cost (:class:`_Growing`) and the stop rule's constants (:class:`_StopRule`)."""
         m, ts, now = self.method, self.tree, self._now
+        self.clock.charge("drafted")
         cache = self._cache_now(cache)
         rate = 1000.0 * self._carry.lam_tokens / self._carry.lam_ms if self.selecting.rate_mode and self._carry.lam_ms > 0 else None
         # every expert resident: no node brings an expert, so none is predicted (T(S) has no expert term)
@@ -1598,6 +1617,8 @@ class SpecDecoder:
         oracle's T(root alone) is known once the reference has routed the first level)."""
         t0 = self.clock.wall()
         parents, tokens, head_pp = _level_arrays(level)
+        self.clock.charge("level")
+        self.clock.charge("level_node", len(parents))
         if rule.prune:
             if rule.rate is not None:
                 rule.rate_lo = rule.rate
@@ -1621,10 +1642,11 @@ class SpecDecoder:
         """The oracle: give the tree the reference target's true routing (outside the timed path); the
         root's true experts change T(root alone)."""
         self._grow(g.tree, g.pending, g.predicted, rec)
-        u0 = self.clock.cpu()
+        u0, d0 = self.clock.cpu(), self.clock.thread()
         g.tree.set_experts(self._true_routing(g.tree))
         self._now.reference_verified = True
         self._now.untimed_s += self.clock.cpu() - u0
+        self._now.device_thread_s += self.clock.thread() - d0
         rule.root_ms, rule.root_known = verify_ms(g.cost, 1, g.tree.items(g.cache).root_new_per_layer), True
 
     def _stop_rule(self, g: "_Growing", rule: "_StopRule", p_f: float, rec: CycleRecord):
@@ -1677,10 +1699,11 @@ class SpecDecoder:
     def _next_level(self, levels, rec: CycleRecord):
         """The drafter's next level (None when its levels ended); the head forward's time is the cycle's
         ``draft_ms`` and is left out of its host CPU time (device work)."""
-        t0, u0 = self.clock.wall(), self.clock.cpu()
+        t0, u0, d0 = self.clock.wall(), self.clock.cpu(), self.clock.thread()
         level = next(levels, None)
         rec.draft_ms += (self.clock.wall() - t0) * 1e3
         self._now.untimed_s += self.clock.cpu() - u0
+        self._now.device_thread_s += self.clock.thread() - d0
         return level
 
     def _hide_behind_first_level(self, rec: CycleRecord, start: tuple) -> None:
@@ -1744,6 +1767,8 @@ class SpecDecoder:
         they are (``predict_ids``, ``observe_and_predict_ids``: the frequency predictor) is called without its
         per-call checks of type and layout (:meth:`_predictor_calls`)."""
         t0 = self.clock.wall()
+        self.clock.charge("predict")
+        self.clock.charge("predict_node", len(tokens))
         calls = self._calls
         if calls[0] is not self.predictor:
             calls = self._calls = self._predictor_calls()
@@ -1853,6 +1878,8 @@ class SpecDecoder:
         selection (whole-cycle objective). Through :meth:`Solver.solve_tree` (the same selection as
         ``solve`` of the instance, without building it where the solver can)."""
         t0 = self.clock.wall()
+        self.clock.charge("solve")
+        self.clock.charge("solve_node", tree.n)
         cost = cost if cost is not None else CostModel(1.0, 0.0, 0.0)
         # cache: the one the tree's coverage accounting uses
         sel = self.solver.solve_tree(tree, cost, cache, rate=rate, sunk_ms=sunk_ms, max_nodes=self.selecting.max_nodes)

@@ -3,7 +3,7 @@
 The file (SPECFIT.md, "JSON contracts", ``learned.json``) is one JSON object::
 
     {"format": 1,
-     "identity": {"target", "head", "profile", "offload", "predictor", "admission", "device"},
+     "identity": {"target", "head", "profile", "offload", "predictor", "admission", "device", "clock"},
      "sets": {"<dataset, or 'default' for the API>": [
          {"key": {"method", "total_tokens", "depth", "top_k", "cache_slots", "eviction",
                   "temperature", "top_p"},
@@ -12,7 +12,7 @@ The file (SPECFIT.md, "JSON contracts", ``learned.json``) is one JSON object::
 
 ``identity`` names what makes the learning transferable (the target and head checkpoints, the cost
 model it was priced on, the offload mode, the expert predictor, the cache admission rule, the device
-type); ``key`` names the setting of one :class:`specfit.engine.online.OnlineModel` (the key of
+type, the clock its host ms were read from: ``counted`` or ``measured``, :mod:`specfit.engine.clock`); ``key`` names the setting of one :class:`specfit.engine.online.OnlineModel` (the key of
 :attr:`specfit.pipeline.SpecFit.online`). A warm start from a file whose identity or key differs is
 refused with one line naming the differing field (:func:`check_identity`, :func:`check_key`).
 """

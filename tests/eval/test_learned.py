@@ -107,7 +107,8 @@ def test_the_comparison_sees_what_the_learning_changes(tiny, whole, tmp_path, mo
 def test_learned_json_holds_each_dataset_and_the_prompts_it_covers(whole):
     doc = json.loads((whole / "learned.json").read_text())
     assert doc["format"] == 1 and set(doc["sets"]) == {"gsm8k", "cnndm"}
-    assert set(doc["identity"]) == {"target", "head", "profile", "offload", "admission", "predictor", "device"}
+    assert set(doc["identity"]) == {"target", "head", "profile", "offload", "admission", "predictor", "device", "clock"}
+    assert doc["identity"]["clock"] == "counted"  # specfit eval on the CPU
     for d, items in doc["sets"].items():
         assert [e["key"]["method"] for e in items] == ["specfit"]
         ids = [r["id"] for r in read_results(whole / "results.jsonl") if r["dataset"] == d and r["method"] == "specfit"]
@@ -148,6 +149,7 @@ def test_a_warm_start_starts_each_dataset_from_the_saved_state(tiny, whole, tmp_
     (dict(methods="ar,specfit,oracle"), "method"),
     (dict(draft="HEAD2"), "head"),
     (dict(temperature=0.5), "temperature"),
+    (dict(clock="measured"), "clock"),  # host ms learned on the counted clock
 ])
 def test_a_warm_start_of_other_settings_is_refused_naming_the_field(tiny, whole, tmp_path, change, field):
     if change.get("draft") == "HEAD2":

@@ -39,7 +39,7 @@ NEW_TOKENS = 16
 FROZEN = True
 #: Record fields measured by a clock or a timer (not compared).
 TIMING = ("draft_ms", "predict_ms", "tree_ms", "solve_ms", "verify_ms", "transfer_ms", "compute_ms", "accept_ms",
-          "host_cpu_ms", "hidden_host_ms")
+          "host_cpu_ms", "hidden_host_ms", "host_thread_ms")
 
 
 def frozen_engine_time():
