@@ -98,6 +98,20 @@ def _add_generate(sub) -> None:
     p.add_argument("--warm-start", default=None, metavar="PATH",
                    help="start from what the engine learned in a previous run: its folder (learned.json) or a "
                         "learned.json file; refused when the model, head, profile or settings differ")
+    p.add_argument("--save-learned", default=None, metavar="FILE",
+                   help="write what the engine learned (the warm start, with this run's generation) to the "
+                        "learned.json FILE, atomically; a later --warm-start FILE starts from it (needs --draft)")
+
+
+def _check_save_learned(path: str) -> None:
+    """Refuse a ``--save-learned`` path that cannot become a file, before any weights are read."""
+    from pathlib import Path
+
+    p = Path(path)
+    if p.is_dir():
+        raise SpecFitInputError("save_learned", f"{p} is a folder; name a file (e.g. {p / 'learned.json'})")
+    if not p.parent.is_dir():
+        raise SpecFitInputError("save_learned", f"the folder {p.parent} does not exist")
 
 
 def _add_dtype(p) -> None:
@@ -139,6 +153,15 @@ def _run_generate(args) -> int:
         raise SpecFitInputError("method", f"{args.method!r} drafts: it needs a head, add --draft DIR (or lite, strong)")
     if args.draft_dir is None and args.profile is not None:
         raise SpecFitInputError("profile", "prices the selection of draft trees: it needs --draft")
+    if args.save_learned is not None:
+        from specfit.engine.decoder import METHODS
+
+        if args.draft_dir is None:
+            raise SpecFitInputError("save_learned", "AR decoding learns nothing to save: it needs --draft")
+        if args.method in METHODS and not METHODS[args.method].calibrated:
+            raise SpecFitInputError("save_learned", f"--method {args.method} learns nothing to save "
+                                                    "(specfit and oracle do)")
+        _check_save_learned(args.save_learned)
     target, load = args.target_dir, {}
     if target is None:
         from specfit.models.proxy import paths
@@ -163,6 +186,8 @@ def _run_generate(args) -> int:
         if exc.field == "prompt" and args.prompt_ids is not None:
             raise SpecFitInputError("prompt_ids", exc.rule) from None
         raise
+    if args.save_learned is not None:
+        model.save_learned(args.save_learned)
     if args.json:
         print(dumps(rep))
         return 0

@@ -1578,8 +1578,8 @@ class SpecDecoder:
         self.clock.charge("drafted")
         cache = self._cache_now(cache)
         rate = 1000.0 * self._carry.lam_tokens / self._carry.lam_ms if self.selecting.rate_mode and self._carry.lam_ms > 0 else None
-        # every expert resident: no node brings an expert, so none is predicted (T(S) has no expert term)
-        experts_known = m.needs_experts and not cache.all()  # predicted, or (oracle) the true routing
+        # every expert resident and no read priced: no node brings an expert cost, so none is predicted
+        experts_known = m.needs_experts and not self._expertless(cache)  # predicted, or (oracle) the true routing
         predicted = m.needs_predictor and experts_known
         t0 = self.clock.wall()
         if predicted:  # the gate may have built it already
@@ -1836,12 +1836,18 @@ class SpecDecoder:
         online = self.online
         if not online.min_expert_ms:
             return True
-        if not self.method.needs_predictor or cache.all():  # oracle: root experts unknown; all resident: none
+        if not self.method.needs_predictor or self._expertless(cache):  # oracle: root experts unknown
             return True
         tree, cost = self._root_tree(root, cache)
         ar_ms = verify_ms(cost, 1, tree.items(cache).root_new_per_layer)
         mass = self.acceptance.mass_bound(self._gate_widths())
         return draft_can_beat_ar(ar_ms, mass, self._level_ms(), cost.min_node_ms, min(online.min_expert_ms))
+
+    def _expertless(self, cache: np.ndarray) -> bool:
+        """Whether T(S) has no expert term this cycle: every expert resident and no read priced (a
+        transfer-regime cost with ``read_ms`` 0). With resident reads priced, each routed expert still
+        costs its read, so the nodes' experts are predicted and priced even when the cache holds them all."""
+        return bool(cache.all()) and not (isinstance(self.cost, CostModel) and self.cost.read_ms > 0)
 
     def _prepare_gate(self, tree: DraftTree, cache: np.ndarray) -> None:
         """What the next cycle's AR gate (:meth:`_sound_gate`) reads, computed while this cycle's verify

@@ -213,3 +213,43 @@ def test_generate_starts_from_a_saved_state_or_refuses_it(tiny, tmp_path, capsys
         assert main([*base, *extra]) == 2
         err = capsys.readouterr().err
         assert f"learned with {field}=" in err and err.count("\n") == 1, err
+
+
+def test_generate_saves_what_it_learned_for_a_later_warm_start(tiny, tmp_path, capsys, monkeypatch):
+    from specfit.cli import main
+
+    load = SpecFit.from_pretrained
+
+    def frozen_load(*args, **kw):
+        sf = load(*args, **kw)
+        sf.clock = FrozenClock()
+        return sf
+
+    monkeypatch.setattr(SpecFit, "from_pretrained", staticmethod(frozen_load))
+    ids = list(range(200, 230))
+    out = tmp_path / "saved.json"
+    base = ["generate", "--model", str(tiny / "target"), "--draft", str(tiny / "head"), "--max-new-tokens", "8",
+            "--cache-slots", "4"]
+    assert main([*base, "--prompt-ids", ",".join(map(str, ids)), "--save-learned", str(out)]) == 0
+    # the file holds what the API learns from the same generation
+    sf = frozen_load(tiny / "target", tiny / "head", cache_slots=4)
+    sf.generate(ids, max_new_tokens=8)
+    sf.save_learned(tmp_path / "api.json")
+    assert json.loads(out.read_text()) == json.loads((tmp_path / "api.json").read_text())
+    assert [e["key"]["method"] for e in json.loads(out.read_text())["sets"]["default"]] == ["specfit"]
+    # a later generate starts from it and saves the state it reached over its own generation
+    nxt = ",".join(map(str, range(300, 320)))
+    assert main([*base, "--prompt-ids", nxt, "--warm-start", str(out), "--save-learned", str(out)]) == 0
+    sf.generate(list(range(300, 320)), max_new_tokens=8)
+    sf.save_learned(tmp_path / "api.json")
+    assert json.loads(out.read_text()) == json.loads((tmp_path / "api.json").read_text())
+    capsys.readouterr()
+    for extra, rule in ((["--save-learned", str(tmp_path)], "is a folder"),
+                        (["--save-learned", str(tmp_path / "no" / "l.json")], "does not exist"),
+                        (["--save-learned", str(tmp_path / "e.json"), "--method", "eagle3"], "learns nothing")):
+        assert main([*base, "--prompt-ids", nxt, *extra]) == 2
+        err = capsys.readouterr().err
+        assert "--save-learned" in err and rule in err and err.count("\n") == 1, err
+    assert main(["generate", "--prompt-ids", nxt, "--max-new-tokens", "4", "--save-learned", str(tmp_path / "a.json")]) == 2
+    assert "it needs --draft" in capsys.readouterr().err
+    assert not (tmp_path / "e.json").exists() and not (tmp_path / "a.json").exists()
