@@ -153,7 +153,10 @@ def sweep_summary(rows: list[dict]) -> str:
             if (sf.get("ar_share") or 0) >= 0.5:
                 why = ""
                 e, a = by.get("eagle3"), by.get("ar")
-                if e and a and e.get("speedup_vs_ar"):
+                if e and a and e.get("speedup_vs_ar") and a["experts_per_token"] == e["experts_per_token"] == 0:
+                    why = (f": drafting does not pay there, eagle3 runs at {e['speedup_vs_ar']:.2f} × ar, every expert "
+                           "resident: a verify reads the weights of every expert its tokens route to")
+                elif e and a and e.get("speedup_vs_ar"):
                     why = (f": drafting does not pay there, eagle3 runs at {e['speedup_vs_ar']:.2f} × ar, copying "
                            f"{e['experts_per_token']:.1f} experts per token against ar's {a['experts_per_token']:.1f}")
                 ar_steps.append(f"{_slots(sf)} slots ({sf['ar_share']:.0%} of cycles, {sf.get('speedup_vs_ar') or 0:.3f} "

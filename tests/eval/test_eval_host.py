@@ -9,7 +9,7 @@ from specfit.core.cost import get_host_profile
 from specfit.engine import CycleRecord
 from specfit.eval.modeled import modeled_cycle_ms
 from specfit.eval.run import EvalConfig, read_results
-from tests.eval.test_eval import eval_args, first_run, tiny  # noqa: F401  (module fixtures)
+from tests.eval.test_eval import eval_args, first_run  # noqa: F401  (a module fixture; tiny is in conftest)
 
 
 @pytest.fixture(scope="module")
