@@ -11,7 +11,7 @@ For each profile and expert-cache size, three ``specfit eval`` runs, one after t
 
 It prints one markdown table row per cell: the modeled tok/s of each method (the warm run's
 baselines), specfit's cold and warm tok/s and τ, and both over the best of ar, eagle3 and eagle3-scan,
-and specfit's warm decisions. Usage (defaults: the issue's cells)::
+and specfit's warm decisions. Usage (defaults: 16, 32, 96 and all slots on both profiles)::
 
     python -m specfit.eval.warm_start --out runs/warm [--profiles P,...] [--slots 16,32,96,all]
                               [--draft strong] [--limit 6] [--max-new-tokens 48] [--learn 20]
