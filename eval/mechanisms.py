@@ -28,8 +28,9 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+
+from specfit.core.io import dumps
 
 VARIANTS = ("full", "ar", "always", "no-shadows", "no-twin", "no-explore", "no-depth-cap", "rate-mode", "no-bounds",
             "per-level-predict")
@@ -146,7 +147,7 @@ def main(argv=None) -> int:
     tree = TreeSettings(config.total_tokens, config.depth, config.top_k)
     for v in variants:
         r = run_variant(models, p.prompts, v, tree, config.max_new_tokens, a.clock == "frozen")
-        print(json.dumps({"slots": a.cache_slots, "clock": a.clock, **r}), flush=True)
+        print(dumps({"slots": a.cache_slots, "clock": a.clock, **r}), flush=True)
     return 0
 
 

@@ -34,10 +34,10 @@ BASELINES = ("ar", "eagle3", "eagle3-scan")
 def _other_prompts(path: Path, start: int, count: int) -> None:
     """Write GSM8K test prompts ``start .. start+count-1`` (file order, ``gsm8k`` template) to ``path``."""
     from specfit.eval.datasets import load_prompts
-    from specfit.core.io import atomic_write_text
+    from specfit.core.io import atomic_write_text, dumps
 
     prompts = load_prompts("gsm8k")[start:start + count]
-    atomic_write_text(path, "".join(json.dumps({"id": p.id, "prompt": p.text, "reference": p.reference}) + "\n"
+    atomic_write_text(path, "".join(dumps({"id": p.id, "prompt": p.text, "reference": p.reference}) + "\n"
                                     for p in prompts))
 
 

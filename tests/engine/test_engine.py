@@ -814,9 +814,9 @@ def test_the_draft_policy_is_one_argument(ckpt, ar_outputs, method):
     for policy in ("never", "always"):
         dec = decoder(ckpt, method, SelfDrafter(ckpt), policy=policy)
         assert dec.policy.name == policy
-        for prompt, expected in zip(PROMPTS, ar_outputs):
-            gen = dec.generate(prompt, 16)
-            assert gen.output_ids == expected
+        for prompt, expected in zip(PROMPTS[:2], ar_outputs):
+            gen = dec.generate(prompt, 8)
+            assert gen.output_ids == expected[:8]  # greedy: AR's first 8 tokens
             drafting = gen.cycles[1:]  # the first cycle has no drafter state yet for a one-token prompt
             if policy == "never":
                 assert all(c.nodes_verified == 1 and c.levels == 0 for c in gen.cycles)

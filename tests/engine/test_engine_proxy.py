@@ -226,7 +226,7 @@ def test_ar_twin_prices_what_ar_decoding_pays(proxy, monkeypatch, policy):
     every cycle, the AR ms it gives each cycle's committed tokens sum to what plain AR decoding of the
     same tokens pays with its own expert cache, and the drafted generation's own cache would have
     priced them differently (the pollution the twin keeps out of the gate's Ŝ). With a lookahead cache
-    plain AR decoding is its base policy's (LRU / LFU): AR steps have no draft tree to look ahead with."""
+    plain AR decoding is its base policy's (LRU / LFU): plain AR drafts nothing to look ahead with."""
     from specfit.engine.online import OnlineModel
 
     _, drafter, prompts = proxy
