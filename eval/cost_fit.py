@@ -18,8 +18,7 @@ experts copied ``m = sum_l misses_l``. It fits, by non-negative least squares on
 (the ``L`` columns only with two or more layer counts) and reports both relative residuals
 ``||r|| / ||y||`` side by side, the noise floor (the same ratio for each single forward against the
 median of its identical repeats) and the error on held-out tree sizes (:data:`HELD_OUT`, not fitted).
-The profile extrapolates the per-layer terms to the target's R layers (as
-:mod:`specfit.eval.measured_profile`): ``fixed_ms = a + b R``, ``per_node_ms = c + p R``; with one layer
+The profile extrapolates the per-layer terms to the target's R layers: ``fixed_ms = a + b R``, ``per_node_ms = c + p R``; with one layer
 count ``fixed_ms`` and ``per_node_ms`` are the measured L-layer forward's, and the profile says so. Its
 ``memory_gb_per_s`` and ``link_gb_per_s`` are the effective bandwidths ``expert_bytes / ms``.
 
