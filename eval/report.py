@@ -52,7 +52,8 @@ def printed_table(rows: list[SummaryRow], summary_md: Path) -> str:
     lines += ["", "tok/s modeled and the × columns: the measured cycles priced on the hardware profile (modeled); "
               "tok/s wall: this machine; τ: committed tokens per cycle; experts/token: uncached experts per "
               "committed token; host ms/tok: the engine's host work per committed token (hidden parts included), "
-              "as the run's clock priced it (counted or measured) and as this machine's CPU measured it; = ar: greedy output equals ar's. Every column: {summary_md}", ""]
+              "as the run's clock priced it (counted or measured) and as this machine's CPU measured it; = ar: greedy output equals ar's. "
+              f"Every column: {summary_md}", ""]
     return "\n".join(lines)
 
 

@@ -150,6 +150,10 @@ def _run_generate(args) -> int:
             raise SpecFitInputError("prompt_ids", "must contain at least one token")
     check_positive_int("max_new_tokens", args.max_new_tokens)  # before the weights are read
     if args.draft_dir is None and args.method not in (None, "ar"):
+        from specfit.engine.decoder import METHODS
+
+        if args.method not in METHODS:
+            raise SpecFitInputError("method", f"unknown method {args.method!r}; known: {', '.join(sorted(METHODS))}")
         raise SpecFitInputError("method", f"{args.method!r} drafts: it needs a head, add --draft DIR (or lite, strong)")
     if args.draft_dir is None and args.profile is not None:
         raise SpecFitInputError("profile", "prices the selection of draft trees: it needs --draft")

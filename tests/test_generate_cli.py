@@ -55,6 +55,7 @@ def test_generate_text_output_names_tau_and_decisions(capsys):
 
 @pytest.mark.parametrize("argv,needle", [
     (["--method", "specfit"], "--method: 'specfit' drafts: it needs a head, add --draft"),
+    (["--method", "foo"], "--method: unknown method 'foo'; known: ar, ar+lookahead,"),
     (["--profile", "qwen3-30b-a3b-h200"], "--profile: prices the selection of draft trees: it needs --draft"),
     (["--draft", "/nonexistent/head"], "--draft: no EAGLE-3 head (config.json) in /nonexistent/head"),
 ])
