@@ -258,8 +258,11 @@ class Plan:
     trace_path: Path | None = None
 
 
-def plan(config: EvalConfig) -> Plan:
+def plan(config: EvalConfig, named: str | None = None) -> Plan:
     """Check every setting and input, tokenise every prompt; nothing is written.
+
+    ``named`` is the folder these settings write to without ``out``, named in the error when ``out``
+    holds other results (None: :func:`default_out`; a sweep passes its own size's folder).
 
     Raises
     ------
@@ -274,7 +277,7 @@ def plan(config: EvalConfig) -> Plan:
 
     from specfit.pipeline import check_sampling, max_tree_nodes
 
-    named = default_out(config)  # from the settings as given, before they are resolved
+    named = named or default_out(config)  # from the settings as given, before they are resolved
     if config.out is None:
         config = replace(config, out=named)
     for name in ("limit", "max_new_tokens", "total_tokens", "depth", "top_k", "max_article_tokens"):
@@ -405,6 +408,9 @@ def _check_out(out: Path, identity: dict, named: str) -> None:
     cfg = out / "config.json"
     if out.exists() and not out.is_dir():
         raise SpecFitInputError("out", f"{out} exists and is not a folder")
+    if out.is_dir() and ((out / "sweep.json").is_file() or any(out.glob("slots-*/config.json"))):
+        raise SpecFitInputError("out", f"{out} holds a cache-size sweep (slots-<S> folders): run the sweep's "
+                                       f"--cache-slots list there, or name another folder for one cache size")
     if not cfg.is_file():
         return
     try:

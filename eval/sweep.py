@@ -89,17 +89,21 @@ def run_sweep(config, sizes: list[int | str], progress: bool = False) -> dict:
         that are the same number of slots (``128`` and ``all`` on a 128-expert model).
     """
     from specfit.eval.crossover import crossover_rows, printed_markdown, sweep_summary, write_crossover
-    from specfit.eval.run import plan, run_eval
+    from specfit.eval.run import default_out, plan, run_eval
 
     from specfit.models.qwen3_moe import read_spec
 
-    if config.out is None:
-        from specfit.eval.run import default_out
-
-        config = replace(config, out=default_out(config, sweep=True))
+    named = default_out(config, sweep=True)
+    given = config.out is not None
+    if not given:
+        config = replace(config, out=named)
     out = Path(config.out)
+    if (out / "config.json").is_file() or (out / "results.jsonl").is_file():
+        raise SpecFitInputError("out", f"{out} holds the results of one cache size: name another folder for a "
+                                       f"sweep, or run one --cache-slots value there")
     configs = [replace(config, cache_slots=s, out=str(out / f"slots-{s}")) for s in sizes]
-    plans = [plan(c) for c in configs]  # bad settings, or an out folder of other settings, fail before any run
+    # bad settings, or an out folder of other settings, fail before any run; the error names the sweep's folder
+    plans = [plan(c, named=named if given else c.out) for c in configs]
     resolved = [p.config.cache_slots for p in plans]
     if len(set(resolved)) != len(resolved):
         raise SpecFitInputError("cache_slots", f"{value_text(sizes)} names the same cache size twice "

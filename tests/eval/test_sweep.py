@@ -2,6 +2,7 @@
 resume of an interrupted sweep, and the crossover table and plot on hand-made rows."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -65,6 +66,35 @@ def test_sweep_writes_table_and_plot_and_resumes(tiny, tmp_path):  # noqa: F811
     assert (again["ran"], again["skipped"]) == (1, 5)
     assert len(read_results(results)) == 3 and (out / "sweep.md").is_file()
     assert [r["modeled_tokens_per_s"] for r in again["rows"][:3]] == [r["modeled_tokens_per_s"] for r in rows[:3]]
+
+
+def test_one_size_and_a_sweep_do_not_share_an_out_folder(tiny, tmp_path):  # noqa: F811
+    opts = dict(model=str(tiny / "target"), draft=str(tiny / "head"), datasets="gsm8k", limit=1, methods="ar",
+                max_new_tokens=4)
+    sweep, single = tmp_path / "sweep", tmp_path / "single"
+    (sweep / "slots-2").mkdir(parents=True)
+    (sweep / "slots-2" / "config.json").write_text("{}")
+    with pytest.raises(SpecFitInputError, match="out") as err:
+        evaluate(cache_slots=2, out=str(sweep), **opts)
+    assert "holds a cache-size sweep" in err.value.rule
+    single.mkdir()
+    (single / "config.json").write_text("{}")
+    with pytest.raises(SpecFitInputError, match="out") as err:
+        evaluate(cache_slots="2,all", out=str(single), **opts)
+    assert "holds the results of one cache size" in err.value.rule
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["config.json", "config.json", "single", "slots-2", "sweep"]
+
+
+def test_a_sweep_into_a_folder_of_other_settings_names_the_sweeps_folder(tiny, tmp_path):  # noqa: F811
+    opts = dict(model=str(tiny / "target"), draft=str(tiny / "head"), datasets="gsm8k", limit=1, methods="ar",
+                max_new_tokens=4)
+    (tmp_path / "slots-2").mkdir()
+    (tmp_path / "slots-2" / "config.json").write_text(json.dumps({"profile": "qwen3-30b-a3b-h200"}))
+    with pytest.raises(SpecFitInputError, match="out") as err:
+        evaluate(cache_slots="2,all", out=str(tmp_path), **opts)
+    assert "profile='qwen3-30b-a3b-h200'" in err.value.rule
+    assert re.search(r"leave out --out \(these settings write to runs/sweep-target-head-pcie4-x[0-9a-f]{8}\) or "
+                     r"name another folder$", err.value.rule), err.value.rule
 
 
 def test_crossover_writer_on_hand_made_rows(tmp_path):
