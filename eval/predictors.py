@@ -208,7 +208,9 @@ def markdown(report: dict) -> str:
 
 
 def write_json(path: Path, obj: dict) -> None:
-    """Write ``obj`` as JSON atomically (temporary file in the same folder, then rename)."""
+    """Write ``obj`` as JSON atomically (temporary file in the same folder, then rename), creating
+    the folder if needed."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, dumps(obj, indent=1) + "\n")
 
 
@@ -228,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data-dir", type=Path, default=None, help="data copy (default: the repo's data/proxy)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    ap.add_argument("--out", type=Path, default=Path("predictors.json"))
+    ap.add_argument("--out", type=Path, default=Path("runs/predictors.json"),
+                    help="JSON report (default runs/predictors.json)")
     ap.add_argument("--save-traces", type=Path, default=None, help="folder for build.npz and held_out.npz")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)

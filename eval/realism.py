@@ -410,7 +410,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per prompt for τ (default 64)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
-    ap.add_argument("--out", type=Path, default=Path("realism.json"))
+    ap.add_argument("--out", type=Path, default=Path("runs/realism.json"),
+                    help="JSON report (default runs/realism.json)")
     args = ap.parse_args(argv)
     import torch
 
