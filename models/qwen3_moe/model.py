@@ -96,10 +96,14 @@ def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dim, computed in float32 (Zhang & Sennrich 2019, eq. 4).
 
-    On the CPU in float32 through ``torch.nn.functional.rms_norm`` (the same operations in one call: bitwise
-    the expression below, with less Python per call)."""
+    On the CPU in float32 through ``torch.rms_norm`` (the same operations in one call: bitwise the expression
+    below, with less Python per call); a ``weight`` of the last dim's size goes into that call (it multiplies
+    the normalised rows last: the same product), a per-head one (``x`` (n, heads, d), ``weight`` (heads, d))
+    multiplies its result."""
     if x.dtype == torch.float32 and weight.dtype == torch.float32 and x.device.type == "cpu":
-        return weight * F.rms_norm(x, x.shape[-1:], eps=eps)
+        if weight.dim() == 1:
+            return torch.rms_norm(x, weight.shape, weight, eps)
+        return weight * torch.rms_norm(x, x.shape[-1:], None, eps)
     xf = x.float()
     return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
@@ -335,7 +339,6 @@ class OffloadedQwen3Moe:
         self.resident_grouped_mm = self.grouped_kernel or (self.device.type == "cpu" and grouped_mm_function() is not None)
         self.gather_max_bytes = 4 << 20 if self.device.type == "cpu" else None
         self._layers = self._fuse_layers()
-        self._kv = [(self.k_cache[i], self.v_cache[i]) for i in range(L)]  # per layer (Hk, max_len, d) views
         pos = torch.arange(max_len, dtype=torch.float32, device=self.device)[:, None] * self._inv_freq
         emb = torch.cat((pos, pos), dim=-1)
         self._cos, self._sin = emb.cos().to(dtype), emb.sin().to(dtype)  # (max_len, d) rotary tables
@@ -722,33 +725,37 @@ class OffloadedQwen3Moe:
             if mask is not None:
                 bias.view(hq // hk, n, T).masked_fill_(~mask, float("-inf"))
         w = self.w
-        x = w["model.embed_tokens.weight"][ids]
-        hidden = {0: x} if 0 in self.aux_layers else {}
-        routing = []
-        for i, lw in enumerate(self._layers):
-            h = rms_norm(x, lw.input_norm, eps)
-            qkv = F.linear(h, lw.qkv)
-            qk = rms_norm(qkv[:, :qk_cols].view(n, hq + hk, d), lw.qk_norm, eps)
-            qk = (qk * cos + qk.roll(d // 2, dims=-1) * sin).transpose(0, 1)
-            kc, vc = self._kv[i]
-            kc[:, P:T] = qk[hq:]
-            vc[:, P:T] = qkv[:, qk_cols:].view(n, hk, d).transpose(0, 1)
-            if bias is not None:
-                att = gqa_attention(qk[:hq], kc[:, :T], vc[:, :T], bias, d ** -0.5)
-            else:  # bfloat16: the fused kernel, which accumulates in float32
-                att = F.scaled_dot_product_attention(qk[:hq], kc[:, :T], vc[:, :T], attn_mask=mask, scale=d ** -0.5,
-                                                     enable_gqa=True)
-            x = x + F.linear(att.transpose(0, 1).reshape(n, -1), lw.o_proj)
-            h = rms_norm(x, lw.post_norm, eps)
-            if lw.router is not None:
-                y, top_i = self._moe(self._moe_index[i], h, lw.router)
-                routing.append(top_i)
-            else:
-                gate, up = F.linear(h, lw.gate_up).chunk(2, dim=-1)
-                y = F.linear(F.silu(gate) * up, lw.down)
-            x = x + y
-            if i + 1 in self.aux_layers:
-                hidden[i + 1] = x
+        with torch.inference_mode():  # the layers' intermediates skip autograd's view and version tracking
+            x = w["model.embed_tokens.weight"][ids]
+            hidden = {0: x} if 0 in self.aux_layers else {}
+            routing = []
+            # every layer's KV rows P..T-1 (written) and 0..T-1 (read), (Hk, n, d) and (Hk, T, d): one call each
+            k_new, v_new = self.k_cache[:, :, P:T].unbind(0), self.v_cache[:, :, P:T].unbind(0)
+            k_all, v_all = self.k_cache[:, :, :T].unbind(0), self.v_cache[:, :, :T].unbind(0)
+            for i, lw in enumerate(self._layers):
+                h = rms_norm(x, lw.input_norm, eps)
+                qk, v = F.linear(h, lw.qkv).split((qk_cols, hk * d), dim=-1)
+                qk = rms_norm(qk.view(n, hq + hk, d), lw.qk_norm, eps)
+                qk = (qk * cos + qk.roll(d // 2, dims=-1) * sin).transpose(0, 1)
+                k_new[i].copy_(qk[hq:])
+                v_new[i].copy_(v.view(n, hk, d).transpose(0, 1))
+                if bias is not None:
+                    att = gqa_attention(qk[:hq], k_all[i], v_all[i], bias, d ** -0.5)
+                else:  # bfloat16: the fused kernel, which accumulates in float32
+                    att = F.scaled_dot_product_attention(qk[:hq], k_all[i], v_all[i], attn_mask=mask, scale=d ** -0.5,
+                                                         enable_gqa=True)
+                x = x + F.linear(att.transpose(0, 1).reshape(n, -1), lw.o_proj)
+                h = rms_norm(x, lw.post_norm, eps)
+                if lw.router is not None:
+                    y, top_i = self._moe(self._moe_index[i], h, lw.router)
+                    routing.append(top_i)
+                else:
+                    gate, up = F.linear(h, lw.gate_up).chunk(2, dim=-1)
+                    y = F.linear(F.silu(gate) * up, lw.down)
+                x = x + y
+                if i + 1 in self.aux_layers:
+                    hidden[i + 1] = x
+        # outside inference mode: what the forward returns are ordinary tensors (a caller may train on them)
         last = rms_norm(x, w["model.norm.weight"], eps)
         head = w["model.embed_tokens.weight"] if s.tie_word_embeddings else w["lm_head.weight"]
         logits = F.linear(last, head).float()
@@ -770,7 +777,8 @@ class OffloadedQwen3Moe:
         top_w, top_i = torch.topk(probs, self.spec.top_k, dim=-1)
         if self.spec.norm_topk_prob:
             top_w = top_w / top_w.sum(dim=-1, keepdim=True)
-        top_w = top_w.to(h.dtype)
+        if top_w.dtype != h.dtype:
+            top_w = top_w.to(h.dtype)
         resident = self.grouped_experts and self.cache.grouped and self.cache.all_resident(layer)
         n = h.shape[0]
         gather = n <= self.gather_max_tokens and (self.gather_max_bytes is None or
@@ -847,10 +855,10 @@ class OffloadedQwen3Moe:
             slots = self.cache.slot_table(layer)[ids.reshape(-1)]  # (n*k,) in (token, rank) order
         gu, dn = self.cache.gate_up[layer], self.cache.down[layer]
         S, H = gu.shape[0], h.shape[1]
-        tok = self._row_token.get(n)
-        if tok is None:
-            tok = self._row_token[n] = torch.arange(n * k, device=h.device) // k
         if grouped:
+            tok = self._row_token.get(n)
+            if tok is None:
+                tok = self._row_token[n] = torch.arange(n * k, device=h.device) // k
             if self._slot_range is None or len(self._slot_range) != S:
                 self._slot_range = torch.arange(S, device=h.device)
             by_slot, perm = torch.sort(slots, stable=True)
@@ -860,9 +868,8 @@ class OffloadedQwen3Moe:
             y = grouped_mm(F.silu(gate) * up, dn.transpose(1, 2), offs=offs) * w[perm]
             y = torch.empty_like(y).index_copy_(0, perm, y)  # back to (token, rank) order
         else:
-            w1 = gu.view(S, -1).index_select(0, slots).view(n * k, *gu.shape[1:])
-            w2 = dn.view(S, -1).index_select(0, slots).view(n * k, *dn.shape[1:])
-            x = h[:, None, :].expand(n, k, H).reshape(n * k, 1, H)
+            w1, w2 = gu.index_select(0, slots), dn.index_select(0, slots)  # (n*k, 2I, H), (n*k, H, I)
+            x = h.expand(k, 1, H) if n == 1 else h[:, None, :].expand(n, k, H).reshape(n * k, 1, H)
             gate, up = torch.bmm(x, w1.transpose(1, 2)).chunk(2, dim=-1)
             y = torch.bmm(F.silu(gate) * up, w2.transpose(1, 2)).view(n * k, H) * w
         if h.device.type != "cpu" or h.dtype == torch.float32:
