@@ -615,8 +615,11 @@ class OffloadedQwen3Moe:
             self.v_cache[:, :, prefix:prefix + n] = self.v_cache[:, :, src]
         self.kv_len = prefix + n
         self._pending = None
+        if n == len(par):  # every verified node accepted (an AR step): every expert it touched was used, none to rank
+            self.cache.settle(None)
+            return
         routing = verified.routing.numpy()[path]
-        self.cache.settle([np.unique(routing[:, j]).tolist() for j in range(routing.shape[1])])
+        self.cache.settle([set(routing[:, j].ravel().tolist()) for j in range(routing.shape[1])])
 
     def reset(self) -> None:
         """Forget the KV prefix (the expert cache keeps its contents and counters)."""

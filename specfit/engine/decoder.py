@@ -1219,7 +1219,9 @@ class SpecDecoder:
             rec.host = {k: (_layer_counts(stats1, f"host_{k}") - _layer_counts(stats0, f"host_{k}")).tolist()
                         for k in ("computed", "rows")}
         rec.compute_ms = max(rec.verify_ms - rec.transfer_ms, 0.0)
-        rec.true_experts = [int(np.unique(routing[:, l]).size) for l in range(routing.shape[1])]
+        n, L, k = routing.shape  # distinct experts per layer: 1 + the changes along each layer's sorted ids
+        by_layer = np.sort(routing.transpose(1, 0, 2).reshape(L, n * k), axis=1)
+        rec.true_experts = (1 + np.count_nonzero(np.diff(by_layer, axis=1), axis=1)).tolist()
         rec.nodes_verified = len(keep)
         rec.accepted = acc.accepted
         rec.committed = len(acc.new_tokens)
