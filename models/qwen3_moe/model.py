@@ -729,7 +729,7 @@ class OffloadedQwen3Moe:
                 bias.view(hq // hk, n, T).masked_fill_(~mask, float("-inf"))
         w = self.w
         with torch.inference_mode():  # the layers' intermediates skip autograd's view and version tracking
-            x = w["model.embed_tokens.weight"][ids]
+            x = torch.embedding(w["model.embed_tokens.weight"], ids)
             hidden = {0: x} if 0 in self.aux_layers else {}
             routing = []
             # every layer's KV rows P..T-1 (written) and 0..T-1 (read), (Hk, n, d) and (Hk, T, d): one call each
@@ -737,17 +737,17 @@ class OffloadedQwen3Moe:
             k_all, v_all = self.k_cache[:, :, :T].unbind(0), self.v_cache[:, :, :T].unbind(0)
             for i, lw in enumerate(self._layers):
                 h = rms_norm(x, lw.input_norm, eps)
-                qk, v = F.linear(h, lw.qkv).split((qk_cols, hk * d), dim=-1)
+                qk, v = F.linear(h, lw.qkv).split_with_sizes((qk_cols, hk * d), dim=-1)
                 qk = rms_norm(qk.view(n, hq + hk, d), lw.qk_norm, eps)
                 qk = (qk * cos + qk.roll(d // 2, dims=-1) * sin).transpose(0, 1)
                 k_new[i].copy_(qk[hq:])
-                v_new[i].copy_(v.view(n, hk, d).transpose(0, 1))
+                v_new[i].copy_(v.view(hk, 1, d) if n == 1 else v.view(n, hk, d).transpose(0, 1))
                 if bias is not None:
                     att = gqa_attention(qk[:hq], k_all[i], v_all[i], bias, d ** -0.5)
                 else:  # bfloat16: the fused kernel, which accumulates in float32
                     att = F.scaled_dot_product_attention(qk[:hq], k_all[i], v_all[i], attn_mask=mask, scale=d ** -0.5,
                                                          enable_gqa=True)
-                x = x + F.linear(att.transpose(0, 1).reshape(n, -1), lw.o_proj)
+                x = x + F.linear(att.view(1, -1) if n == 1 else att.transpose(0, 1).reshape(n, -1), lw.o_proj)
                 h = rms_norm(x, lw.post_norm, eps)
                 if lw.router is not None:
                     y, top_i = self._moe(self._moe_index[i], h, lw.router)
@@ -782,7 +782,9 @@ class OffloadedQwen3Moe:
             top_w = top_w / top_w.sum(dim=-1, keepdim=True)
         if top_w.dtype != h.dtype:
             top_w = top_w.to(h.dtype)
-        resident = self.grouped_experts and self.cache.grouped and self.cache.all_resident(layer)
+        cache = self.cache  # a full cache (every expert loaded at construction, never evicted) is all resident
+        full = cache.slots == self.spec.num_experts and type(cache) is DeviceExpertCache
+        resident = self.grouped_experts and (full or (cache.grouped and cache.all_resident(layer)))
         n = h.shape[0]
         gather = n <= self.gather_max_tokens and (self.gather_max_bytes is None or
                                                  n * self.spec.top_k * self.store.expert_bytes <= self.gather_max_bytes)
