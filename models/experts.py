@@ -733,7 +733,7 @@ class DeviceExpertCache:
         rows = torch.cat([r for _, r, _ in pending]).cpu().tolist()  # every routing's (n, k) rows, in order
         start = 0
         for layer, r, journal in pending:
-            n = len(r)
+            n = r.shape[0]
             ids = sorted(set(rows[start]) if n == 1 else {e for row in rows[start:start + n] for e in row})
             start += n
             self._touch_now(layer, ids, journal)

@@ -346,6 +346,7 @@ class OffloadedQwen3Moe:
         self._sin_signed = torch.cat((-self._sin[:, :h], self._sin[:, h:]), dim=-1)
         self._row_token: dict[int, torch.Tensor] = {}  # n -> (n*k,) token of each (token, rank) row
         self._slot_range: torch.Tensor | None = None
+        self._gathered: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # n*k -> the gathered weights' buffers
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, device="cpu", dtype: torch.dtype | None = None,
@@ -544,7 +545,7 @@ class OffloadedQwen3Moe:
             Bad parents, a length mismatch, token ids out of range, or KV overflow.
         """
         ids = self._ids(tokens)
-        if len(ids) == 1 and self.dtype == torch.float32 and _is_root_only(parents):
+        if ids.shape[0] == 1 and self.dtype == torch.float32 and _is_root_only(parents):
             return self._verify_root(ids)
         tree = DraftTree(parents, q=np.ones(len(parents)))
         if tree.n != len(ids):
@@ -571,14 +572,12 @@ class OffloadedQwen3Moe:
     def _verify_root(self, ids: torch.Tensor) -> ForwardOutput:
         """:meth:`verify` of a tree that is its root alone (an AR step through the verify interface): the
         forward of :meth:`decode` (position ``kv_len``, every KV row visible; in float32 bitwise the masked
-        forward, whose mask hides nothing), without building a tree, its mask or its positions."""
+        forward, whose mask hides nothing), without building a tree, its mask or its positions. Nothing is
+        journalled for the expert cache to rank: the one node is the accepted path (:meth:`commit`)."""
         P = self.kv_len
         self._check_room(1)
-        self.cache.begin_tentative()
-        try:
-            out = self._forward(ids, self._cos[P:P + 1], self._sin_signed[P:P + 1], None)
-        finally:
-            self.cache.end_tentative()
+        self.cache.end_tentative()  # an earlier verify's record, never committed, is dropped
+        out = self._forward(ids, self._cos[P:P + 1], self._sin_signed[P:P + 1], None)
         self._pending = (P, _ROOT_PARENTS, out)
         return out
 
@@ -691,8 +690,12 @@ class OffloadedQwen3Moe:
         if t.is_floating_point() or t.is_complex():
             raise SpecFitInputError("input_ids", f"must be integer token ids, got dtype {t.dtype}")
         t = t.reshape(-1).to(torch.long)
-        values = t.numpy() if t.device.type == "cpu" else t  # host ids are checked on the host
-        if int(values.min()) < 0 or int(values.max()) >= self.spec.vocab_size:
+        if t.device.type == "cpu":  # host ids are checked on the host (a few, the verify's, as Python ints)
+            values = t.tolist() if t.shape[0] <= 64 else t.numpy()
+            lo, hi = min(values), max(values)
+        else:
+            lo, hi = t.min(), t.max()
+        if int(lo) < 0 or int(hi) >= self.spec.vocab_size:
             raise SpecFitInputError("input_ids", f"must lie in [0, {self.spec.vocab_size})")
         return self._to_device(t)
 
@@ -873,7 +876,11 @@ class OffloadedQwen3Moe:
             y = grouped_mm(F.silu(gate) * up, dn.transpose(1, 2), offs=offs) * w[perm]
             y = torch.empty_like(y).index_copy_(0, perm, y)  # back to (token, rank) order
         else:
-            w1, w2 = gu.index_select(0, slots), dn.index_select(0, slots)  # (n*k, 2I, H), (n*k, H, I)
+            bufs = self._gathered.get(n * k)
+            if bufs is None or bufs[0].dtype != gu.dtype or bufs[0].device != gu.device:
+                bufs = self._gathered[n * k] = (gu.new_empty(n * k, *gu.shape[1:]), dn.new_empty(n * k, *dn.shape[1:]))
+            w1 = torch.index_select(gu, 0, slots, out=bufs[0])  # (n*k, 2I, H), into the same memory every layer
+            w2 = torch.index_select(dn, 0, slots, out=bufs[1])  # (n*k, H, I)
             x = h.expand(k, 1, H) if n == 1 else h[:, None, :].expand(n, k, H).reshape(n * k, 1, H)
             gate, up = torch.bmm(x, w1.transpose(1, 2)).chunk(2, dim=-1)
             y = torch.bmm(F.silu(gate) * up, w2.transpose(1, 2)).view(n * k, H) * w
