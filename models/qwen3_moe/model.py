@@ -100,8 +100,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     below, with less Python per call); a ``weight`` of the last dim's size goes into that call (it multiplies
     the normalised rows last: the same product), a per-head one (``x`` (n, heads, d), ``weight`` (heads, d))
     multiplies its result."""
-    if x.dtype == torch.float32 and weight.dtype == torch.float32 and x.device.type == "cpu":
-        if weight.dim() == 1:
+    if x.dtype == torch.float32 and weight.dtype == torch.float32 and x.is_cpu:
+        if weight.ndim == 1:
             return torch.rms_norm(x, weight.shape, weight, eps)
         return weight * torch.rms_norm(x, x.shape[-1:], None, eps)
     xf = x.float()
@@ -346,7 +346,7 @@ class OffloadedQwen3Moe:
         self._sin_signed = torch.cat((-self._sin[:, :h], self._sin[:, h:]), dim=-1)
         self._row_token: dict[int, torch.Tensor] = {}  # n -> (n*k,) token of each (token, rank) row
         self._slot_range: torch.Tensor | None = None
-        self._gathered: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # n*k -> the gathered weights' buffers
+        self._gathered: dict[int, tuple] = {}  # n*k -> the gathered weights' buffers and their transposes
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, device="cpu", dtype: torch.dtype | None = None,
@@ -855,7 +855,7 @@ class OffloadedQwen3Moe:
         self.cache.touch_resident(layer, top_i)
         n, k = top_i.shape
         ids, order = torch.sort(top_i, dim=1)
-        w = top_w.gather(1, order).reshape(n * k, 1)
+        w = top_w.gather(1, order)  # (n, k): each row's weight, in the rows' order
         if self.cache.slots == self.spec.num_experts and type(self.cache) is DeviceExpertCache:
             self.cache.wait_copies(layer)
             slots = ids.reshape(-1)  # a full cache keeps expert e in slot e (loaded so, nothing is ever evicted)
@@ -873,18 +873,19 @@ class OffloadedQwen3Moe:
             offs = torch.searchsorted(by_slot, self._slot_range, right=True).to(torch.int32)
             grouped_mm = grouped_mm_function()
             gate, up = grouped_mm(h[tok[perm]], gu.transpose(1, 2), offs=offs).chunk(2, dim=-1)
-            y = grouped_mm(F.silu(gate) * up, dn.transpose(1, 2), offs=offs) * w[perm]
+            y = grouped_mm(F.silu(gate) * up, dn.transpose(1, 2), offs=offs) * w.reshape(n * k, 1)[perm]
             y = torch.empty_like(y).index_copy_(0, perm, y)  # back to (token, rank) order
         else:
-            bufs = self._gathered.get(n * k)
-            if bufs is None or bufs[0].dtype != gu.dtype or bufs[0].device != gu.device:
-                bufs = self._gathered[n * k] = (gu.new_empty(n * k, *gu.shape[1:]), dn.new_empty(n * k, *dn.shape[1:]))
-            w1 = torch.index_select(gu, 0, slots, out=bufs[0])  # (n*k, 2I, H), into the same memory every layer
-            w2 = torch.index_select(dn, 0, slots, out=bufs[1])  # (n*k, H, I)
+            bufs = self._gathered.get(n * k)  # the gathered weights' memory, the same every layer, and its transposes
+            if bufs is None:  # (the model's dtype and device, which never change)
+                w1, w2 = gu.new_empty(n * k, *gu.shape[1:]), dn.new_empty(n * k, *dn.shape[1:])
+                bufs = self._gathered[n * k] = (w1, w2, w1.transpose(1, 2), w2.transpose(1, 2))
+            torch.index_select(gu, 0, slots, out=bufs[0])  # (n*k, 2I, H)
+            torch.index_select(dn, 0, slots, out=bufs[1])  # (n*k, H, I)
             x = h.expand(k, 1, H) if n == 1 else h[:, None, :].expand(n, k, H).reshape(n * k, 1, H)
-            gate, up = torch.bmm(x, w1.transpose(1, 2)).chunk(2, dim=-1)
-            y = torch.bmm(F.silu(gate) * up, w2.transpose(1, 2)).view(n * k, H) * w
-        if h.device.type != "cpu" or h.dtype == torch.float32:
+            gate, up = torch.bmm(x, bufs[2]).chunk(2, dim=-1)
+            y = torch.bmm(F.silu(gate) * up, bufs[3]) * w.view(n * k, 1, 1)  # (n*k, 1, H)
+        if not h.is_cpu or h.dtype == torch.float32:
             out = y.view(n, k, H).sum(dim=1)  # on the CPU in float32 one row after the other, from 0
         else:  # bfloat16's index_add_ accumulates wider; add rank by rank, rounding after each add
             y = y.view(n, k, H)
