@@ -854,7 +854,7 @@ class OffloadedQwen3Moe:
         t0 = self.cache.timer.start() if self.profile else None
         self.cache.touch_resident(layer, top_i)
         n, k = top_i.shape
-        ids, order = torch.sort(top_i, dim=1)
+        ids, order = torch.topk(top_i, k, dim=1, largest=False)  # each row's k distinct ids ascending (a sort)
         w = top_w.gather(1, order)  # (n, k): each row's weight, in the rows' order
         if self.cache.slots == self.spec.num_experts and type(self.cache) is DeviceExpertCache:
             self.cache.wait_copies(layer)
