@@ -8,8 +8,9 @@ One process, one torch thread, on a Qwen3-MoE checkpoint (default: the shipped p
 2. **Greedy AR decoding speed**, every expert resident: the runtime's ``greedy_generate``, the public API's
    ``SpecFit.generate(method="ar")`` and transformers' ``generate`` on the same checkpoint, run interleaved
    (``--repeats`` rounds, each decodes ``--tokens`` tokens after the same prompt); ms per token (the wall
-   time of one call, prefill included, over the new tokens), medians, and each runtime's speed as a
-   multiple of transformers'. The token ids of all three are checked equal.
+   time of one call, prefill included, over the new tokens, and the same in the thread's CPU time, which
+   other processes' load inflates less), medians, and each runtime's speed as a multiple of transformers'.
+   The token ids of all three are checked equal.
 3. **Verify over AR step**: the median wall time of a 32-node verify forward (an EAGLE-like tree) over
    that of an AR step, interleaved, every expert resident; again with the verify on the host-routed rounds
    path (``resident_grouped_mm`` off: one product per used slot, what GPUs without the grouped kernel run);
@@ -78,8 +79,9 @@ def decode_speed(model_dir: str, prompt: list[int], tokens: int, repeats: int) -
     Returns
     -------
     dict
-        ``ms_per_token`` (per decoder), ``speed_vs_transformers`` (transformers' ms / the decoder's ms),
-        ``same_tokens`` (bool), ``tokens``, ``repeats``.
+        ``ms_per_token`` (per decoder, wall), ``speed_vs_transformers`` (transformers' ms / the decoder's ms),
+        ``cpu_ms_per_token`` and ``cpu_speed_vs_transformers`` (the same in thread CPU time), ``same_tokens``
+        (bool), ``tokens``, ``repeats``.
     """
     from transformers import AutoModelForCausalLM
 
@@ -110,18 +112,22 @@ def decode_speed(model_dir: str, prompt: list[int], tokens: int, repeats: int) -
     runs = {"runtime greedy_generate": run_runtime, "public SpecFit.generate(method='ar')": run_public,
             "transformers generate": run_hf}
     times = {name: [] for name in runs}
+    cpu = {name: [] for name in runs}
     outputs = {}
     for name, fn in runs.items():  # warm-up
         outputs[name] = fn()
     for _ in range(repeats):
         for name, fn in runs.items():
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             fn()
             times[name].append(time.perf_counter() - t0)
+            cpu[name].append(time.thread_time() - c0)
     ms = {name: _median_ms(t) / tokens for name, t in times.items()}
-    ref = ms["transformers generate"]
+    cpu_ms = {name: _median_ms(t) / tokens for name, t in cpu.items()}
+    ref, cpu_ref = ms["transformers generate"], cpu_ms["transformers generate"]
     same = all(o[:tokens] == outputs["transformers generate"][:tokens] for o in outputs.values())
     return {"ms_per_token": ms, "speed_vs_transformers": {name: ref / v for name, v in ms.items()},
+            "cpu_ms_per_token": cpu_ms, "cpu_speed_vs_transformers": {name: cpu_ref / v for name, v in cpu_ms.items()},
             "same_tokens": same, "tokens": tokens, "repeats": repeats,
             "token_counts": {name: len(o) for name, o in outputs.items()}}
 
@@ -247,10 +253,12 @@ def format_table(result: dict) -> str:
             lines.append(f"| {mode} | {slots} | {c['total']} | {c['per_layer']:.0f} | {c['per_layer_not_views']:.0f} |")
     d = result["decode"]
     lines += ["", f"greedy AR decoding, every expert resident, {d['tokens']} tokens, median of {d['repeats']} "
-              f"(token ids equal: {d['same_tokens']})", "", "| decoder | ms / token | tok/s | × transformers |",
-              "|---|---:|---:|---:|"]
+              f"(token ids equal: {d['same_tokens']})", "",
+              "| decoder | ms / token | tok/s | × transformers | CPU ms / token | × transformers (CPU) |",
+              "|---|---:|---:|---:|---:|---:|"]
     for name, ms in d["ms_per_token"].items():
-        lines.append(f"| {name} | {ms:.3f} | {1e3 / ms:.0f} | {d['speed_vs_transformers'][name]:.2f} |")
+        lines.append(f"| {name} | {ms:.3f} | {1e3 / ms:.0f} | {d['speed_vs_transformers'][name]:.2f} | "
+                     f"{d['cpu_ms_per_token'][name]:.3f} | {d['cpu_speed_vs_transformers'][name]:.2f} |")
     v = result["verify"]
     key = next(k for k in v if k.startswith("verify_"))
     lines += ["", f"AR step {v['ar_step_ms']:.3f} ms, {key.split('_')[1]}-node verify {v[key]:.3f} ms: "
@@ -313,8 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_decode:
         result["decode"] = decode_speed(args.model, prompt, args.tokens, args.repeats)
     else:
-        result["decode"] = {"ms_per_token": {}, "speed_vs_transformers": {}, "same_tokens": None,
-                            "tokens": 0, "repeats": 0}
+        result["decode"] = {"ms_per_token": {}, "speed_vs_transformers": {}, "cpu_ms_per_token": {},
+                            "cpu_speed_vs_transformers": {}, "same_tokens": None, "tokens": 0, "repeats": 0}
     result.update(machine=machine(device="cpu"), command=command_line("specfit.eval.runtime_speed", argv))
     publish(result, format_table(result), args.json)
     return 0

@@ -245,6 +245,10 @@ class LayerStats:
     transfer_ms: float = 0.0
 
 
+#: The counters of :class:`LayerStats`, in order.
+_STAT_KEYS = tuple(vars(LayerStats()))
+
+
 class _Timer:
     """Device-generic interval timer: CUDA events on CUDA (resolved lazily), perf_counter otherwise."""
 
@@ -483,7 +487,7 @@ class DeviceExpertCache:
         self._flush_touches()
         self.timer.flush(block=False)
         layers = [vars(s).copy() for s in self._stats]
-        total = {k: sum(d[k] for d in layers) for k in vars(LayerStats())}
+        total = {k: sum([d[k] for d in layers]) for k in _STAT_KEYS}
         looked_up = total["hits"] + total["misses"]
         total["hit_rate"] = total["hits"] / looked_up if looked_up else 0.0
         return {"slots": self.slots, "policy": self.policy.name, "admission": self.admission,
@@ -726,11 +730,12 @@ class DeviceExpertCache:
         if not self._deferred:
             return
         pending, self._deferred = self._deferred, []
-        host = torch.cat([r.reshape(-1) for _, r, _ in pending]).cpu().numpy()
+        rows = torch.cat([r for _, r, _ in pending]).cpu().tolist()  # every routing's (n, k) rows, in order
         start = 0
         for layer, r, journal in pending:
-            ids = np.unique(host[start:start + r.numel()]).tolist()
-            start += r.numel()
+            n = r.shape[0]
+            ids = sorted(set(rows[start]) if n == 1 else {e for row in rows[start:start + n] for e in row})
+            start += n
             self._touch_now(layer, ids, journal)
             self._stats[layer].hits += len(ids)
 
@@ -742,17 +747,17 @@ class DeviceExpertCache:
         self._touch_now(layer, experts, self._journal if journal else None)
 
     def _touch_now(self, layer: int, experts: Sequence[int], journal: list | None) -> None:
-        slot_of = self._slot_of[layer]
+        slot_of, last_use, uses, cold = self._slot_of[layer], self._last_use[layer], self._uses[layer], self._cold[layer]
         self._tick += 1
-        if journal is not None:
-            seen = journal[layer]
-            for e in experts:
-                if e not in seen:
-                    seen[e] = (self._last_use[layer][e], self._uses[layer][e], e in slot_of)
+        tick = self._tick
+        seen = journal[layer] if journal is not None else None
         for e in experts:
-            self._cold[layer].discard(e)
-            self._last_use[layer][e] = self._tick
-            self._uses[layer][e] += 1
+            if seen is not None and e not in seen:  # its state before this forward's use
+                seen[e] = (last_use[e], uses[e], e in slot_of)
+            last_use[e] = tick
+            uses[e] += 1
+        if cold:
+            cold.difference_update(experts)
 
     def run(self, layer: int, experts: Sequence[int],
             compute: Callable[[int, torch.Tensor, torch.Tensor], None], rows: Sequence[int] | None = None,

@@ -96,10 +96,14 @@ def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dim, computed in float32 (Zhang & Sennrich 2019, eq. 4).
 
-    On the CPU in float32 through ``torch.nn.functional.rms_norm`` (the same operations in one call: bitwise
-    the expression below, with less Python per call)."""
-    if x.dtype == torch.float32 and weight.dtype == torch.float32 and x.device.type == "cpu":
-        return weight * F.rms_norm(x, x.shape[-1:], eps=eps)
+    On the CPU in float32 through ``torch.rms_norm`` (the same operations in one call: bitwise the expression
+    below, with less Python per call); a ``weight`` of the last dim's size goes into that call (it multiplies
+    the normalised rows last: the same product), a per-head one (``x`` (n, heads, d), ``weight`` (heads, d))
+    multiplies its result."""
+    if x.dtype == torch.float32 and weight.dtype == torch.float32 and x.is_cpu:
+        if weight.ndim == 1:
+            return torch.rms_norm(x, weight.shape, weight, eps)
+        return weight * torch.rms_norm(x, x.shape[-1:], None, eps)
     xf = x.float()
     return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
@@ -335,7 +339,6 @@ class OffloadedQwen3Moe:
         self.resident_grouped_mm = self.grouped_kernel or (self.device.type == "cpu" and grouped_mm_function() is not None)
         self.gather_max_bytes = 4 << 20 if self.device.type == "cpu" else None
         self._layers = self._fuse_layers()
-        self._kv = [(self.k_cache[i], self.v_cache[i]) for i in range(L)]  # per layer (Hk, max_len, d) views
         pos = torch.arange(max_len, dtype=torch.float32, device=self.device)[:, None] * self._inv_freq
         emb = torch.cat((pos, pos), dim=-1)
         self._cos, self._sin = emb.cos().to(dtype), emb.sin().to(dtype)  # (max_len, d) rotary tables
@@ -343,6 +346,7 @@ class OffloadedQwen3Moe:
         self._sin_signed = torch.cat((-self._sin[:, :h], self._sin[:, h:]), dim=-1)
         self._row_token: dict[int, torch.Tensor] = {}  # n -> (n*k,) token of each (token, rank) row
         self._slot_range: torch.Tensor | None = None
+        self._gathered: dict[int, tuple] = {}  # n*k -> the gathered weights' buffers and their transposes
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, device="cpu", dtype: torch.dtype | None = None,
@@ -541,7 +545,7 @@ class OffloadedQwen3Moe:
             Bad parents, a length mismatch, token ids out of range, or KV overflow.
         """
         ids = self._ids(tokens)
-        if len(ids) == 1 and self.dtype == torch.float32 and _is_root_only(parents):
+        if ids.shape[0] == 1 and self.dtype == torch.float32 and _is_root_only(parents):
             return self._verify_root(ids)
         tree = DraftTree(parents, q=np.ones(len(parents)))
         if tree.n != len(ids):
@@ -568,14 +572,12 @@ class OffloadedQwen3Moe:
     def _verify_root(self, ids: torch.Tensor) -> ForwardOutput:
         """:meth:`verify` of a tree that is its root alone (an AR step through the verify interface): the
         forward of :meth:`decode` (position ``kv_len``, every KV row visible; in float32 bitwise the masked
-        forward, whose mask hides nothing), without building a tree, its mask or its positions."""
+        forward, whose mask hides nothing), without building a tree, its mask or its positions. Nothing is
+        journalled for the expert cache to rank: the one node is the accepted path (:meth:`commit`)."""
         P = self.kv_len
         self._check_room(1)
-        self.cache.begin_tentative()
-        try:
-            out = self._forward(ids, self._cos[P:P + 1], self._sin_signed[P:P + 1], None)
-        finally:
-            self.cache.end_tentative()
+        self.cache.end_tentative()  # an earlier verify's record, never committed, is dropped
+        out = self._forward(ids, self._cos[P:P + 1], self._sin_signed[P:P + 1], None)
         self._pending = (P, _ROOT_PARENTS, out)
         return out
 
@@ -612,8 +614,11 @@ class OffloadedQwen3Moe:
             self.v_cache[:, :, prefix:prefix + n] = self.v_cache[:, :, src]
         self.kv_len = prefix + n
         self._pending = None
+        if n == len(par):  # every verified node accepted (an AR step): every expert it touched was used, none to rank
+            self.cache.settle(None)
+            return
         routing = verified.routing.numpy()[path]
-        self.cache.settle([np.unique(routing[:, j]).tolist() for j in range(routing.shape[1])])
+        self.cache.settle([set(routing[:, j].ravel().tolist()) for j in range(routing.shape[1])])
 
     def reset(self) -> None:
         """Forget the KV prefix (the expert cache keeps its contents and counters)."""
@@ -685,8 +690,12 @@ class OffloadedQwen3Moe:
         if t.is_floating_point() or t.is_complex():
             raise SpecFitInputError("input_ids", f"must be integer token ids, got dtype {t.dtype}")
         t = t.reshape(-1).to(torch.long)
-        values = t.numpy() if t.device.type == "cpu" else t  # host ids are checked on the host
-        if int(values.min()) < 0 or int(values.max()) >= self.spec.vocab_size:
+        if t.device.type == "cpu":  # host ids are checked on the host (a few, the verify's, as Python ints)
+            values = t.tolist() if t.shape[0] <= 64 else t.numpy()
+            lo, hi = min(values), max(values)
+        else:
+            lo, hi = t.min(), t.max()
+        if int(lo) < 0 or int(hi) >= self.spec.vocab_size:
             raise SpecFitInputError("input_ids", f"must lie in [0, {self.spec.vocab_size})")
         return self._to_device(t)
 
@@ -722,33 +731,37 @@ class OffloadedQwen3Moe:
             if mask is not None:
                 bias.view(hq // hk, n, T).masked_fill_(~mask, float("-inf"))
         w = self.w
-        x = w["model.embed_tokens.weight"][ids]
-        hidden = {0: x} if 0 in self.aux_layers else {}
-        routing = []
-        for i, lw in enumerate(self._layers):
-            h = rms_norm(x, lw.input_norm, eps)
-            qkv = F.linear(h, lw.qkv)
-            qk = rms_norm(qkv[:, :qk_cols].view(n, hq + hk, d), lw.qk_norm, eps)
-            qk = (qk * cos + qk.roll(d // 2, dims=-1) * sin).transpose(0, 1)
-            kc, vc = self._kv[i]
-            kc[:, P:T] = qk[hq:]
-            vc[:, P:T] = qkv[:, qk_cols:].view(n, hk, d).transpose(0, 1)
-            if bias is not None:
-                att = gqa_attention(qk[:hq], kc[:, :T], vc[:, :T], bias, d ** -0.5)
-            else:  # bfloat16: the fused kernel, which accumulates in float32
-                att = F.scaled_dot_product_attention(qk[:hq], kc[:, :T], vc[:, :T], attn_mask=mask, scale=d ** -0.5,
-                                                     enable_gqa=True)
-            x = x + F.linear(att.transpose(0, 1).reshape(n, -1), lw.o_proj)
-            h = rms_norm(x, lw.post_norm, eps)
-            if lw.router is not None:
-                y, top_i = self._moe(self._moe_index[i], h, lw.router)
-                routing.append(top_i)
-            else:
-                gate, up = F.linear(h, lw.gate_up).chunk(2, dim=-1)
-                y = F.linear(F.silu(gate) * up, lw.down)
-            x = x + y
-            if i + 1 in self.aux_layers:
-                hidden[i + 1] = x
+        with torch.inference_mode():  # the layers' intermediates skip autograd's view and version tracking
+            x = torch.embedding(w["model.embed_tokens.weight"], ids)
+            hidden = {0: x} if 0 in self.aux_layers else {}
+            routing = []
+            # every layer's KV rows P..T-1 (written) and 0..T-1 (read), (Hk, n, d) and (Hk, T, d): one call each
+            k_new, v_new = self.k_cache[:, :, P:T].unbind(0), self.v_cache[:, :, P:T].unbind(0)
+            k_all, v_all = self.k_cache[:, :, :T].unbind(0), self.v_cache[:, :, :T].unbind(0)
+            for i, lw in enumerate(self._layers):
+                h = rms_norm(x, lw.input_norm, eps)
+                qk, v = F.linear(h, lw.qkv).split_with_sizes((qk_cols, hk * d), dim=-1)
+                qk = rms_norm(qk.view(n, hq + hk, d), lw.qk_norm, eps)
+                qk = (qk * cos + qk.roll(d // 2, dims=-1) * sin).transpose(0, 1)
+                k_new[i].copy_(qk[hq:])
+                v_new[i].copy_(v.view(hk, 1, d) if n == 1 else v.view(n, hk, d).transpose(0, 1))
+                if bias is not None:
+                    att = gqa_attention(qk[:hq], k_all[i], v_all[i], bias, d ** -0.5)
+                else:  # bfloat16: the fused kernel, which accumulates in float32
+                    att = F.scaled_dot_product_attention(qk[:hq], k_all[i], v_all[i], attn_mask=mask, scale=d ** -0.5,
+                                                         enable_gqa=True)
+                x = x + F.linear(att.view(1, -1) if n == 1 else att.transpose(0, 1).reshape(n, -1), lw.o_proj)
+                h = rms_norm(x, lw.post_norm, eps)
+                if lw.router is not None:
+                    y, top_i = self._moe(self._moe_index[i], h, lw.router)
+                    routing.append(top_i)
+                else:
+                    gate, up = F.linear(h, lw.gate_up).chunk(2, dim=-1)
+                    y = F.linear(F.silu(gate) * up, lw.down)
+                x = x + y
+                if i + 1 in self.aux_layers:
+                    hidden[i + 1] = x
+        # outside inference mode: what the forward returns are ordinary tensors (a caller may train on them)
         last = rms_norm(x, w["model.norm.weight"], eps)
         head = w["model.embed_tokens.weight"] if s.tie_word_embeddings else w["lm_head.weight"]
         logits = F.linear(last, head).float()
@@ -770,8 +783,11 @@ class OffloadedQwen3Moe:
         top_w, top_i = torch.topk(probs, self.spec.top_k, dim=-1)
         if self.spec.norm_topk_prob:
             top_w = top_w / top_w.sum(dim=-1, keepdim=True)
-        top_w = top_w.to(h.dtype)
-        resident = self.grouped_experts and self.cache.grouped and self.cache.all_resident(layer)
+        if top_w.dtype != h.dtype:
+            top_w = top_w.to(h.dtype)
+        cache = self.cache  # a full cache (every expert loaded at construction, never evicted) is all resident
+        full = cache.slots == self.spec.num_experts and type(cache) is DeviceExpertCache
+        resident = self.grouped_experts and (full or (cache.grouped and cache.all_resident(layer)))
         n = h.shape[0]
         gather = n <= self.gather_max_tokens and (self.gather_max_bytes is None or
                                                  n * self.spec.top_k * self.store.expert_bytes <= self.gather_max_bytes)
@@ -838,8 +854,8 @@ class OffloadedQwen3Moe:
         t0 = self.cache.timer.start() if self.profile else None
         self.cache.touch_resident(layer, top_i)
         n, k = top_i.shape
-        ids, order = torch.sort(top_i, dim=1)
-        w = top_w.gather(1, order).reshape(n * k, 1)
+        ids, order = torch.topk(top_i, k, dim=1, largest=False)  # each row's k distinct ids ascending (a sort)
+        w = top_w.gather(1, order)  # (n, k): each row's weight, in the rows' order
         if self.cache.slots == self.spec.num_experts and type(self.cache) is DeviceExpertCache:
             self.cache.wait_copies(layer)
             slots = ids.reshape(-1)  # a full cache keeps expert e in slot e (loaded so, nothing is ever evicted)
@@ -847,25 +863,29 @@ class OffloadedQwen3Moe:
             slots = self.cache.slot_table(layer)[ids.reshape(-1)]  # (n*k,) in (token, rank) order
         gu, dn = self.cache.gate_up[layer], self.cache.down[layer]
         S, H = gu.shape[0], h.shape[1]
-        tok = self._row_token.get(n)
-        if tok is None:
-            tok = self._row_token[n] = torch.arange(n * k, device=h.device) // k
         if grouped:
+            tok = self._row_token.get(n)
+            if tok is None:
+                tok = self._row_token[n] = torch.arange(n * k, device=h.device) // k
             if self._slot_range is None or len(self._slot_range) != S:
                 self._slot_range = torch.arange(S, device=h.device)
             by_slot, perm = torch.sort(slots, stable=True)
             offs = torch.searchsorted(by_slot, self._slot_range, right=True).to(torch.int32)
             grouped_mm = grouped_mm_function()
             gate, up = grouped_mm(h[tok[perm]], gu.transpose(1, 2), offs=offs).chunk(2, dim=-1)
-            y = grouped_mm(F.silu(gate) * up, dn.transpose(1, 2), offs=offs) * w[perm]
+            y = grouped_mm(F.silu(gate) * up, dn.transpose(1, 2), offs=offs) * w.reshape(n * k, 1)[perm]
             y = torch.empty_like(y).index_copy_(0, perm, y)  # back to (token, rank) order
         else:
-            w1 = gu.view(S, -1).index_select(0, slots).view(n * k, *gu.shape[1:])
-            w2 = dn.view(S, -1).index_select(0, slots).view(n * k, *dn.shape[1:])
-            x = h[:, None, :].expand(n, k, H).reshape(n * k, 1, H)
-            gate, up = torch.bmm(x, w1.transpose(1, 2)).chunk(2, dim=-1)
-            y = torch.bmm(F.silu(gate) * up, w2.transpose(1, 2)).view(n * k, H) * w
-        if h.device.type != "cpu" or h.dtype == torch.float32:
+            bufs = self._gathered.get(n * k)  # the gathered weights' memory, the same every layer, and its transposes
+            if bufs is None:  # (the model's dtype and device, which never change)
+                w1, w2 = gu.new_empty(n * k, *gu.shape[1:]), dn.new_empty(n * k, *dn.shape[1:])
+                bufs = self._gathered[n * k] = (w1, w2, w1.transpose(1, 2), w2.transpose(1, 2))
+            torch.index_select(gu, 0, slots, out=bufs[0])  # (n*k, 2I, H)
+            torch.index_select(dn, 0, slots, out=bufs[1])  # (n*k, H, I)
+            x = h.expand(k, 1, H) if n == 1 else h[:, None, :].expand(n, k, H).reshape(n * k, 1, H)
+            gate, up = torch.bmm(x, bufs[2]).chunk(2, dim=-1)
+            y = torch.bmm(F.silu(gate) * up, bufs[3]) * w.view(n * k, 1, 1)  # (n*k, 1, H)
+        if not h.is_cpu or h.dtype == torch.float32:
             out = y.view(n, k, H).sum(dim=1)  # on the CPU in float32 one row after the other, from 0
         else:  # bfloat16's index_add_ accumulates wider; add rank by rank, rounding after each add
             y = y.view(n, k, H)

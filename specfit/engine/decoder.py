@@ -646,11 +646,11 @@ def _layer_counts(stats: dict, key: str) -> np.ndarray:
 class CycleOutcome:
     """What one cycle hands back to the generation: its ``record``, the ``committed`` token ids (accepted
     draft tokens + bonus token), and for the drafter's commit the accepted path's target features
-    ``aux_hidden`` (τ, 3H) and its tokens ``path_tokens`` (the root first, τ of them)."""
+    ``aux_hidden`` (τ, 3H; None without a drafter) and its tokens ``path_tokens`` (the root first, τ of them)."""
 
     record: CycleRecord
     committed: list[int]
-    aux_hidden: "torch.Tensor"
+    aux_hidden: "torch.Tensor | None"
     path_tokens: list[int]
 
 
@@ -1093,7 +1093,8 @@ class SpecDecoder:
         self._queue_learning(rec, routing)
         self._carry.lam_tokens += rec.committed
         self._carry.lam_ms += rec.predicted_ms
-        return CycleOutcome(rec, acc.new_tokens, out.aux_hidden[acc.path], [sub_tokens[v] for v in acc.path])
+        aux = out.aux_hidden[acc.path] if self.drafter is not None else None  # only a drafter reads them
+        return CycleOutcome(rec, acc.new_tokens, aux, [sub_tokens[v] for v in acc.path])
 
     def _set_lookahead(self, tree: DraftTree | None, keep: list, root: int = -1, rec: CycleRecord | None = None,
                        drafter_ready: bool = False) -> None:
@@ -1213,13 +1214,18 @@ class SpecDecoder:
         """The verify's counts into ``rec``: experts copied (and computed on the host), its H2D ms, the
         verified nodes' true experts, nodes verified, tokens accepted and committed."""
         stats1 = self.target.cache.stats()
-        rec.transferred = (_layer_counts(stats1, "misses") - _layer_counts(stats0, "misses")).tolist()
+        rec.transferred = [a["misses"] - b["misses"] for a, b in zip(stats1["layers"], stats0["layers"])]
         rec.transfer_ms = stats1["total"]["transfer_ms"] - stats0["total"]["transfer_ms"]
         if stats1.get("offload") in ("host", "auto"):
             rec.host = {k: (_layer_counts(stats1, f"host_{k}") - _layer_counts(stats0, f"host_{k}")).tolist()
                         for k in ("computed", "rows")}
         rec.compute_ms = max(rec.verify_ms - rec.transfer_ms, 0.0)
-        rec.true_experts = [int(np.unique(routing[:, l]).size) for l in range(routing.shape[1])]
+        n, L, k = routing.shape  # distinct experts per layer
+        if n == 1:
+            rec.true_experts = [len(set(row)) for row in routing[0].tolist()]
+        else:  # 1 + the changes along each layer's sorted ids
+            by_layer = np.sort(routing.transpose(1, 0, 2).reshape(L, n * k), axis=1)
+            rec.true_experts = (1 + np.count_nonzero(np.diff(by_layer, axis=1), axis=1)).tolist()
         rec.nodes_verified = len(keep)
         rec.accepted = acc.accepted
         rec.committed = len(acc.new_tokens)
