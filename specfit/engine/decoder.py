@@ -993,6 +993,7 @@ class SpecDecoder:
             self.predictor.reset()
         self._sync_twin()
         self._carry.shadows.clear()
+        self.policy.set_resident(bool(_cache_mask(self.target, self.num_experts).all()))
         if self.online is not None:  # an AR step carries a shadow cycle only where the twin prices its tokens
             self._twin.can_shadow = (self._twin.shadows and self._twin.cache is not None and self.drafter is not None
                                      and isinstance(self.cost, CostModel) and self.method.level_by_level)

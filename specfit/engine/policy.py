@@ -81,6 +81,10 @@ class DraftPolicy:
     def set_shadowing(self, on: bool) -> None:
         """Whether AR steps may carry shadow cycles now (the engine can resolve them)."""
 
+    def set_resident(self, on: bool) -> None:
+        """Whether every expert is resident in this generation (a drafted cycle's experts cost their reads
+        alone, whatever the AR steps before it left in the cache)."""
+
     def observe_selection(self, draft_nodes: int, selected_depth: int) -> None:
         """Count a verified drafted cycle: ``draft_nodes`` verified (root excluded), its deepest node's depth."""
 
@@ -224,8 +228,10 @@ class UtilityGate(DraftPolicy):
     better. While it takes AR steps it explores after ``explore_after`` of them: a burst of
     :attr:`EXPLORE_BURST` drafted cycles, cut short by one that verifies the root alone (the first
     cycles after AR steps pay for experts the AR steps' cache lacks, so one cycle alone under-measures
-    drafting); ``explore_after`` starts at :attr:`EXPLORE_FIRST`, doubles after an exploration that
-    leaves Ŝ below :attr:`EXPLORE_MARGIN` or verifies the root alone (up to :attr:`EXPLORE_MAX`), and
+    drafting; one cycle where every expert is resident); ``explore_after`` starts at :attr:`EXPLORE_FIRST`,
+    doubles after an exploration that leaves Ŝ below :attr:`EXPLORE_MARGIN` or verifies the root alone
+    (up to :attr:`EXPLORE_MAX`, or further while a burst would lose more than :attr:`EXPLORE_COST` of
+    the AR steps between two: :meth:`explore_max`), and
     is ``EXPLORE_FIRST * EXPLORE_BURST`` after one near break-even with drafts verified: a bounded
     share of exploring cycles. An exploration's outcome sets the interval once its last cycle is
     learned (the second decision after it: learning runs one cycle late).
@@ -250,10 +256,20 @@ class UtilityGate(DraftPolicy):
     WARMUP = 10
     #: Drafted cycles measured before the gate trusts Ŝ (one unlucky cycle must not stop drafting).
     MIN_DRAFTED = 10
-    #: AR steps before the first exploration, and the most between two explorations.
+    #: AR steps before the first exploration, and the most between two explorations, unless more keep
+    #: exploring within :attr:`EXPLORE_COST` (:meth:`explore_max`).
     EXPLORE_FIRST = 4
     EXPLORE_MAX = 128
-    #: Consecutive cycles one exploration drafts (fewer if one verifies the root alone).
+    #: A real exploration's cycles at Ŝ < 1 lose about ``burst (1/Ŝ - 1)`` AR steps (one committed token
+    #: each; more when they commit more); the interval grows past :attr:`EXPLORE_MAX`, up to 8 times it,
+    #: until that loss is at most this share of the AR steps between two explorations.
+    EXPLORE_COST = 0.002
+    #: Consecutive cycles one exploration drafts (fewer if one verifies the root alone); one where every
+    #: expert is resident (:meth:`set_resident`): no expert is missing after the AR steps, so the first
+    #: cycle measures drafting as well as later ones, and a burst's further cycles would only repeat the
+    #: measurement at the cost of an exploring cycle each (lite head, H200 profile, every expert resident,
+    #: 30 prompts x 64 tokens: 0.986 -> 0.995 x ar on GSM8K, 0.987 -> 0.993 on CNN/DM; BENCHMARKS.md,
+    #: "End-to-end: where speculation pays").
     EXPLORE_BURST = 4
     #: Ŝ at or above which the gate does not back off between explorations (if they verify draft nodes):
     #: drafting then loses at most 1 - EXPLORE_MARGIN of an AR step per exploring cycle, and one burst
@@ -266,6 +282,7 @@ class UtilityGate(DraftPolicy):
     def __init__(self, state: GateState | None = None, shadow: ShadowState | None = None):
         self.state = state if state is not None else GateState(explore_after=self.EXPLORE_FIRST)
         self.shadow = shadow if shadow is not None else ShadowState()
+        self.resident = False  # set per generation by the engine (set_resident); not learned, not saved
 
     # -- what the engine reads -------------------------------------------------------------------
     @property
@@ -362,7 +379,7 @@ class UtilityGate(DraftPolicy):
                 return "draft"  # the real warm-up
         if s.skips >= s.explore_after:
             s.burst_shadow = self.shadow.shadowing and s.cleared is not True
-            s.burst_left, s.skips, s.burst_unjudged = self.EXPLORE_BURST - 1, 0, True
+            s.burst_left, s.skips, s.burst_unjudged = self._burst_cycles() - 1, 0, True
             return self._explore()
         s.skips += 1
         return "ar"
@@ -400,11 +417,26 @@ class UtilityGate(DraftPolicy):
         elif self.speedup < self.EXPLORE_MARGIN or not s.verified_draft:
             # drafting measured clearly slower, or the burst's last selection kept the root alone:
             # explore ever more rarely, in the AR steps' shadow where they can carry one
-            s.explore_after = min(2 * s.explore_after, self.EXPLORE_MAX)
+            s.explore_after = min(2 * s.explore_after, self.explore_max())
             s.cleared = False if self.shadow.shadowing else s.cleared
         else:  # nearly break-even with drafts verified: one burst per EXPLORE_FIRST * EXPLORE_BURST AR steps
             s.explore_after = self.EXPLORE_FIRST * self.EXPLORE_BURST
         return False
+
+    def _burst_cycles(self) -> int:
+        """Cycles a real exploration drafts at most: :attr:`EXPLORE_BURST`, one where every expert is resident."""
+        return 1 if self.resident else self.EXPLORE_BURST
+
+    def explore_max(self) -> int:
+        """The most AR steps between two real explorations: :attr:`EXPLORE_MAX`, or up to 8 times it while Ŝ
+        < 1, as many as keep a burst's loss, ``burst (1/Ŝ - 1)`` AR steps, within :attr:`EXPLORE_COST` of them.
+        It pays where real explorations lose: lite head, H200 profile, 96 slots, CNN/DM, 30 prompts x 64 tokens,
+        exploring cost 0.4% of the run instead of 0.9% (BENCHMARKS.md, "End-to-end: where speculation pays")."""
+        s = self.speedup
+        if s is None or s >= 1.0:
+            return self.EXPLORE_MAX
+        need = math.ceil(self._burst_cycles() * (1.0 / max(s, 1e-9) - 1.0) / self.EXPLORE_COST)
+        return min(max(self.EXPLORE_MAX, need), 8 * self.EXPLORE_MAX)
 
     def _explore(self) -> Decision:
         """One exploring cycle of the current burst: ``"shadow"`` in a shadow burst, else ``"explore"`` (counted)."""
@@ -438,6 +470,11 @@ class UtilityGate(DraftPolicy):
     def set_shadowing(self, on: bool) -> None:
         """Whether AR steps may carry shadow cycles now (the engine can resolve them)."""
         self.shadow.shadowing = bool(on)
+
+    def set_resident(self, on: bool) -> None:
+        """Whether every expert is resident in this generation: an exploration then drafts one cycle
+        (:attr:`EXPLORE_BURST`)."""
+        self.resident = bool(on)
 
     def observe_selection(self, draft_nodes: int, selected_depth: int) -> None:
         """Count one verified drafted cycle right after its verify: ``draft_nodes`` verified (root

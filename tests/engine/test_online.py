@@ -384,14 +384,16 @@ def test_an_explorations_own_outcome_sets_the_interval_after_it():
     assert on.policy.state.explore_after == 32 and on.policy.speedup < on.policy.EXPLORE_MARGIN
 
 
-def test_clearly_worse_drafting_explores_six_bursts_in_252_ar_steps_then_one_per_explore_max():
+def test_clearly_worse_drafting_explores_six_bursts_in_252_ar_steps_then_ever_fewer_within_explore_cost():
     on = OnlineModel(depth=4)
     warm = on.policy.WARMUP + on.policy.MIN_DRAFTED
-    seq = gate_in_engine_order(on, warm + 252 + 6 * 4 + 3 * (128 + 4), lambda k: (1, 0.5))
+    seq = gate_in_engine_order(on, warm + 252 + 6 * 4 + 256 + 4 + 512 + 4 + 1024 + 4 + 1024 + 4 + 10, lambda k: (1, 0.5))
     assert seq[:warm] == "d" * warm
     gaps = [len(run) for run in seq[warm:].split("eeee")]
-    assert gaps == [4, 8, 16, 32, 64, 128, 128, 128, 128, 0]  # AR steps between bursts, capped at EXPLORE_MAX
-    assert on.policy.state.explore_after == on.policy.EXPLORE_MAX and sum(gaps[:6]) == 252
+    # AR steps between bursts: doubling past EXPLORE_MAX (a burst at Ŝ = 0.5 loses ~4 AR steps, more than
+    # EXPLORE_COST of 128), capped at 8 EXPLORE_MAX
+    assert gaps == [4, 8, 16, 32, 64, 128, 256, 512, 1024, 1024, 10]
+    assert on.policy.state.explore_after == 8 * on.policy.EXPLORE_MAX and sum(gaps[:6]) == 252
 
 
 def test_the_first_trusted_decision_reads_the_measured_cycles_but_the_last():

@@ -146,3 +146,44 @@ def test_the_gate_state_objects_stay_small():
 
     assert len(fields(GateState)) <= 15 and len(fields(ShadowState)) <= 15
     assert issubclass(UtilityGate, DraftPolicy) and policy_from_json(UtilityGate().to_json()).state == GateState()
+
+
+def _gate_after_warm_up(speedup: float, resident: bool = False) -> UtilityGate:
+    """A gate whose warm-up measured ``speedup`` (every drafted cycle verified draft nodes)."""
+    gate = UtilityGate()
+    gate.set_resident(resident)
+    for _ in range(gate.WARMUP + gate.MIN_DRAFTED):
+        assert gate.decide() == "draft"
+        gate.observe_selection(draft_nodes=2, selected_depth=2)
+        gate.observe_cycle(gain_ms=10.0 * speedup, spent_ms=10.0)
+    return gate
+
+
+def test_with_every_expert_resident_an_exploration_drafts_one_cycle():
+    def decisions(resident):
+        gate = _gate_after_warm_up(0.5, resident)
+        return "".join(gate.decide()[0] for _ in range(30))
+
+    assert decisions(False) == "aaaa" + "eeee" + "a" * 8 + "eeee" + "a" * 10
+    assert decisions(True) == "aaaa" + "e" + "a" * 8 + "e" + "a" * 16
+    for fixed in (AlwaysDraft(), NeverDraft()):  # the fixed policies ignore it
+        fixed.set_resident(True)
+        assert fixed.decide() == ("draft" if isinstance(fixed, AlwaysDraft) else "ar")
+
+
+def test_explorations_that_lose_grow_their_interval_past_explore_max_within_the_cost_share():
+    def intervals(speedup, resident=False):
+        gate, seen = _gate_after_warm_up(speedup, resident), []
+        for _ in range(6000):
+            gate.decide()
+            if not seen or seen[-1] != gate.state.explore_after:
+                seen.append(gate.state.explore_after)
+        return seen
+
+    g = UtilityGate
+    # Ŝ = 0.5: a burst of 4 loses ~4 AR steps; within EXPLORE_COST of the interval needs 2000: capped at 8 EXPLORE_MAX
+    assert intervals(0.5) == [4, 8, 16, 32, 64, 128, 256, 512, 1024] and 8 * g.EXPLORE_MAX == 1024
+    # Ŝ = 0.9: 4 (1/0.9 - 1) / 0.002 = 222.2 -> 223 AR steps; one resident cycle: 55.6, under EXPLORE_MAX
+    assert intervals(0.9) == [4, 8, 16, 32, 64, 128, 223]
+    assert intervals(0.9, resident=True) == [4, 8, 16, 32, 64, 128]
+    assert _gate_after_warm_up(1.2).explore_max() == g.EXPLORE_MAX  # drafting pays: no loss to bound
