@@ -1008,7 +1008,7 @@ class SpecDecoder:
         """End a generation: run the learning still queued (booked as the last cycle's host time: no
         verify is left to hide it behind) and forget the shadow cycles whose outcome will never be known."""
         if self._carry.learning is None:  # nothing reads the last cycle's AR twin ms; the next prefill syncs the twin
-            self._carry.twin_path = None
+            self._carry.twin_path = self._carry.kept = None
         if self.online is not None and (self.online.deferred or self._carry.learning) and cycles:
             c0, th0 = self.clock.cpu(), self.clock.thread()  # left to hide them behind
             self.online.flush()
@@ -1414,6 +1414,7 @@ class SpecDecoder:
         if self._carry.twin_path is None:
             return None
         path, self._carry.twin_path = self._carry.twin_path, None
+        kept, self._carry.kept = self._carry.kept, None  # None: every token of the path is kept
         ms = [self._ar_step_ms(self._twin.cache.step(r)) for r in path]
         la = self._twin.lookahead_ms
         if la[0] is not None and len(ms) == 1:  # an AR step with the lookahead, and the twin's for its token
@@ -1424,7 +1425,7 @@ class SpecDecoder:
         for sh in self._carry.shadows:  # each forward's AR ms, in order, for the shadows it continues
             if len(sh.ar_ms) < len(sh.routing):
                 sh.ar_ms.extend(ms[:len(sh.routing) - len(sh.ar_ms)])
-        return sum(ms[:self._carry.kept])  # the tokens past max_new_tokens are dropped: no gain
+        return sum(ms[:kept])  # the tokens past max_new_tokens are dropped: no gain
 
     def _shortest_verify_ms(self) -> float:
         """The cost model's shortest verify, ms: the root alone with every expert cached."""
