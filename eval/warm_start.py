@@ -14,7 +14,10 @@ baselines), specfit's cold and warm tok/s and τ, and both over the best of ar, 
 and specfit's warm decisions. Usage (defaults: 16, 32, 96 and all slots on both profiles)::
 
     python -m specfit.eval.warm_start --out runs/warm [--profiles P,...] [--slots 16,32,96,all]
-                              [--draft strong] [--limit 6] [--max-new-tokens 48] [--learn 20]
+                              [--draft strong] [--limit 6] [--max-new-tokens 48] [--learn 20] [--clock counted]
+
+``--clock`` goes to every ``specfit eval`` run (default: its own, counted on the CPU: the same modeled
+figures and decisions on any machine).
 
 A rerun resumes each finished run (``specfit eval`` resumes from its ``--out``).
 """
@@ -71,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--learn", type=int, default=20)
     p.add_argument("--learn-from", type=int, default=7)
+    p.add_argument("--clock", choices=("counted", "measured"), default=None)
     a = p.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -83,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         for slots in a.slots.split(","):
             cell = out / f"{profile.removeprefix('qwen3-30b-a3b-')}-{slots}"
             common = ["--draft", a.draft, "--profile", profile, "--max-new-tokens", str(a.max_new_tokens),
-                      "--cache-slots", slots]
+                      "--cache-slots", slots] + (["--clock", a.clock] if a.clock else [])
             _eval(common + ["--dataset", str(other), "--limit", str(a.learn), "--methods", "specfit",
                             "--out", str(cell / "learn")])
             _eval(common + ["--dataset", "gsm8k", "--limit", str(a.limit), "--methods", "specfit",

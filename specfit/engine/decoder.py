@@ -287,8 +287,8 @@ class CycleRecord:
         (the cycle's thread time up to its accept step less the forwards (head, target, reference), the
         accept step and the commit), from :meth:`specfit.engine.clock.Clock.thread`: reported, never decided on.
     ar_tokens_ms : float
-        What plain AR decoding would have paid for this cycle's committed tokens, one step each in its own
-        expert cache (the AR twin, :mod:`specfit.engine.twin`; calibrated methods in the transfer regime
+        What plain AR decoding would have paid for this cycle's committed tokens that the output keeps (none
+        past ``max_new_tokens``), one step each in its own expert cache (the AR twin, :mod:`specfit.engine.twin`; calibrated methods in the transfer regime
         with a runtime cache, on the cycles the online model learns from, else 0).
     host : dict
         Host and auto offload modes: per MoE layer the experts computed on the host (``"computed"``) and
@@ -687,7 +687,9 @@ class _Carry:
     λ); ``unobserved`` committed ``(tokens, routing)`` int64 arrays the predictor has not observed yet;
     ``learning`` the last cycle's outcome, learned during the next verify (:class:`_Learning`);
     ``ar_next`` ``(Ŝ,)`` when the next cycle is an AR step decided ahead; ``twin_path`` the last cycle's
-    committed forwards' routing (τ, L, k), not yet replayed in the AR twin; ``shadows`` the shadow cycles
+    committed forwards' routing (τ, L, k), not yet replayed in the AR twin; ``budget`` the new tokens the
+    generation still keeps before this cycle (``max_new_tokens`` less those committed), ``kept`` the
+    last cycle's (how many of its committed tokens the output keeps); ``shadows`` the shadow cycles
     drafted whose outcome is not known yet (oldest first); ``copied`` whether the last forward copied an
     expert (an AR step drafts its lookahead only after one).
     """
@@ -698,6 +700,8 @@ class _Carry:
     learning: "_Learning | None" = None
     ar_next: tuple | None = None
     twin_path: np.ndarray | None = None
+    budget: int | None = None
+    kept: int | None = None
     shadows: list = field(default_factory=list)
     copied: bool = True
 
@@ -951,6 +955,7 @@ class SpecDecoder:
         t1 = self.clock.wall()
         root, new, cycles = prompt[-1], [], []
         while len(new) < max_new_tokens and not (eos_id is not None and eos_id in new):
+            self._carry.budget = max_new_tokens - len(new)
             out = self._cycle(root, drafter_ready)
             if self.drafter is not None:  # the drafter's commit of the accepted path
                 if drafter_ready:
@@ -1004,7 +1009,7 @@ class SpecDecoder:
         """End a generation: run the learning still queued (booked as the last cycle's host time: no
         verify is left to hide it behind) and forget the shadow cycles whose outcome will never be known."""
         if self._carry.learning is None:  # nothing reads the last cycle's AR twin ms; the next prefill syncs the twin
-            self._carry.twin_path = None
+            self._carry.twin_path = self._carry.kept = None
         if self.online is not None and (self.online.deferred or self._carry.learning) and cycles:
             c0, th0 = self.clock.cpu(), self.clock.thread()  # left to hide them behind
             self.online.flush()
@@ -1208,6 +1213,7 @@ class SpecDecoder:
         if self.predictor is not None:
             self._carry.unobserved.append((np.array([sub_tokens[v] for v in acc.path], np.int64),
                                      np.ascontiguousarray(routing[acc.path], np.int64)))
+        self._carry.kept = self._carry.budget
         if self._twin.cache is not None:
             self._carry.twin_path = routing[acc.path]
 
@@ -1408,12 +1414,14 @@ class SpecDecoder:
         Returns
         -------
         float or None
-            ms plain AR decoding would have paid for the last cycle's committed tokens (τ one-token
-            steps, each priced by the cost's ``cycle_ms`` on the twin's misses); None without a twin.
+            ms plain AR decoding would have paid for the last cycle's committed tokens that the output
+            keeps (one-token steps, each priced by the cost's ``cycle_ms`` on the twin's misses; tokens
+            past ``max_new_tokens`` gain nothing); None without a twin.
         """
         if self._carry.twin_path is None:
             return None
         path, self._carry.twin_path = self._carry.twin_path, None
+        kept, self._carry.kept = self._carry.kept, None  # None: every token of the path is kept
         ms = [self._ar_step_ms(self._twin.cache.step(r)) for r in path]
         la = self._twin.lookahead_ms
         if la[0] is not None and len(ms) == 1:  # an AR step with the lookahead, and the twin's for its token
@@ -1424,7 +1432,7 @@ class SpecDecoder:
         for sh in self._carry.shadows:  # each forward's AR ms, in order, for the shadows it continues
             if len(sh.ar_ms) < len(sh.routing):
                 sh.ar_ms.extend(ms[:len(sh.routing) - len(sh.ar_ms)])
-        return sum(ms)
+        return sum(ms[:kept])  # the tokens past max_new_tokens are dropped: no gain
 
     def _shortest_verify_ms(self) -> float:
         """The cost model's shortest verify, ms: the root alone with every expert cached."""
@@ -1454,7 +1462,7 @@ class SpecDecoder:
         uncached = np.add(rec.host["computed"], rec.transferred) if rec.host else rec.transferred  # host + copied
         self.online.observe(root_predicted_new=root_new, root_true_new=root_true,
                             selected_predicted_new=predicted, transferred=uncached,
-                            draft_nodes=rec.nodes_verified - 1, committed=rec.committed,
+                            draft_nodes=rec.nodes_verified - 1, committed=min(rec.committed, self._carry.kept or rec.committed),
                             cycle_ms=self._drafted_cycle_ms(rec, counts), ar_ms=rec.ar_step_ms,
                             ar_tokens_ms=ar_tokens_ms, selected_depth=c.selected_depth, counted=True)
 
@@ -1495,12 +1503,17 @@ class SpecDecoder:
         a level-by-level method with an exact selector the tree holds only the drafted nodes that can
         belong to an optimal selection (:func:`specfit.solvers.stop.selectable`).
 
+        A calibrated method drafts at most ``max(n - 1, 1)`` levels when ``n`` new tokens remain before
+        ``max_new_tokens`` (deeper levels add only tokens the output drops; docs/SPECFIT.md §3, "Measured utility").
+
         Returns ``(tree, selection, items)``: the :class:`DraftTree` drafted, the
         :class:`~specfit.solvers.Selection` and the tree's coverage accounting against ``cache``;
         ``(None, None, None)`` when the policy took the AR step.
         """
         self._now.root = None  # built at most once in this call (_root_tree)
         depth = self.policy.draft_depth(self.tree.depth)  # the warm-up's cap
+        if self.online is not None and self._carry.budget is not None:  # levels past the output's end gain nothing
+            depth = min(depth, max(self._carry.budget - 1, 1))
         launched = self._decide_and_launch(root, cache, rec, depth)
         if launched is None:
             return None, None, None

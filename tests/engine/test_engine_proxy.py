@@ -224,7 +224,7 @@ def test_warmup_cycles_draft_one_level_past_the_last_selection(proxy):
 def test_ar_twin_prices_what_ar_decoding_pays(proxy, monkeypatch, policy):
     """The AR gate's counterfactual (the AR twin, specfit.engine.twin): over a generation that drafts
     every cycle, the AR ms it gives each cycle's committed tokens sum to what plain AR decoding of the
-    same tokens pays with its own expert cache, and the drafted generation's own cache would have
+    same tokens pays with its own expert cache (the tokens the output keeps), and the drafted generation's own cache would have
     priced them differently (the pollution the twin keeps out of the gate's Ŝ). With a lookahead cache
     plain AR decoding is its base policy's (LRU / LFU): plain AR drafts nothing to look ahead with."""
     from specfit.engine.online import OnlineModel
@@ -249,9 +249,8 @@ def test_ar_twin_prices_what_ar_decoding_pays(proxy, monkeypatch, policy):
         dec = SpecDecoder(spec_target, drafter, "specfit", tree=TreeSettings(32, 6, 4), cost=cost, predictor=predictor)
         ar = SpecDecoder(ar_target, None, "ar", cost=cost)
         g = dec.generate(p, 24)
-        committed = sum(c.committed for c in g.cycles)  # the last cycle may commit past 24
-        a = ar.generate(p, committed)
-        assert a.output_ids[:len(g.output_ids)] == g.output_ids
+        a = ar.generate(p, 24)  # the tokens past 24 the last cycle may commit gain nothing
+        assert a.output_ids == g.output_ids
         assert all(c.ar_tokens_ms > 0 for c in g.cycles) and max(c.committed for c in g.cycles) > 1
         twin_ms += sum(c.ar_tokens_ms for c in g.cycles)
         root_ms += sum(c.committed * c.ar_step_ms for c in g.cycles)
@@ -338,7 +337,7 @@ def test_ar_twin_per_cycle_with_the_gates_ar_steps_in_between(proxy, monkeypatch
                               top_k=spec.top_k)
     dec = SpecDecoder(spec_target, drafter, "specfit", tree=TreeSettings(32, 6, 4), cost=cost, predictor=predictor)
     g = dec.generate(prompts[1], 32)
-    a = SpecDecoder(ar_target, None, "ar", cost=cost).generate(prompts[1], sum(c.committed for c in g.cycles))
+    a = SpecDecoder(ar_target, None, "ar", cost=cost).generate(prompts[1], 32)  # the tokens the output keeps
     per_token = [cost.cycle_ms(1, c.transferred) for c in a.cycles]
     t, checked, after_ar = 0, 0, 0
     for i, c in enumerate(g.cycles):
@@ -348,6 +347,43 @@ def test_ar_twin_per_cycle_with_the_gates_ar_steps_in_between(proxy, monkeypatch
             after_ar += i > 0 and g.cycles[i - 1].decision == "ar"
         t += c.committed
     assert checked >= 5 and after_ar >= 2
+
+
+def test_a_calibrated_cycle_drafts_and_gains_only_what_the_output_keeps(proxy, monkeypatch):
+    """Near the end of a generation a calibrated method drafts at most one level less than the new tokens
+    still kept (at least one), and each cycle is credited (``ar_tokens_ms``, the gain Ŝ learns) with what
+    plain AR decoding pays for the tokens the output keeps: one that commits past ``max_new_tokens``
+    (a one-level draft with one new token left) gains nothing for the token dropped."""
+    _, drafter, prompts = proxy
+    d = paths()
+    target_config = json.loads((d["target"] / "config.json").read_text())
+    aux = check_target(Eagle3Config.from_dict(json.loads((d["eagle3"] / "config.json").read_text())), target_config)
+    monkeypatch.setattr(UtilityGate, "decide", lambda self, sound=None: "draft")
+
+    def run(method, budget):
+        target = OffloadedQwen3Moe.from_pretrained(d["target"], cache_slots=24, max_len=1024, aux_layers=aux)
+        spec = target.spec
+        cost = get_profile("qwen3-30b-a3b-h200").for_layers(len(spec.moe_layers))
+        predictor = get_predictor("recency", num_layers=len(spec.moe_layers), num_experts=spec.num_experts,
+                                  top_k=spec.top_k)
+        dec = SpecDecoder(target, drafter if method == "specfit" else None, method, tree=TreeSettings(32, 6, 4),
+                          cost=cost, predictor=predictor)
+        return dec.generate(prompts[0], budget), cost
+
+    past = capped = 0
+    for budget in (1, 2, 3, 5, 8):
+        g, cost = run("specfit", budget)
+        a, _ = run("ar", budget)
+        assert g.output_ids == a.output_ids
+        per_token = [cost.cycle_ms(1, c.transferred) for c in a.cycles]
+        t = 0
+        for c in g.cycles:
+            assert 1 <= c.levels <= max(budget - t - 1, 1)
+            assert c.ar_tokens_ms == pytest.approx(sum(per_token[t:t + c.committed]), rel=1e-9)
+            past += t + c.committed > budget
+            capped += budget - t - 1 < 6
+            t += c.committed
+    assert past >= 1 and capped >= 5
 
 
 @pytest.mark.slow
