@@ -269,7 +269,7 @@ class UtilityGate(DraftPolicy):
     #: cycle measures drafting as well as later ones, and a burst's further cycles would only repeat the
     #: measurement at the cost of an exploring cycle each (lite head, H200 profile, every expert resident,
     #: 30 prompts x 64 tokens: 0.986 -> 0.995 x ar on GSM8K, 0.987 -> 0.993 on CNN/DM; BENCHMARKS.md,
-    #: "End-to-end: where speculation pays").
+    #: "Engine mechanisms: what each pays").
     EXPLORE_BURST = 4
     #: Ŝ at or above which the gate does not back off between explorations (if they verify draft nodes):
     #: drafting then loses at most 1 - EXPLORE_MARGIN of an AR step per exploring cycle, and one burst
@@ -431,7 +431,7 @@ class UtilityGate(DraftPolicy):
         """The most AR steps between two real explorations: :attr:`EXPLORE_MAX`, or up to 8 times it while Ŝ
         < 1, as many as keep a burst's loss, ``burst (1/Ŝ - 1)`` AR steps, within :attr:`EXPLORE_COST` of them.
         It pays where real explorations lose: lite head, H200 profile, 96 slots, CNN/DM, 30 prompts x 64 tokens,
-        exploring cost 0.4% of the run instead of 0.9% (BENCHMARKS.md, "End-to-end: where speculation pays")."""
+        exploring cost 0.4% of the run instead of 0.9% (BENCHMARKS.md, "Engine mechanisms: what each pays")."""
         s = self.speedup
         if s is None or s >= 1.0:
             return self.EXPLORE_MAX
