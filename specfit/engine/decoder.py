@@ -689,7 +689,7 @@ class _Carry:
     ``ar_next`` ``(Ŝ,)`` when the next cycle is an AR step decided ahead; ``twin_path`` the last cycle's
     committed forwards' routing (τ, L, k), not yet replayed in the AR twin; ``budget`` the new tokens the
     generation still keeps before this cycle (``max_new_tokens`` less those committed), ``kept`` the
-    last cycle's (how many of its committed tokens the output keeps); ``shadows`` the shadow cycles
+    last cycle's budget (at most that many of its committed tokens stay in the output); ``shadows`` the shadow cycles
     drafted whose outcome is not known yet (oldest first); ``copied`` whether the last forward copied an
     expert (an AR step drafts its lookahead only after one).
     """
