@@ -244,7 +244,7 @@ def _add_compare_solvers(sub) -> None:
     p.add_argument("--time-limit", dest="time_limit_s", metavar="SECONDS", type=float, default=30.0,
                    help="cpsat time limit per instance, s (default 30)")
     p.add_argument("--total-tokens", type=int, default=32, help="eagle's total_tokens (default 32)")
-    p.add_argument("--out", default="results/compare_solvers", help="output folder (default results/compare_solvers)")
+    p.add_argument("--out", default="runs/compare-solvers", help="output folder (default runs/compare-solvers)")
     p.add_argument("--all-cores", action="store_true", help="do not pin the process to one core while timing")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 

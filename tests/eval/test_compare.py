@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import numpy as np
@@ -169,3 +170,14 @@ def test_compare_solvers_on_host_regime_instances(tmp_path, capsys):
     rc = main(["compare-solvers", "--preset", "small", "--sizes", "4", "--count", "1", "--host-profile", "nope",
                "--out", str(tmp_path / "bad"), "--no-progress"])
     assert rc == 2 and "host_profile" in capsys.readouterr().err
+
+
+def test_every_command_writes_under_runs_by_default():
+    """Every subcommand's default output folder lies under runs/ (git-ignored), as eval's and sweep's do."""
+    from specfit.cli import build_parser
+
+    parser = build_parser()
+    subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    outs = {name: p.get_default("out") for name, p in subs.choices.items() if p.get_default("out") is not None}
+    assert "compare-solvers" in outs
+    assert all(str(o).startswith("runs/") for o in outs.values()), outs
