@@ -675,7 +675,7 @@ class _CycleState:
     root alone); ``reference_verified`` whether the oracle's reference verified this cycle's tree;
     ``device_thread_s`` thread CPU s of the forwards and the accept step (left out of ``host_thread_ms``);
     ``root_experts`` the root's predicted experts (1, L, k) once predicted; ``prefetched`` per MoE layer the
-    experts this cycle prefetched (None: no prefetch).
+    experts this cycle prefetched (None: no prefetch); ``ar_cache`` the cache mask before that prefetch.
     """
 
     cache: np.ndarray | None = None
@@ -690,6 +690,7 @@ class _CycleState:
     device_thread_s: float = 0.0
     root_experts: np.ndarray | None = None
     prefetched: list | None = None
+    ar_cache: np.ndarray | None = None
 
 
 @dataclass
@@ -725,7 +726,9 @@ class _Learning:
     cycle's verify is on the device): its ``record``, the ``cache`` (L, E) at its start, the verify's
     ``routing`` (n, L, k), the root's predicted uncached experts ``root_new`` (L,) or None, the host CPU
     ms of its levels ``level_host_ms`` and of the rest ``rest_ms``, its ``selected_depth``, and whether
-    it was a drafted cycle counted at its verify (``drafted_cycle``)."""
+    it was a drafted cycle counted at its verify (``drafted_cycle``); ``ar_cache`` the cache before the
+    cycle's prefetch (None: no prefetch), against which its counterfactual AR step is priced (an AR step has
+    no idle window to prefetch in)."""
 
     record: CycleRecord
     cache: np.ndarray
@@ -735,6 +738,7 @@ class _Learning:
     selected_depth: int
     rest_ms: float
     drafted_cycle: bool
+    ar_cache: np.ndarray | None = None
 
 
 @dataclass
@@ -1276,7 +1280,7 @@ class SpecDecoder:
         if drafted_cycle:
             self.policy.observe_selection(rec.nodes_verified - 1, now.selected_depth)
         self._carry.learning = _Learning(rec, now.cache, routing, now.root_new, now.level_host_ms, now.selected_depth,
-                                       rec.host_cpu_ms - now.level_host_ms, drafted_cycle)
+                                       rec.host_cpu_ms - now.level_host_ms, drafted_cycle, now.ar_cache)
 
     def _learn_acceptance(self, drafted: "_Drafted", full: np.ndarray, acc, sub_parents: list) -> None:
         """Teach the acceptance calibrator one verify: its Bernoulli trials (under greedy verification
@@ -1467,7 +1471,7 @@ class SpecDecoder:
         rec, cache, routing, root_new = c.record, c.cache, c.routing, c.root_new
         layer = np.arange(cache.shape[0])[:, None]
         root_true = (~cache[layer, routing[0]]).sum(axis=1)  # (L,) the root's true uncached experts
-        rec.ar_step_ms = self._ar_step_ms(root_true)
+        rec.ar_step_ms = self._ar_step_ms(root_true if c.ar_cache is None else (~c.ar_cache[layer, routing[0]]).sum(axis=1))
         if ar_tokens_ms is not None:
             rec.ar_tokens_ms = ar_tokens_ms
         if rec.decision != "ar" and rec.levels:
@@ -1892,6 +1896,7 @@ class SpecDecoder:
         for layer, e in cand[:n]:
             want[layer].append(e)
         loaded = target.prefetch_layers(want, protect=experts.tolist())
+        self._now.ar_cache = mask.copy()  # what an AR step, which has no idle window, would have found
         for layer, ids in enumerate(loaded):
             mask[layer, ids] = True
         self._now.prefetched = loaded
