@@ -192,7 +192,8 @@ def _run_generate(args) -> int:
 
         model.load_learned(args.warm_start, expect=learned.key_to_json(model.online_key(method)))
     try:
-        rep = model.generate(prompt, method=method, max_new_tokens=args.max_new_tokens, prefetch=args.prefetch).to_json()
+        extra = {"prefetch": True} if args.prefetch else {}  # off: the API's default
+        rep = model.generate(prompt, method=method, max_new_tokens=args.max_new_tokens, **extra).to_json()
     except SpecFitInputError as exc:  # the API's one ``prompt`` field is --prompt or --prompt-ids here
         if exc.field == "prompt" and args.prompt_ids is not None:
             raise SpecFitInputError("prompt_ids", exc.rule) from None

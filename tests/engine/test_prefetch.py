@@ -71,6 +71,24 @@ def test_a_record_without_prefetch_keeps_its_json_shape():
     assert CycleRecord(prefetch={"experts": [1], "used": [0]}).to_json()["prefetch"] == {"experts": [1], "used": [0]}
 
 
+def test_the_summary_counts_prefetched_copies_as_transfers():
+    from specfit.eval.records import ResultRecord
+    from specfit.eval.report import summarise
+
+    def rec(method, prefetched, used):
+        return ResultRecord(id="p", dataset="d", method=method, task="none", prompt_tokens=3, output_ids=[1, 2, 3, 4],
+                            text="", new_tokens=4, committed=4, cycles=4, accept_lengths=[0] * 4, nodes_verified=[1] * 4,
+                            levels=[0] * 4, wall_s=1.0, prefill_s=0.0, modeled_ms=100.0,
+                            modeled={"compute_ms": 50.0, "transfer_ms": 50.0, "draft_ms": 0.0, "host_ms": 0.0},
+                            experts_transferred=8, experts_looked_up=16, measured_ms={"solve": 0.0, "predict": 0.0, "tree": 0.0},
+                            score={}, experts_prefetched=prefetched, experts_prefetch_used=used)
+
+    rows = {r.method: r for r in summarise([rec("ar", 0, 0), rec("eagle3", 4, 3)], depth=3, temperature=0.0)}
+    assert rows["ar"].experts_per_token == 2.0 and rows["ar"].prefetched_per_token is None
+    assert rows["eagle3"].experts_per_token == 3.0 and rows["eagle3"].prefetched_per_token == 1.0
+    assert rows["eagle3"].prefetch_used_share == 0.75 and rows["eagle3"].cache_hit_rate == 0.5  # the verify's misses
+
+
 # -- the expert cache ---------------------------------------------------------------------------------
 def _cache(slots=3, policy="lru"):
     store = HostExpertStore(1, 6, 4, 2, torch.float32)
