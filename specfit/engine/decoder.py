@@ -6,6 +6,9 @@ One cycle (:meth:`SpecDecoder._cycle`; ARCHITECTURE.md, "Read first"):
     → predict the kept nodes' experts → select → verify the selected subtree in one target forward
     → accept a root path + bonus token → compact the target KV, commit to the drafter → cycle record
 
+With ``prefetch=True`` a drafted cycle first asks the expert cache to copy the root's predicted experts,
+which on a GPU run beside the head forwards (:meth:`SpecDecoder._prefetch_root`, :mod:`specfit.core.prefetch`).
+
 The root of every cycle is the last committed token, whose KV is not yet in the target (the
 previous cycle's bonus token). A method that drafts nothing (``ar``) verifies the root alone, which
 is a plain autoregressive step through the same code.
