@@ -3,13 +3,15 @@
 A cycle recorded on this machine (:class:`specfit.engine.CycleRecord`) is priced on the
 deployment a hardware profile describes (Qwen3-30B-A3B on one GPU, experts behind a PCIe link):
 
-    modeled_ms = verify_ms + draft_ms + host_ms
+    modeled_ms = verify_ms + prefetch_ms + draft_ms + host_ms
 
     verify_ms = profile.for_layers(L).cycle_ms(nodes_verified, transferred, None, true_experts)
               = fixed_ms + per_node_ms * nodes_verified
                 + (48 / L) * sum_l [per_expert_ms * transferred[l] + read_ms * true_experts[l]]
     draft_ms  = (levels + levels_ahead) * profile.draft_level_ms
-                + max(0, shadow_levels * profile.draft_level_ms - (verify_ms - fixed_ms - per_node_ms * nodes_verified))
+                + max(0, shadow_levels * profile.draft_level_ms - (copies_ms(transferred) + prefetch_ms))
+    prefetch_ms = max(0, copies_ms(prefetched) - (levels + levels_ahead) * profile.draft_level_ms)
+    copies_ms(c) = (48 / L) * sum_l per_expert_ms * c[l]
     host_ms   = host_cpu_ms                    (the engine's clock: priced from counts, or measured)
 
 * verify: SPECFIT.md §3's T(S) with the *measured* counts of the cycle — nodes the target
@@ -30,6 +32,11 @@ deployment a hardware profile describes (Qwen3-30B-A3B on one GPU, experts behin
   the step copies its experts. Approximation: the engine sets the chain's demand before the step's
   forward, while on a GPU the first layers' copies may start before the chain is drafted (their evictions
   would see the previous demand). Not modeled: the head forwards' own memory traffic beside the copies.
+* prefetch: with ``SpecDecoder(prefetch=True)`` the engine copies the root's predicted experts before the
+  cycle's first head forward is launched (``CycleRecord.prefetch``): the copies are free while they fit in
+  the head forwards before the verify, the excess (``prefetch_ms``, in ``transfer_ms``) is charged, and
+  it shares the shadow window with the step's copies (:func:`specfit.core.prefetch.overlap_ms`;
+  docs/SPECFIT.md §3, "Prefetch while the head drafts"). Without a prefetch ``prefetch_ms`` is 0.
 * host: the expert predictor, the solver and the engine's bookkeeping (tree, calibration, gate,
   learning) run on the host CPU in deployment as well, so their time is added as the engine's clock
   gave it (``CycleRecord.host_cpu_ms``, :mod:`specfit.engine.clock`). With the counted clock (``specfit
@@ -59,6 +66,7 @@ from __future__ import annotations
 
 from specfit.core.cost import CostModel, HostProfile, get_host_profile, get_profile
 from specfit.core.errors import SpecFitInputError
+from specfit.core.prefetch import overlap_ms
 
 #: The parts of a modeled cycle (keys of :func:`modeled_cycle_ms` besides ``total_ms``).
 MODELED_PARTS = ("compute_ms", "transfer_ms", "draft_ms", "host_ms")
@@ -114,10 +122,17 @@ def modeled_cycle_ms(cycle, cost: CostModel) -> dict[str, float]:
     draft = (cycle.levels + cycle.levels_ahead) * cost.draft_level_ms
     # a shadow cycle's head forwards run while the AR step copies its experts: what exceeds the copies
     copies = float(cost.per_expert_array(len(cycle.transferred)) @ cycle.transferred) if len(cycle.transferred) else 0.0
-    draft += max(0.0, getattr(cycle, "shadow_levels", 0) * cost.draft_level_ms - copies)
+    # prefetch copies (SpecDecoder(prefetch=True)): free within the head forwards before the verify, the
+    # excess shares the shadow window with the step's own copies and is charged as link time
+    prefetched = (getattr(cycle, "prefetch", None) or {}).get("experts")
+    excess = 0.0
+    if prefetched:
+        excess = overlap_ms(cost, prefetched, cycle.transferred, cycle.levels + cycle.levels_ahead,
+                            getattr(cycle, "shadow_levels", 0))[0]
+    draft += max(0.0, getattr(cycle, "shadow_levels", 0) * cost.draft_level_ms - (copies + excess))
     host = cycle.host_cpu_ms
-    return {"compute_ms": compute, "transfer_ms": verify - compute, "draft_ms": draft, "host_ms": host,
-            "total_ms": verify + draft + host}
+    return {"compute_ms": compute, "transfer_ms": verify - compute + excess, "draft_ms": draft, "host_ms": host,
+            "total_ms": verify + excess + draft + host}
 
 
 def _host_cycle_ms(cycle, cost: HostProfile) -> dict[str, float]:

@@ -91,6 +91,9 @@ class ResultRecord(_JsonRecord):
         Per cycle: ``"draft"``, ``"explore"``, ``"shadow"`` (an AR step that drafted a tree in its shadow) or ``"ar"`` (None in old files).
     experts_host_computed : int
         Experts computed on the host instead (``offload="host"``/``"auto"``; 0 in the transfer mode).
+    experts_prefetched, experts_prefetch_used : int
+        Experts copied host-to-device by the engine's prefetch (``--prefetch``; not in
+        ``experts_transferred``), and those of them the cycle's verify used (0 without prefetch).
     measured_ms : dict
         Measured totals in ms: ``draft``, ``predict`` (the expert predictor's calls), ``tree`` (tree
         building, calibration and pruning per level; absent in old files), ``solve``, ``verify``,
@@ -130,6 +133,8 @@ class ResultRecord(_JsonRecord):
     expected_tokens_raw: list | None = None
     decisions: list | None = None
     experts_host_computed: int = 0
+    experts_prefetched: int = 0
+    experts_prefetch_used: int = 0
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -170,6 +175,8 @@ class ResultRecord(_JsonRecord):
             expected_tokens=[c.expected_tokens for c in cycles],
             expected_tokens_raw=[c.expected_tokens_raw for c in cycles], decisions=[c.decision for c in cycles],
             experts_host_computed=int(sum(sum(c.host.get("computed", [])) for c in cycles)),
+            experts_prefetched=int(sum(sum(c.prefetch.get("experts", [])) for c in cycles)),
+            experts_prefetch_used=int(sum(sum(c.prefetch.get("used", [])) for c in cycles)),
             measured_ms=measured, score=task_score(prompt.task, text, prompt.reference))
 
 
@@ -219,6 +226,9 @@ class SummaryRow(_JsonRecord):
         Host part of the modeled time (expert predictor, solver, the engine's bookkeeping: priced from
         their counts or measured, as the run's clock says, :mod:`specfit.eval.modeled`) over the modeled
         time; the target is <= 2%.
+    prefetched_per_token, prefetch_used_share : float or None
+        With ``--prefetch``: experts prefetched per committed token (also counted in ``experts_per_token``,
+        every host-to-device copy) and the share of them the verify used (None without prefetch).
     host_ms_per_token, host_thread_ms_per_token : float or None
         Per committed token, hidden parts included: the host ms the run's clock priced (``modeled["host_ms"]
         + measured_ms["hidden_host"]``: counted or measured) and this machine's measured CPU ms of the same
@@ -256,6 +266,8 @@ class SummaryRow(_JsonRecord):
     solve_predict_share: float | None = 0.0
     host_ms_per_token: float | None = None
     host_thread_ms_per_token: float | None = None
+    prefetched_per_token: float | None = None
+    prefetch_used_share: float | None = None
 
 
 # -- results.jsonl --------------------------------------------------------------------------------

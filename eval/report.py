@@ -134,13 +134,14 @@ def summarise(records: list[ResultRecord], depth: int, temperature: float) -> li
             equal = not diverge
         task, task_text = _task_metric(recs)
         transferred = sum(r.experts_transferred + r.experts_host_computed for r in recs)  # uncached experts
+        prefetched = sum(r.experts_prefetched for r in recs)  # copies made ahead of the verify (--prefetch)
         rows.append(SummaryRow(
             dataset=dataset, method=method, prompts=len(recs), new_tokens=new,
             tau=metrics.tau(accept),
             tokens_per_s=metrics.tokens_per_s(new, wall_ms),
             tokens_per_s_median=median(metrics.tokens_per_s(r.new_tokens, 1000 * r.wall_s) for r in recs),
             modeled_tokens_per_s=metrics.tokens_per_s(new, modeled_ms),
-            experts_per_token=metrics.experts_per_token(transferred, committed),
+            experts_per_token=metrics.experts_per_token(transferred + prefetched, committed),
             cache_hit_rate=metrics.cache_hit_rate(transferred, sum(r.experts_looked_up for r in recs)),
             mean_nodes_verified=sum(nodes) / len(nodes) if nodes else 0.0,
             predicted_vs_transferred=_predicted_vs_transferred(method, recs),
@@ -155,6 +156,8 @@ def summarise(records: list[ResultRecord], depth: int, temperature: float) -> li
                                if committed else None),
             host_thread_ms_per_token=(sum(r.measured_ms["host_thread"] for r in recs) / committed if committed else None)
             if all("host_thread" in r.measured_ms for r in recs) else None,
+            prefetched_per_token=metrics.experts_per_token(prefetched, committed) if prefetched else None,
+            prefetch_used_share=sum(r.experts_prefetch_used for r in recs) / prefetched if prefetched else None,
             equal_to_ar=equal, first_divergence=diverge,
             acceptance_by_depth=metrics.acceptance_by_depth(accept, depth),
             task=task, task_metric=task_text, **_calibration_columns(recs),

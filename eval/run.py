@@ -74,7 +74,7 @@ WARMUP_TOKENS = 16
 #: Settings that must match for results in one ``OUT`` folder to be comparable.
 IDENTITY_FIELDS = ("model", "draft", "max_new_tokens", "cache_slots", "eviction", "admission", "profile", "temperature",
                    "top_p", "seed", "total_tokens", "depth", "top_k", "predictor", "max_article_tokens", "rate_mode",
-                   "device", "dtype", "offload", "host_profile", "warm_start", "clock")
+                   "device", "dtype", "offload", "host_profile", "warm_start", "clock", "prefetch")
 
 
 @dataclass(frozen=True)
@@ -182,6 +182,7 @@ class EvalConfig:
     predictor_trace: str | None = None
     max_article_tokens: int = MAX_ARTICLE_TOKENS
     rate_mode: bool = False
+    prefetch: bool = False
     device: str = "cpu"
     dtype: str | None = None
     offload: str = "transfer"
@@ -478,7 +479,7 @@ def _tree(c: EvalConfig) -> TreeSettings:
 
 
 def _sampling(c: EvalConfig, seed: int) -> dict:
-    return dict(temperature=c.temperature, top_p=c.top_p, seed=seed, rate_mode=c.rate_mode)
+    return dict(temperature=c.temperature, top_p=c.top_p, seed=seed, rate_mode=c.rate_mode, prefetch=c.prefetch)
 
 
 def _prompt_seed(seed: int, prompt: Prompt) -> int:

@@ -655,7 +655,7 @@ class DeviceExpertCache:
             raise SpecFitInputError("expert_ids", f"must be in [0, {self.store.num_experts}), got {bad[0]}")
         return ids
 
-    def prefetch(self, layer: int, expert_ids: Iterable[int]) -> list[int]:
+    def prefetch(self, layer: int, expert_ids: Iterable[int], protect: Iterable[int] = ()) -> list[int]:
         """Make experts resident in ``layer`` ahead of a forward (changes timing only, never results).
 
         Parameters
@@ -665,6 +665,9 @@ class DeviceExpertCache:
         expert_ids : iterable of int
             Experts in priority order; at most ``slots`` of them are loaded (the first ones), and
             already resident ones are only marked as recently used. No-op when ``slots=0``.
+        protect : iterable of int
+            Resident experts the loads must not evict besides ``expert_ids`` (e.g. the ones the next
+            forward is predicted to use); when every other slot is protected, fewer experts are loaded.
 
         Returns
         -------
@@ -677,6 +680,7 @@ class DeviceExpertCache:
             If ``layer`` or an expert id is out of range.
         """
         ids = self._prefetch_ids(layer, expert_ids)
+        keep = set(self._prefetch_ids(layer, protect))
         if self.slots == 0 or self.slots == self.store.num_experts:
             return []
         ids = ids[: self.slots]
@@ -686,11 +690,15 @@ class DeviceExpertCache:
             self._last_use[layer][e] = self._tick
             self._cold[layer].discard(e)
         new = [e for e in ids if e not in self._slot_of[layer]]
-        self._load(layer, new, self._assign(layer, new, set(ids)), defer=True)
+        held = keep | set(ids)  # loads take a free slot or evict a resident expert outside these
+        room = self.slots - len(self._slot_of[layer]) + sum(e not in held for e in self._slot_of[layer])
+        new = new[:max(room, 0)]
+        self._load(layer, new, self._assign(layer, new, held), defer=True)
         self._stats[layer].prefetched += len(new)
         return new
 
-    def prefetch_layers(self, layer_expert_ids: Sequence[Iterable[int]]) -> list[list[int]]:
+    def prefetch_layers(self, layer_expert_ids: Sequence[Iterable[int]],
+                        protect: Sequence[Iterable[int]] | None = None) -> list[list[int]]:
         """:meth:`prefetch` for every MoE layer at once: what an engine calls with a selected tree's predicted
         experts while its draft head runs (on CUDA the copies are queued on the copy stream and this returns
         without waiting for them; results never change, only timing).
@@ -699,6 +707,8 @@ class DeviceExpertCache:
         ----------
         layer_expert_ids : sequence of iterable of int
             One list per MoE layer (``num_layers`` of them), experts in priority order.
+        protect : sequence of iterable of int, optional
+            One list per MoE layer: resident experts the loads must not evict (:meth:`prefetch`).
 
         Returns
         -------
@@ -713,7 +723,10 @@ class DeviceExpertCache:
         if len(layer_expert_ids) != self.num_layers:
             raise SpecFitInputError("layer_expert_ids", f"must hold one list per MoE layer ({self.num_layers}), "
                                     f"got {len(layer_expert_ids)}")
-        return [self.prefetch(layer, ids) for layer, ids in enumerate(layer_expert_ids)]
+        if protect is not None and len(protect) != self.num_layers:
+            raise SpecFitInputError("protect", f"must hold one list per MoE layer ({self.num_layers}), got {len(protect)}")
+        return [self.prefetch(layer, ids, () if protect is None else protect[layer])
+                for layer, ids in enumerate(layer_expert_ids)]
 
     def touch_resident(self, layer: int, routing: torch.Tensor) -> None:
         """Count a forward's use of ``layer``'s experts, all resident, from its routing ``routing`` (n, k) on

@@ -133,10 +133,11 @@ class HostComputeCache(DeviceExpertCache):
         super().reset_stats()
         self._stats = [HostLayerStats() for _ in range(self.num_layers)]
 
-    def prefetch(self, layer: int, expert_ids: Iterable[int]) -> list[int]:
+    def prefetch(self, layer: int, expert_ids: Iterable[int], protect: Iterable[int] = ()) -> list[int]:
         """The hot set is static: checks the arguments as :meth:`DeviceExpertCache.prefetch` does
         and moves nothing (returns ``[]``)."""
         self._prefetch_ids(layer, expert_ids)
+        self._prefetch_ids(layer, protect)
         return []
 
     def run(self, layer: int, experts: Sequence[int],
@@ -241,9 +242,9 @@ class AutoOffloadCache(HostComputeCache):
         check_cache_args(self.slots, policy, store.num_experts, admission)
         self.admission, self.cost = admission, cost
 
-    def prefetch(self, layer: int, expert_ids: Iterable[int]) -> list[int]:
+    def prefetch(self, layer: int, expert_ids: Iterable[int], protect: Iterable[int] = ()) -> list[int]:
         """As :meth:`DeviceExpertCache.prefetch` (the cache is dynamic in this mode)."""
-        return DeviceExpertCache.prefetch(self, layer, expert_ids)
+        return DeviceExpertCache.prefetch(self, layer, expert_ids, protect)
 
     def run(self, layer: int, experts: Sequence[int],
             compute: Callable[[int, torch.Tensor, torch.Tensor], int | None], rows: Sequence[int] | None = None,

@@ -64,6 +64,12 @@ def _run_solve(args) -> int:
     return 0
 
 
+#: --prefetch's help (generate and eval).
+_PREFETCH_HELP = ("copy the root's predicted experts into the expert cache while the draft head runs, in drafted "
+                  "cycles (timing only, never outputs; modeled: free while the copies fit the head forwards, the "
+                  "rest charged)")
+
+
 def _add_generate(sub) -> None:
     p = sub.add_parser("generate", help="decode one prompt with any method on the offloaded Qwen3-MoE runtime",
                        description="Greedy decoding of a Qwen3-MoE checkpoint whose experts stay in host memory "
@@ -94,6 +100,7 @@ def _add_generate(sub) -> None:
     p.add_argument("--device", default="cpu", help="compute device: cpu, cuda, cuda:1 (default cpu)")
     _add_dtype(p)
     _add_offload(p)
+    p.add_argument("--prefetch", action="store_true", help=_PREFETCH_HELP)
     p.add_argument("--json", action="store_true", help="print one JSON object (every cycle's record included)")
     p.add_argument("--warm-start", default=None, metavar="PATH",
                    help="start from what the engine learned in a previous run: its folder (learned.json) or a "
@@ -185,7 +192,8 @@ def _run_generate(args) -> int:
 
         model.load_learned(args.warm_start, expect=learned.key_to_json(model.online_key(method)))
     try:
-        rep = model.generate(prompt, method=method, max_new_tokens=args.max_new_tokens).to_json()
+        extra = {"prefetch": True} if args.prefetch else {}  # off: the API's default
+        rep = model.generate(prompt, method=method, max_new_tokens=args.max_new_tokens, **extra).to_json()
     except SpecFitInputError as exc:  # the API's one ``prompt`` field is --prompt or --prompt-ids here
         if exc.field == "prompt" and args.prompt_ids is not None:
             raise SpecFitInputError("prompt_ids", exc.rule) from None
@@ -329,6 +337,7 @@ def _add_eval(sub) -> None:
                    help="start specfit/oracle from what a previous run learned: its folder (learned.json) or a "
                         "learned.json file (per dataset, or its only set); refused when the model, head, profile "
                         "or settings differ")
+    p.add_argument("--prefetch", action="store_true", help=_PREFETCH_HELP)
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
@@ -343,7 +352,7 @@ def _run_eval(args) -> int:
                        top_p=args.top_p, seed=args.seed, total_tokens=args.total_tokens, depth=args.depth,
                        top_k=args.top_k, predictor=args.predictor, predictor_trace=args.predictor_trace,
                        device=args.device, dtype=args.dtype, threads=args.threads, offload=args.offload, host_profile=args.host_profile, out=args.out,
-                       warm_start=args.warm_start, clock=args.clock,
+                       warm_start=args.warm_start, clock=args.clock, prefetch=args.prefetch,
                        progress=not args.no_progress)
     except KeyboardInterrupt:
         raise _Interrupted("interrupted; rerun the same command to resume") from None

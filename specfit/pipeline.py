@@ -393,7 +393,7 @@ class SpecFit:
 
     def decoder(self, method: str | Method = "specfit", *, tree: TreeSettings | None = None,
                 temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, rate_mode: bool = False,
-                policy: str | None = None) -> SpecDecoder:
+                policy: str | None = None, prefetch: bool = False) -> SpecDecoder:
         """A :class:`SpecDecoder` for ``method`` whose target starts with an empty expert cache.
 
         The cache gets :attr:`cache_slots` slots per MoE layer (0 for methods that run without
@@ -419,6 +419,9 @@ class SpecFit:
             utility; the default of ``specfit`` and ``oracle``, which alone can take it), ``"always"`` (the
             other methods' default) or ``"never"`` (every cycle an AR step). A calibrated method keeps it in
             the online model of its setting (:attr:`online`), made with the first decoder of that setting.
+        prefetch : bool
+            Prefetch the root's predicted experts while the draft head runs (``SpecDecoder(prefetch=True)``;
+            a drafting method gets the expert predictor for it). Timing only, never outputs.
 
         Returns
         -------
@@ -438,7 +441,7 @@ class SpecFit:
         m = get_method(method) if isinstance(method, str) else method
         if m.needs_reference and self._reference is None and self._reference_loader is not None:
             self._reference = self._reference_loader()
-        needs_predictor = m.needs_predictor
+        needs_predictor = m.needs_predictor or (prefetch is True and m.drafts)  # prefetch predicts the root
         self.target.reset_cache(self.cache_slots if m.uses_cache else 0, self.eviction)
         tree = tree or TreeSettings()
         online = None
@@ -452,7 +455,7 @@ class SpecFit:
                            cost=self.cost, predictor=self.predictor if needs_predictor else None,
                            reference=self._reference if m.needs_reference else None, temperature=temperature, top_p=top_p,
                            seed=seed, rate_mode=rate_mode, online=online, clock=self.clock,
-                           policy=None if m.calibrated else wanted)
+                           policy=None if m.calibrated else wanted, prefetch=prefetch)
 
     def online_key(self, method: str, tree: TreeSettings | None = None, temperature: float = 0.0,
                    top_p: float = 1.0) -> tuple:
@@ -546,7 +549,7 @@ class SpecFit:
 
     def generate(self, prompt: str | Sequence[int], *, method: str | Method = "specfit", max_new_tokens: int = 64,
                  temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, tree: TreeSettings | None = None,
-                 rate_mode: bool = False, policy: str | None = None) -> GenerateOutput:
+                 rate_mode: bool = False, policy: str | None = None, prefetch: bool = False) -> GenerateOutput:
         """Decode up to ``max_new_tokens`` tokens after a text or token-id prompt with ``method``.
 
         Every call starts from an empty expert cache (warmed by its own prefill) and stops after
@@ -561,7 +564,7 @@ class SpecFit:
             ``ar``, ``eagle3-vanilla``, ``eagle3``, ``eagle3-scan``, ``specfit`` or ``oracle``.
         max_new_tokens : int
             Upper bound on new tokens.
-        temperature, top_p, seed, tree, rate_mode, policy
+        temperature, top_p, seed, tree, rate_mode, policy, prefetch
             See :meth:`decoder`.
 
         Returns
@@ -585,7 +588,7 @@ class SpecFit:
             raise SpecFitInputError("prompt", f"token ids must lie in [0, {spec.vocab_size}) (vocab_size), got {bad[0]}")
         check_context("max_new_tokens", len(ids), max_new_tokens, spec.max_position_embeddings)
         dec = self.decoder(method, tree=tree, temperature=temperature, top_p=top_p, seed=seed, rate_mode=rate_mode,
-                           policy=policy)
+                           policy=policy, prefetch=prefetch)
         need = kv_tokens_needed(len(ids), max_new_tokens, dec.tree if dec.method.needs_drafter else None)
         capacity = getattr(self.target, "max_len", need)
         if need > capacity:

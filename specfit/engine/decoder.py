@@ -6,6 +6,9 @@ One cycle (:meth:`SpecDecoder._cycle`; ARCHITECTURE.md, "Read first"):
     → predict the kept nodes' experts → select → verify the selected subtree in one target forward
     → accept a root path + bonus token → compact the target KV, commit to the drafter → cycle record
 
+With ``prefetch=True`` a drafted cycle first asks the expert cache to copy the root's predicted experts,
+which on a GPU run beside the head forwards (:meth:`SpecDecoder._prefetch_root`, :mod:`specfit.core.prefetch`).
+
 The root of every cycle is the last committed token, whose KV is not yet in the target (the
 previous cycle's bonus token). A method that drafts nothing (``ar``) verifies the root alone, which
 is a plain autoregressive step through the same code.
@@ -41,6 +44,7 @@ from specfit.core.acceptance import greedy_trials, verify_trials
 from specfit.core.cost import CostModel, HostProfile
 from specfit.core.errors import SpecFitInputError, check_context, check_positive_int, check_single_sequence, lookup
 from specfit.core.lookahead import expert_demand, tree_expert_demand
+from specfit.core.prefetch import overlap_ms, prefetch_budget
 from specfit.core.tree import DraftTree, check_experts
 from specfit.engine.clock import Clock, MeasuredClock
 from specfit.engine.online import OnlineModel, missed_expert_ms
@@ -294,6 +298,10 @@ class CycleRecord:
         Host and auto offload modes: per MoE layer the experts computed on the host (``"computed"``) and
         their (token, expert) rows (``"rows"``); empty in the transfer mode (in the auto mode
         ``transferred`` counts the experts it chose to copy).
+    prefetch : dict
+        With ``SpecDecoder(prefetch=True)``, per MoE layer the experts prefetched before the cycle's head
+        forwards (``"experts"``; copies, not in ``transferred``) and those of them the verify used
+        (``"used"``); empty otherwise, and then left out of :meth:`to_json`.
     """
 
     levels: int = 0
@@ -326,10 +334,14 @@ class CycleRecord:
     host_thread_ms: float = 0.0
     ar_tokens_ms: float = 0.0
     host: dict = field(default_factory=dict)
+    prefetch: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
-        """The record as a JSON object (field name → value)."""
-        return asdict(self)
+        """The record as a JSON object (field name → value); ``prefetch`` only when the engine prefetched."""
+        out = asdict(self)
+        if not out["prefetch"]:
+            del out["prefetch"]
+        return out
 
 
 @dataclass
@@ -664,7 +676,9 @@ class _CycleState:
     ``predict_s`` wall s in the expert predictor; ``drafted`` the whole drafted tree (:class:`_Drafted`);
     ``level_host_ms`` host CPU ms in the draft levels; ``selected_depth`` the deepest verified node (0: the
     root alone); ``reference_verified`` whether the oracle's reference verified this cycle's tree;
-    ``device_thread_s`` thread CPU s of the forwards and the accept step (left out of ``host_thread_ms``).
+    ``device_thread_s`` thread CPU s of the forwards and the accept step (left out of ``host_thread_ms``);
+    ``root_experts`` the root's predicted experts (1, L, k) once predicted; ``prefetched`` per MoE layer the
+    experts this cycle prefetched (None: no prefetch); ``ar_cache`` the cache mask before that prefetch.
     """
 
     cache: np.ndarray | None = None
@@ -677,6 +691,9 @@ class _CycleState:
     selected_depth: int = 0
     reference_verified: bool = False
     device_thread_s: float = 0.0
+    root_experts: np.ndarray | None = None
+    prefetched: list | None = None
+    ar_cache: np.ndarray | None = None
 
 
 @dataclass
@@ -712,7 +729,9 @@ class _Learning:
     cycle's verify is on the device): its ``record``, the ``cache`` (L, E) at its start, the verify's
     ``routing`` (n, L, k), the root's predicted uncached experts ``root_new`` (L,) or None, the host CPU
     ms of its levels ``level_host_ms`` and of the rest ``rest_ms``, its ``selected_depth``, and whether
-    it was a drafted cycle counted at its verify (``drafted_cycle``)."""
+    it was a drafted cycle counted at its verify (``drafted_cycle``); ``ar_cache`` the cache before the
+    cycle's prefetch (None: no prefetch), against which its counterfactual AR step is priced (an AR step has
+    no idle window to prefetch in)."""
 
     record: CycleRecord
     cache: np.ndarray
@@ -722,6 +741,7 @@ class _Learning:
     selected_depth: int
     rest_ms: float
     drafted_cycle: bool
+    ar_cache: np.ndarray | None = None
 
 
 @dataclass
@@ -837,7 +857,7 @@ class SpecDecoder:
                  cost: CostModel | None = None, predictor=None, reference=None, temperature: float = 0.0,
                  top_p: float = 1.0, seed: int = 0, rate_mode: bool = False, max_nodes: int | None = None,
                  online: OnlineModel | None = None, shadows: bool = True, policy: str | DraftPolicy | None = None,
-                 clock: Clock | None = None):
+                 clock: Clock | None = None, prefetch: bool = False):
         self.method = get_method(method) if isinstance(method, str) else method
         m = self.method
         if m.needs_drafter and drafter is None:
@@ -884,6 +904,10 @@ class SpecDecoder:
         self._carry = _Carry()  # what one cycle leaves the next
         self._calls = (None,)  # the predictor's calls (_predictor_calls), made on the first prediction
         self._twin = _TwinState(bool(shadows))  # the AR twin, made at the first generation that can have one
+        if not isinstance(prefetch, (bool, np.bool_)):
+            raise SpecFitInputError("prefetch", f"must be True or False, got {prefetch!r}")
+        #: Prefetch the root's predicted experts while the cycle's head forwards run (:meth:`_prefetch_root`).
+        self.prefetch = bool(prefetch)
 
     @property
     def tree(self) -> TreeSettings:
@@ -1080,11 +1104,14 @@ class SpecDecoder:
         rec.host_thread_ms = (self.clock.thread() - th0 - now.device_thread_s) * 1e3  # the host work up to here
         # record
         routing = out.routing.numpy()
+        if now.prefetched is not None:  # which prefetched experts the verified nodes routed to
+            rec.prefetch["used"] = [len(set(ids).intersection(routing[:, layer].ravel().tolist()))
+                                    for layer, ids in enumerate(now.prefetched)]
         self._observe_committed(sub_tokens, acc, routing)
         self._record_verify(rec, stats0, routing, keep, acc)
         self._carry.copied = sum(rec.transferred) > 0
         if rec.decision in ("ar", "shadow") and self.cost is not None:  # T(AR) of its counts: the rate mode's λ
-            rec.predicted_ms = verify_ms(self.cost, 1, *self._uncached(rec))
+            rec.predicted_ms = verify_ms(self.cost, 1, *self._uncached(rec)) + self._prefetch_ms(rec)
             if self._twin.can_shadow:  # its H2D ms: what the next shadows' head forwards hide behind
                 self.policy.observe_ar_h2d(rec.predicted_ms - verify_ms(self.cost, 1, np.zeros(len(rec.transferred)),
                                                                         rec.true_experts))
@@ -1256,7 +1283,7 @@ class SpecDecoder:
         if drafted_cycle:
             self.policy.observe_selection(rec.nodes_verified - 1, now.selected_depth)
         self._carry.learning = _Learning(rec, now.cache, routing, now.root_new, now.level_host_ms, now.selected_depth,
-                                       rec.host_cpu_ms - now.level_host_ms, drafted_cycle)
+                                       rec.host_cpu_ms - now.level_host_ms, drafted_cycle, now.ar_cache)
 
     def _learn_acceptance(self, drafted: "_Drafted", full: np.ndarray, acc, sub_parents: list) -> None:
         """Teach the acceptance calibrator one verify: its Bernoulli trials (under greedy verification
@@ -1447,7 +1474,7 @@ class SpecDecoder:
         rec, cache, routing, root_new = c.record, c.cache, c.routing, c.root_new
         layer = np.arange(cache.shape[0])[:, None]
         root_true = (~cache[layer, routing[0]]).sum(axis=1)  # (L,) the root's true uncached experts
-        rec.ar_step_ms = self._ar_step_ms(root_true)
+        rec.ar_step_ms = self._ar_step_ms(root_true if c.ar_cache is None else (~c.ar_cache[layer, routing[0]]).sum(axis=1))
         if ar_tokens_ms is not None:
             rec.ar_tokens_ms = ar_tokens_ms
         if rec.decision != "ar" and rec.levels:
@@ -1472,7 +1499,7 @@ class SpecDecoder:
         charges, decayed means that already hold this cycle's measurement. This cycle's raw CPU time
         alone made the gate chaotic at break-even (the same run drafted 49% to 77% of its cycles; see
         docs/SPECFIT.md §3)."""
-        verify = verify_ms(self.cost, rec.nodes_verified, *counts)
+        verify = verify_ms(self.cost, rec.nodes_verified, *counts) + self._prefetch_ms(rec)
         return (verify + rec.levels * self._level_ms() + rec.levels_ahead * (self.cost.draft_level_ms or 0.0)
                 + self.online.host_cycle_ms())
 
@@ -1582,6 +1609,8 @@ class SpecDecoder:
 
         if not speculate and decide() == "ar":
             return None
+        if self.prefetch:  # queued before the head's first forward is launched, so the copies overlap it
+            self._prefetch_root(root, cache, rec, depth)
         levels = self.drafter.draft_levels(root, self.tree.top_k, depth)
         first = self._next_level(levels, rec)  # launched: on a GPU its forward (and the one after it) runs now
         behind = (self.clock.cpu(), self._now.untimed_s)  # the host work behind the first level starts here
@@ -1822,10 +1851,70 @@ class SpecDecoder:
         """This cycle's root-only draft tree with the root's predicted experts, and the cycle's cost
         model (:meth:`_cycle_cost`); built once per cycle, shared by the AR gate and the drafting."""
         if self._now.root is None:
-            experts = self._predict(np.array([root], np.int64), None)[:1]
+            experts = self._root_experts(root)
             tree = _root_only(root, experts, self.num_experts)
             self._now.root = (tree, self._cycle_cost(tree, cache))
         return self._now.root
+
+    def _root_experts(self, root: int) -> np.ndarray:
+        """The root's predicted experts (1, L, k), predicted once per cycle (the prefetch and the root tree share them)."""
+        if self._now.root_experts is None:
+            self._now.root_experts = self._predict(np.array([root], np.int64), None)[:1]
+        return self._now.root_experts
+
+    def _prefetch_levels(self, depth: int) -> int:
+        """Head forwards a drafted cycle surely launches after its prefetch, the idle-link window it is
+        budgeted for: a method that is not level-by-level drafts ``depth`` levels; a level-by-level one at
+        least the first (and the one launched behind it by a drafter that ``launches_ahead``)."""
+        if not self.method.level_by_level:
+            return depth
+        return min(depth, 2) if getattr(self.drafter, "launches_ahead", False) else 1
+
+    def _prefetch_root(self, root: int, cache: np.ndarray | None, rec: CycleRecord, depth: int) -> None:
+        """Prefetch the root's predicted experts before the cycle's first head forward is launched
+        (``SpecDecoder(prefetch=True)``): the root is the one token every verify computes, its experts have
+        path probability 1. Candidates are its predicted experts not resident, layer by layer (the verify
+        reads layer 0 first), each layer's in the predictor's order; the cache copies those whose copy starts
+        while the head forwards of :meth:`_prefetch_levels` keep the link idle
+        (:func:`specfit.core.prefetch.prefetch_budget`) and evicts none of the root's predicted experts. On
+        CUDA the copies run on the cache's copy stream beside the head forwards launched after this call; on
+        the CPU they are made at once (timing only, never outputs). Skipped without a predictor, a transfer-
+        regime cost with ``draft_level_ms``, or a cache with free choice (0 < slots < E). The cycle's mask and
+        root cost see the prefetched experts as resident; ``rec.prefetch`` counts them (priced by
+        :func:`specfit.core.prefetch.overlap_ms`)."""
+        target = self.target.cache
+        slots = getattr(target, "slots", None)
+        if (self.predictor is None or not isinstance(self.cost, CostModel) or not self.cost.draft_level_ms
+                or not hasattr(target, "prefetch_layers") or getattr(self.target, "offload", "transfer") != "transfer"
+                or not isinstance(slots, (int, np.integer)) or not 0 < slots < self.num_experts):
+            return
+        mask = self._cache_now(cache)
+        experts = self._root_experts(root)[0]  # (L, k)
+        L = mask.shape[0]
+        if experts.shape[0] != L:
+            return
+        cand = [(layer, e) for layer in range(L) for e in dict.fromkeys(experts[layer].tolist()) if not mask[layer, e]]
+        n = prefetch_budget(self.cost, [layer for layer, _ in cand], L, self._prefetch_levels(depth) * self.cost.draft_level_ms)
+        want = [[] for _ in range(L)]
+        for layer, e in cand[:n]:
+            want[layer].append(e)
+        loaded = target.prefetch_layers(want, protect=experts.tolist())
+        self._now.ar_cache = mask.copy()  # what an AR step, which has no idle window, would have found
+        for layer, ids in enumerate(loaded):
+            mask[layer, ids] = True
+        self._now.prefetched = loaded
+        self._now.root = None  # the root's cost again, against the cache with the prefetched experts
+        rec.prefetch = {"experts": [len(ids) for ids in loaded], "used": [0] * L}
+
+    def _prefetch_ms(self, rec: CycleRecord) -> float:
+        """What the cycle's prefetch adds to its modeled ms (:func:`specfit.core.prefetch.overlap_ms` with and
+        without it): the copies beyond the idle window of its head forwards; 0 without a prefetch."""
+        pre = rec.prefetch.get("experts")
+        if not pre or not isinstance(self.cost, CostModel):
+            return 0.0
+        serial = rec.levels + rec.levels_ahead
+        excess, head = overlap_ms(self.cost, pre, rec.transferred, serial, rec.shadow_levels)
+        return excess + head - overlap_ms(self.cost, [], rec.transferred, serial, rec.shadow_levels)[1]
 
     def _level_ms(self) -> float:
         """ms one draft level costs a calibrated method: the profile's ``draft_level_ms`` (the head
