@@ -256,12 +256,65 @@ def measure(model, *, sizes=SIZES + HELD_OUT, slots=(0, "part", "all"), repeats:
     return out
 
 
+#: Rows (tokens) at which :func:`dense_rows_ms` times the dense matmuls.
+DENSE_ROWS = (1, 2, 3, 4, 8, 16, 32, 64)
+
+
+def dense_rows_ms(spec, device, dtype, *, rows=DENSE_ROWS, repeats: int = 5, seed: int = 0) -> dict:
+    """Time the forward's dense matmuls (``F.linear``) at each token count: how the per-node cost grows.
+
+    The model form prices every node alike (``per_node_ms``); a backend whose few-row matmuls cost one pass
+    over the weights per row (a CPU BLAS below its blocked kernel) makes the first nodes dearer than the
+    rest, which no per-node constant follows. This measures it on random weights of the model's shapes:
+    one decoder layer's ``qkv`` (``(Hq + 2 Hkv) d x H``) and ``o_proj`` (``H x Hq d``), and the
+    ``lm_head`` (``V x H``), each timed like :func:`_forward` (thread CPU time on the CPU, synchronised
+    wall time on CUDA), median of ``repeats`` after one unrecorded call.
+
+    Returns
+    -------
+    dict
+        ``{"layer_qkv_o_proj": {rows: ms}, "lm_head": {rows: ms}}`` (rows as str keys, for JSON).
+    """
+    import torch
+    import torch.nn.functional as F
+
+    check_positive_int("repeats", repeats)
+    cuda = device.type == "cuda"
+    clock = time.perf_counter if cuda else time.thread_time
+    g = torch.Generator().manual_seed(seed)
+    H, d = spec.hidden_size, spec.head_dim
+    mk = lambda *shape: (torch.randn(*shape, generator=g) * 0.02).to(device=device, dtype=dtype)
+    qkv, o_proj, head = mk((spec.num_heads + 2 * spec.num_kv_heads) * d, H), mk(H, spec.num_heads * d), mk(spec.vocab_size, H)
+
+    def timed(f) -> float:
+        f()
+        ts = []
+        for _ in range(repeats):
+            if cuda:
+                torch.cuda.synchronize(device)
+            t0 = clock()
+            f()
+            if cuda:
+                torch.cuda.synchronize(device)
+            ts.append((clock() - t0) * 1e3)
+        return statistics.median(ts)
+
+    out = {"layer_qkv_o_proj": {}, "lm_head": {}}
+    with torch.inference_mode():
+        for n in rows:
+            x, a = mk(n, H), mk(n, spec.num_heads * d)
+            out["layer_qkv_o_proj"][str(n)] = timed(lambda: (F.linear(x, qkv), F.linear(a, o_proj)))
+            out["lm_head"][str(n)] = timed(lambda: F.linear(x, head))
+    return out
+
+
 def _rows(records: list[dict], sizes) -> list[tuple]:
     return [(r["L"], r["n"], r["u"], r["m"], r["median_ms"]) for r in records if r["n"] in sizes]
 
 
-def format_report(fit: dict, records: list[dict]) -> str:
-    """Markdown: both forms' residuals and held-out errors, the noise floor, and measured vs modeled ms."""
+def format_report(fit: dict, records: list[dict], dense: dict | None = None) -> str:
+    """Markdown: both forms' residuals and held-out errors, the noise floor, measured vs modeled ms and,
+    with ``dense`` (:func:`dense_rows_ms`), the dense matmuls' ms by rows."""
     new, old = fit["new"], fit["three_term"]
     lines = ["| form | rel. residual ||r||/||y|| | RMS rel. error | held-out max rel. error | held out within 10% "
              "| coefficients (ms) |", "|---|---:|---:|---:|---:|---|"]
@@ -283,6 +336,9 @@ def format_report(fit: dict, records: list[dict]) -> str:
         spread = f"{r['spread']:.3f}" if "spread" in r else ""
         lines.append(f"| {r['L']} | {r['n']} | {r['slots']} | {r['u']} | {r['m']} | {r['median_ms']:.1f} | {spread} | "
                      f"{pn:.1f} | {po:.1f} | {'yes' if r['n'] in HELD_OUT else ''} |")
+    if dense:
+        lines.append("\ndense matmuls by rows (ms, one layer's qkv + o_proj | lm_head): " + ", ".join(
+            f"{k}: {v:.2f} | {dense['lm_head'][k]:.2f}" for k, v in dense["layer_qkv_o_proj"].items()))
     return "\n".join(lines)
 
 
@@ -316,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         device = resolve_device(args.device)
         layer_counts = [check_positive_int("--layers", int(x)) for x in str(args.layers).split(",")] if args.synthetic else [None]
         like = get_profile(args.like) if args.like else None
-        records, expert_bytes, t0 = [], None, time.perf_counter()
+        records, expert_bytes, dense, t0 = [], None, None, time.perf_counter()
         for L in layer_counts:
             with tempfile.TemporaryDirectory() as tmp:
                 model_dir = args.model or write_synthetic_checkpoint(
@@ -324,6 +380,8 @@ def main(argv: list[str] | None = None) -> int:
                 model = OffloadedQwen3Moe.from_pretrained(model_dir, device=device, cache_slots=0, max_len=256)
             expert_bytes = model.store.expert_bytes
             records += measure(model, repeats=args.repeats, warmup=args.warmup)
+            if dense is None:
+                dense = dense_rows_ms(model.spec, device, model.dtype)
             del model
         fit = fit_forms(_rows(records, SIZES), _rows(records, HELD_OUT),
                         [(t, r["median_ms"]) for r in records for t in r["ms"]], weighting=args.weighting)
@@ -336,14 +394,15 @@ def main(argv: list[str] | None = None) -> int:
                  "weighting": args.weighting, "draft_and_host_from": args.like, "measured_s": round(time.perf_counter() - t0, 1)}
         prof = profile_json(cost, **about)
         print(dumps(about["machine"]))
-        print(format_report(fit, records))
+        print(format_report(fit, records, dense))
         print(dumps(prof, indent=1))
         from specfit.core.io import atomic_write_text
 
         if args.json:
             atomic_write_text(Path(args.json), dumps(prof, indent=1) + "\n")
         if args.report:
-            atomic_write_text(Path(args.report), dumps({"fit": fit, "records": records, "profile": prof}, indent=1) + "\n")
+            atomic_write_text(Path(args.report), dumps({"fit": fit, "records": records, "dense_rows_ms": dense, "profile": prof},
+                                                               indent=1) + "\n")
     except (OSError, ValueError) as e:  # SpecFitInputError is a ValueError
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -143,3 +143,23 @@ def test_measure_runs_rounds_and_records_no_warm_up_forward():
     assert nowarm == []  # without the warm-up round every first call is recorded: no configuration's counts agree
     with pytest.raises(SpecFitInputError):
         measure(_FakeModel(), sizes=(1,), repeats=0, log=lambda msg: None)
+
+
+def test_dense_rows_ms_times_each_row_count_and_the_report_prints_them():
+    import types
+
+    import torch
+
+    from specfit.eval.cost_fit import dense_rows_ms, format_report
+
+    spec = types.SimpleNamespace(hidden_size=32, head_dim=8, num_heads=4, num_kv_heads=2, vocab_size=64)
+    dense = dense_rows_ms(spec, torch.device("cpu"), torch.float32, rows=(1, 3), repeats=2)
+    assert set(dense) == {"layer_qkv_o_proj", "lm_head"}
+    assert all(list(v) == ["1", "3"] and all(ms >= 0 for ms in v.values()) for v in dense.values())
+    rng = np.random.default_rng(3)
+    rows = _forwards(rng, (1, 2, 4, 8, 16, 32, 64))
+    recs = [{"L": int(r[0]), "n": int(r[1]), "slots": 0, "u": int(r[2]), "m": int(r[3]), "median_ms": r[4]} for r in rows]
+    text = format_report(fit_forms(rows, weighting="relative"), recs, dense)
+    assert "dense matmuls by rows" in text and "relative weighting" in text
+    with pytest.raises(SpecFitInputError):
+        dense_rows_ms(spec, torch.device("cpu"), torch.float32, repeats=0)
