@@ -368,6 +368,9 @@ def main(argv: list[str] | None = None) -> int:
         from specfit.models.devices import resolve_device
         from specfit.models.qwen3_moe import OffloadedQwen3Moe
 
+        check_positive_int("--repeats", args.repeats)  # before the checkpoint is written and loaded
+        if args.warmup < 0:
+            raise SpecFitInputError("--warmup", f"must be >= 0, got {args.warmup}")
         torch.set_num_threads(args.threads)
         device = resolve_device(args.device)
         layer_counts = [check_positive_int("--layers", int(x)) for x in str(args.layers).split(",")] if args.synthetic else [None]

@@ -163,3 +163,12 @@ def test_dense_rows_ms_times_each_row_count_and_the_report_prints_them():
     assert "dense matmuls by rows" in text and "relative weighting" in text
     with pytest.raises(SpecFitInputError):
         dense_rows_ms(spec, torch.device("cpu"), torch.float32, repeats=0)
+
+
+def test_command_refuses_bad_rounds_before_any_work(capsys):
+    from specfit.eval.cost_fit import main
+
+    assert main(["--synthetic", "tiny", "--repeats", "0"]) == 2
+    assert "--repeats" in capsys.readouterr().err
+    assert main(["--synthetic", "tiny", "--warmup", "-1"]) == 2
+    assert "--warmup" in capsys.readouterr().err
