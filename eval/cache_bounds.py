@@ -52,7 +52,7 @@ def bound_label(horizon: int, decay: float) -> str:
 
 
 def replay(prefill: np.ndarray | None, decode: np.ndarray, num_experts: int, slots: int,
-           demand: np.ndarray | None = None) -> np.ndarray:
+           demand: np.ndarray | None = None, counts: dict | None = None) -> np.ndarray:
     """Misses per MoE layer of the decode forwards of one generation through a real expert cache.
 
     Parameters
@@ -67,6 +67,9 @@ def replay(prefill: np.ndarray | None, decode: np.ndarray, num_experts: int, slo
         Slots per layer, in [k, E].
     demand : numpy.ndarray of float, shape (T, L, E), optional
         Lookahead demand set before each decode forward (``lookahead`` policy); None: LRU.
+    counts : dict, optional
+        Adds to ``counts["refetched"]`` the misses of experts the forward just before evicted (what one
+        forward's evictions cost the next: docs/SPECFIT.md §3, "What a verify leaves resident").
 
     Returns
     -------
@@ -88,10 +91,20 @@ def replay(prefill: np.ndarray | None, decode: np.ndarray, num_experts: int, slo
     if prefill is not None and len(prefill):
         forward(prefill)
     cache.reset_stats()
+    before = cache.resident_mask()
+    evicted = np.zeros_like(before)
+    refetched = 0
     for t in range(T):
         if demand is not None:
             cache.set_lookahead(demand[t])
+        used = np.zeros_like(before)
+        used[np.arange(L)[:, None], decode[t]] = True
+        refetched += int((used & ~before & evicted).sum())
         forward(decode[t:t + 1])
+        after = cache.resident_mask()
+        evicted, before = before & ~after, after
+    if counts is not None:
+        counts["refetched"] = counts.get("refetched", 0) + refetched
     return np.array([s["misses"] for s in cache.stats()["layers"]], dtype=np.int64)
 
 
@@ -153,7 +166,7 @@ def _prompt_ids(run: Path, records, config: dict) -> dict:
     return out
 
 
-def run_bounds(run: str | Path, horizons=(2, 8), decay: float = 0.5, model=None) -> dict:
+def run_bounds(run: str | Path, horizons=(2, 8), decay: float = 0.5, model=None, routings: dict | None = None) -> dict:
     """Bounds of one run folder (module docstring).
 
     Parameters
@@ -165,14 +178,18 @@ def run_bounds(run: str | Path, horizons=(2, 8), decay: float = 0.5, model=None)
     decay : float
         In (0, 1]: token t+j's weight ``decay ** j``.
     model : OffloadedQwen3Moe, optional
-        The run's target (loaded from ``config.json``'s ``model`` with the run's cache size when None).
+        The run's target (loaded from ``config.json``'s ``model`` when None); its cache is set to the run's size.
+    routings : dict, optional
+        Memo of :func:`true_routing` by (prompt ids, fed tokens), shared by the folders of a sweep (the
+        same target decodes the same tokens at every size): each folder's ``lru_equals_ar`` checks that the
+        memo's routing is that folder's ``ar`` routing, copy for copy.
 
     Returns
     -------
     dict
         ``{"slots": S, "datasets": {dataset: {"committed": int, "looked_up": int, "lru_equals_ar": bool,
         "prompts": int, "policies": {name: {"misses": int, "per_token": float, "hit_rate": float,
-        "modeled_tokens_per_s": float}}, "methods": {method: summary row dict}}}}``; per-token figures over
+        "refetched": int, "modeled_tokens_per_s": float}}, "methods": {method: summary row dict}}}}``; per-token figures over
         all MoE layers (the summary's experts/token).
 
     Raises
@@ -218,6 +235,7 @@ def run_bounds(run: str | Path, horizons=(2, 8), decay: float = 0.5, model=None)
     out = {"slots": slots, "datasets": {}}
     for ds in dict.fromkeys(d for d, _ in ar):
         misses = {n: np.zeros(L, dtype=np.int64) for n in names}
+        refetch = {n: {} for n in names}
         committed = new = looked = 0
         ms = 0.0
         equal = True
@@ -227,12 +245,20 @@ def run_bounds(run: str | Path, horizons=(2, 8), decay: float = 0.5, model=None)
             if len(ids[d, pid]) != rec.prompt_tokens:
                 raise SpecFitInputError("run", f"{run}: {d}/{pid} encodes to {len(ids[d, pid])} tokens, the run "
                                                f"to {rec.prompt_tokens}: another tokenizer or dataset file")
-            pre, dec = true_routing(model, ids[d, pid], list(rec.output_ids), rec.cycles)
+            key = (tuple(ids[d, pid]), tuple(rec.output_ids[: rec.cycles - 1]))
+            if routings is None or key not in routings:
+                got = true_routing(model, ids[d, pid], list(rec.output_ids), rec.cycles)
+                if routings is None:
+                    pre, dec = got
+                else:
+                    routings[key] = got
+            if routings is not None:
+                pre, dec = routings[key]
             demands = {"LRU": None, "Belady": belady_demand(dec, E)}
             for h in horizons:
                 demands[bound_label(h, decay)] = lookahead_demand(dec, E, h, decay)
             for n in names:
-                m = replay(pre, dec, E, slots, demands[n])
+                m = replay(pre, dec, E, slots, demands[n], refetch[n])
                 misses[n] += m
                 if n == "LRU":
                     equal &= int(m.sum()) == rec.experts_transferred
@@ -245,6 +271,7 @@ def run_bounds(run: str | Path, horizons=(2, 8), decay: float = 0.5, model=None)
             saved_ms = float(per_expert @ (misses["LRU"] - misses[n]))
             policies[n] = {"misses": int(misses[n].sum()), "per_token": float(misses[n].sum()) / committed,
                            "hit_rate": 1.0 - float(misses[n].sum()) / looked if looked else 0.0,
+                           "refetched": refetch[n].get("refetched", 0),
                            "modeled_tokens_per_s": 1000.0 * new / (ms - saved_ms)}
         out["datasets"][ds] = {
             "prompts": sum(1 for k in ar if k[0] == ds), "committed": committed, "looked_up": looked,
@@ -311,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         raise SpecFitInputError("--horizons", "must be comma-separated integers") from None
     t0 = time.perf_counter()
-    model, out = None, {}
+    model, out, routings = None, {}, {}
     for run in args.runs:
         results = []
         for folder in run_folders(run):
@@ -320,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
 
                 cfg = read_json(folder / "config.json")
                 model = load_target(cfg["model"], cfg["cache_slots"])
-            res = run_bounds(folder, horizons, args.decay, model)
+            res = run_bounds(folder, horizons, args.decay, model, routings)
             results.append(res)
             bad = [d for d, v in res["datasets"].items() if not v["lru_equals_ar"]]
             if bad:
