@@ -280,6 +280,84 @@ def run_bounds(run: str | Path, horizons=(2, 8), decay: float = 0.5, model=None,
     return out
 
 
+def next_forward_refetch(run: str | Path, methods=("eagle3", "specfit"), limit: int = 3,
+                         max_new_tokens: int = 32) -> dict:
+    """How much of each forward's copies the forward before caused by evicting (docs/SPECFIT.md §3, "What a
+    verify leaves resident"): decodes the first ``limit`` prompts of each dataset of ``run`` with ``methods``
+    under the run's settings (target, head, cache size, eviction, profile, counted clock) and counts, per target
+    forward f after the prefill, the experts it routes to that were resident before forward f - 1 and evicted
+    by it (``refetched``), against all experts it finds missing (``missing``: its copies) and those forward f - 1
+    copied (the bound: refetched_f <= copies_{f-1}).
+
+    Returns
+    -------
+    dict
+        ``{dataset: {method: {"refetched": int, "missing": int, "committed": int}}}``.
+    """
+    import torch
+
+    from specfit.core.cost import get_host_costs
+    from specfit.core.readers import read_json
+    from specfit.engine import TreeSettings
+    from specfit.engine.clock import make_clock
+    from specfit.eval.datasets import encode, load_prompts
+    from specfit.models.qwen3_moe.generate import load_tokenizer
+    from specfit.pipeline import SpecFit
+
+    run = Path(run)
+    c = read_json(run / "config.json")
+    datasets = list(dict.fromkeys(r.dataset for r in _records(run)))
+    models = SpecFit.from_pretrained(c["model"], c["draft"], cache_slots=c["cache_slots"], eviction=c["eviction"],
+                                     admission=c["admission"], predictor=c["predictor"],
+                                     predictor_trace=c["predictor_trace"], profile=c["profile"], max_len=2048)
+    models.clock = make_clock("counted", get_host_costs(c["profile"]))
+    target = models.target
+    state = {}
+
+    def watch(name):
+        inner = getattr(target, name)
+
+        def forward(*args, **kwargs):
+            out = inner(*args, **kwargs)
+            after = target.cache.resident_mask()
+            if name == "prefill":
+                state.update(before=after, evicted=np.zeros_like(after))
+                return out
+            L = after.shape[0]
+            used = np.zeros_like(after)
+            used[np.arange(L)[None, :, None], out.routing.numpy()] = True
+            missing = used & ~state["before"]
+            state["refetched"] += int((missing & state["evicted"]).sum())
+            state["missing"] += int(missing.sum())
+            state["evicted"], state["before"] = state["before"] & ~after, after
+            return out
+        setattr(target, name, forward)
+
+    watch("prefill")
+    watch("verify")
+    tok = load_tokenizer(c["model"])
+    tree = TreeSettings(c["total_tokens"], c["depth"], c["top_k"])
+    out = {}
+    with torch.no_grad():
+        for ds in datasets:
+            models.online.clear()
+            prompts = [encode(p, tok, c["max_article_tokens"]) for p in load_prompts(ds, limit)]
+            for m in methods:
+                state.update(refetched=0, missing=0)
+                committed = 0
+                for ids in prompts:
+                    gen = models.decoder(m, tree=tree).generate(ids, max_new_tokens, eos_id=models.eos_token_id)
+                    committed += sum(cy.committed for cy in gen.cycles)
+                out.setdefault(ds, {})[m] = {"refetched": state["refetched"], "missing": state["missing"],
+                                             "committed": committed}
+    return out
+
+
+def _records(run: Path):
+    from specfit.eval.records import read_results
+
+    return read_results(run / "results.jsonl")
+
 #: Methods in table order (those a run holds).
 METHOD_ORDER = ("ar", "ar+lookahead", "eagle3", "eagle3-scan", "specfit", "oracle", "eagle3-vanilla")
 
@@ -332,7 +410,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--horizons", default="2,8", help="true-lookahead horizons in tokens (default 2,8)")
     ap.add_argument("--decay", type=float, default=0.5, help="weight decay**j of token t+j (default 0.5)")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
+    ap.add_argument("--refetch", default=None, metavar="METHODS",
+                    help="instead: decode --limit prompts per dataset with these methods under each run's settings and "
+                         "count the copies of experts the forward before evicted (next_forward_refetch)")
+    ap.add_argument("--limit", type=int, default=3, help="prompts per dataset with --refetch (default 3)")
+    ap.add_argument("--max-new-tokens", type=int, default=32, help="new tokens per prompt with --refetch (default 32)")
     args = ap.parse_args(argv)
+    if args.refetch:
+        for run in args.runs:
+            for folder in run_folders(run):
+                res = next_forward_refetch(folder, args.refetch.split(","), args.limit, args.max_new_tokens)
+                for ds, by in res.items():
+                    for m, v in by.items():
+                        print(f"{folder} {ds} {m}: {v['refetched']} of {v['missing']} copies were of experts the "
+                              f"forward before evicted ({v['refetched'] / max(v['missing'], 1):.1%}); "
+                              f"{v['missing'] / max(v['committed'], 1):.2f} copies per committed token")
+        return 0
     try:
         horizons = [int(h) for h in args.horizons.split(",")]
     except ValueError:
