@@ -30,9 +30,12 @@ modeled.
 
 Usage::
 
-    python -m specfit.eval.cache_bounds RUN_DIR [--horizons 2,8] [--decay 0.5] [--json OUT.json]
+    python -m specfit.eval.cache_bounds RUN_DIR [RUN_DIR ...] [--horizons 2,8] [--decay 0.5] [--json OUT.json]
+    python -m specfit.eval.cache_bounds RUN_DIR --refetch eagle3,specfit [--limit 3] [--max-new-tokens 32]
 
-Prints a Markdown table per run folder: rows dataset × method (the run's measured rows) then the bounds.
+Prints a Markdown table per run (a sweep: one row per dataset × cache size): each method's measured figures, then
+the bounds. ``--refetch`` instead decodes a few prompts under each run folder's settings and counts the copies of
+experts the forward before evicted (:func:`next_forward_refetch`).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ import numpy as np
 
 from specfit.core.errors import SpecFitInputError
 from specfit.eval.lookahead import demand_series, next_use
+
 
 def bound_label(horizon: int, decay: float) -> str:
     """A true-lookahead row's name."""
@@ -400,7 +404,6 @@ def markdown(results: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point (see the module docstring)."""
-    import json
     import time
 
     from specfit.core.io import atomic_write_text, dumps
