@@ -15,10 +15,10 @@ from specfit.eval.records import read_results
 
 @pytest.fixture(scope="module")
 def sweep(tiny, tmp_path_factory):  # noqa: F811
-    """A 2-size sweep of ar and ar+lookahead on the tiny target (16 experts, top-4): 2 GSM8K prompts x 12 tokens."""
+    """A 2-size sweep of ar and ar+lookahead on the tiny target (16 experts, top-4): 2 GSM8K prompts x 8 tokens."""
     out = tmp_path_factory.mktemp("bounds") / "sweep"
     evaluate(model=str(tiny / "target"), draft=str(tiny / "head"), datasets="gsm8k", limit=2,
-             methods="ar,ar+lookahead", max_new_tokens=12, cache_slots="5,8", eviction="lookahead", out=str(out))
+             methods="ar,ar+lookahead", max_new_tokens=8, cache_slots="5,8", eviction="lookahead", out=str(out))
     return out
 
 
