@@ -438,6 +438,8 @@ def main(argv: list[str] | None = None) -> int:
     for run in args.runs:
         results = []
         for folder in run_folders(run):
+            if not (folder / "config.json").is_file():
+                raise SpecFitInputError("run", f"{folder} holds no config.json and results.jsonl of a specfit eval run")
             if model is None:
                 from specfit.core.readers import read_json
 
