@@ -8,6 +8,8 @@ where ``U_l(S) = union_{v in S} E[v][l]`` are the experts the nodes of S route t
 ``C[l]`` the experts already resident in the device expert cache. ``|S|`` counts the root. Every expert
 of ``U_l(S)`` is read once from device memory (``read_ms``: its bytes over the memory bandwidth); a
 missing one is first copied host-to-device (``per_expert_ms``: its bytes over the link bandwidth).
+T prices one cycle against the cache at its start, not the next cycle's cost through what the verify leaves
+resident: the bound on that myopic approximation is SPECFIT.md §3, "What a verify leaves resident".
 """
 
 from __future__ import annotations
