@@ -473,10 +473,10 @@ LINK_GB_PER_S = {"pcie4-x16-achieved": 24.0, "pcie5-x16-achieved": 50.0}
 #:
 #: host_level_ms, host CPU time per draft level (both profiles, the host CPU is the same kind): one
 #: ``exact`` solve of a ~64-node instance through the Python path, 0.57 ms wall median on one core, plus
-#: the default frequency predictor on one level's nodes, ~50 µs per call, ≈ 0.6 ms: conservative, since a
-#: drafting cycle spends 51–63 µs in the compiled solver and 76–94 µs in the predictor (BENCHMARKS.md,
-#: "Solvers"); the engine uses its own measured host ms after the first drafted cycle. Measured on this
-#: project's CPU, not on the deployment's.
+#: the default frequency predictor on one level's nodes, ~50 µs per call, ≈ 0.6 ms: conservative, since
+#: ``exact`` solves a 64-node instance in a median 0.134–0.141 ms wall (BENCHMARKS.md, "Solvers"); the
+#: engine uses its own measured host ms after the first drafted cycle. Measured on this project's CPU, not
+#: on the deployment's.
 #:
 #: ``qwen3-30b-a3b-h200`` — an H200 on PCIe Gen5 x16: at 50 GB/s one expert's copy takes 0.189 ms; its
 #: read at 4,800 GB/s 0.00197 ms (an AR step's 384 experts: 0.75 ms). fixed_ms: 3.1 GB at ~4.3 TB/s
