@@ -12,7 +12,7 @@ install:
 
 # the main job: where does speculation pay? ar, eagle3 and specfit (its expert cache evicting by the draft's lookahead)
 # over expert-cache sizes from 16 slots to all
-DEMO := eval --cache-slots 16,64,all --methods ar,eagle3,specfit --eviction lookahead --limit 3 --max-new-tokens 32 --out runs/demo
+DEMO := eval --cache-slots 16,64,all --methods ar,ar+lookahead,eagle3,specfit --eviction lookahead --limit 3 --max-new-tokens 32 --out runs/demo
 
 demo: install
 	$(PYTHON) -m specfit $(DEMO)

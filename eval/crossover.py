@@ -168,7 +168,7 @@ def sweep_summary(rows: list[dict]) -> str:
                            f"specfit is not {WIN_MARGIN - 1:.0%} faster than the best of {', '.join(present)} "
                            "at any size.")
         if ar_steps:
-            text += " It runs as AR at " + "; ".join(ar_steps) + "."
+            text += " It takes AR steps in most cycles at " + "; ".join(ar_steps) + "."
         out.append(text)
     return "\n".join(out)
 

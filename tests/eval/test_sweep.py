@@ -138,12 +138,12 @@ def test_sweep_summary_names_where_specfit_wins_and_where_it_takes_ar_steps():
                                   row("specfit", 26.4, 2.2, 0.0, ar_share=0.0, vs_ar=1.32)])], num_experts=128)
     text = sweep_summary(rows)
     assert text.startswith("gsm8k: specfit wins at all slots: 1.20 × eagle3 (26.4 against 22.0 tok/s, τ 2.20).")
-    assert ("It runs as AR at 16 slots (100% of cycles, 1.000 × ar: drafting does not pay there, eagle3 runs at "
+    assert ("It takes AR steps in most cycles at 16 slots (100% of cycles, 1.000 × ar: drafting does not pay there, eagle3 runs at "
             "0.40 × ar, copying 40.0 experts per token against ar's 12.0).") in text
-    assert "128" not in text.split("It runs as AR")[1]  # all slots drafted: not an AR-step cell
+    assert "128" not in text.split("It takes AR steps")[1]  # all slots drafted: not an AR-step cell
     resident = crossover_rows([(128, [row("ar", 20.0, ept=0.0), row("eagle3", 12.0, 2.0, 0.0, vs_ar=0.6),
                                       row("specfit", 19.0, ar_share=0.7, vs_ar=0.95)])], num_experts=128)
-    assert sweep_summary(resident).endswith("It runs as AR at all slots (70% of cycles, 0.950 × ar: drafting does not "
+    assert sweep_summary(resident).endswith("It takes AR steps in most cycles at all slots (70% of cycles, 0.950 × ar: drafting does not "
                                             "pay there, eagle3 runs at 0.60 × ar, every expert resident: a verify "
                                             "reads the weights of every expert its tokens route to).")
     lose = crossover_rows([(16, [row("ar", 10.0), row("specfit", 9.95, ar_share=0.2)])], num_experts=128)
