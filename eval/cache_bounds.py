@@ -121,11 +121,6 @@ def belady_demand(decode: np.ndarray, num_experts: int) -> np.ndarray:
     return np.where(nu < T, 1.0 / np.maximum(dist, 1), 0.0)
 
 
-def lookahead_demand(decode: np.ndarray, num_experts: int, horizon: int, decay: float) -> np.ndarray:
-    """(T, L, E) demand before each forward t: the true experts of forwards t+1..t+horizon, weighted ``decay ** j``."""
-    return demand_series(decode, horizon, num_experts, decay)
-
-
 def true_routing(model, prompt_ids: list[int], output_ids: list[int], forwards: int) -> tuple[np.ndarray | None, np.ndarray]:
     """The run's forwards of one generation on the target: (prefill routing (P-1, L, k) or None, decode routing
     (forwards, L, k)): from an empty cache of the model's size, the prefill of ``prompt_ids[:-1]``, then one
@@ -260,7 +255,7 @@ def run_bounds(run: str | Path, horizons=(2, 8), decay: float = 0.5, model=None,
                 pre, dec = routings[key]
             demands = {"LRU": None, "Belady": belady_demand(dec, E)}
             for h in horizons:
-                demands[bound_label(h, decay)] = lookahead_demand(dec, E, h, decay)
+                demands[bound_label(h, decay)] = demand_series(dec, h, E, decay)
             for n in names:
                 m = replay(pre, dec, E, slots, demands[n], refetch[n])
                 misses[n] += m
