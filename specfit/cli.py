@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import warnings
 
@@ -144,6 +145,16 @@ _DECISIONS = {
 }
 
 
+def _shown_text(text: str | None) -> str:
+    """The generated text as ``specfit generate`` prints it above its counters: without the blank lines it
+    starts with. The new tokens often begin with a line break (the proxy continues ``Question: 2 + 3 = ?``
+    with ``\\nAnswer: ...``), which would print as an empty first line; ``output_ids`` and ``--json`` keep
+    it. None (no tokenizer) or only blank lines: ``""``, nothing is printed."""
+    if text is None:
+        return ""
+    return re.sub(r"\A(?:[ \t\r]*\n)+", "", text)
+
+
 def _run_generate(args) -> int:
     from specfit import SpecFit
 
@@ -203,8 +214,9 @@ def _run_generate(args) -> int:
     if args.json:
         print(dumps(rep))
         return 0
-    if rep["text"] is not None:
-        print(rep["text"])
+    text = _shown_text(rep["text"])
+    if text:
+        print(text)
     tot = rep["stats"]["total"]
     print(f"output_ids  {rep['output_ids']}")
     decisions = [c["decision"] for c in rep["cycles"]]

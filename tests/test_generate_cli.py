@@ -53,6 +53,19 @@ def test_generate_text_output_names_tau_and_decisions(capsys):
     assert "ar:1 ar:1 ar:1" in out
 
 
+def test_generate_text_output_starts_with_the_text_not_a_blank_line(capsys):
+    """The proxy continues the README's prompt with a line break ("\\nAnswer: ..."): the printed text
+    starts at its first non-blank line; the ids and --json keep the line break."""
+    target = str(proxy_paths()["target"])
+    argv = ["--model", target, "--prompt", "Question: 2 + 3 = ?", "--max-new-tokens", "2"]
+    rep = run_json(capsys, *argv)
+    assert rep["text"].startswith("\n") and rep["text"].strip()  # what the test is about: a leading line break
+    assert main(["generate", *argv]) == 0
+    lines = capsys.readouterr().out.split("\n")
+    assert lines[0] == rep["text"].lstrip("\n").split("\n")[0] != ""
+    assert lines[1] == f"output_ids  {rep['output_ids']}"
+
+
 @pytest.mark.parametrize("argv,needle", [
     (["--method", "specfit"], "--method: 'specfit' drafts: it needs a head, add --draft"),
     (["--method", "foo"], "--method: unknown method 'foo'; known: ar, ar+lookahead,"),
