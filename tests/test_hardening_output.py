@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from specfit.cli import main
-from specfit.core.io import atomic_write_text, dumps, json_ready
+from specfit.core.io import FLOAT_DIGITS, atomic_write_text, dumps, json_ready
 from specfit.models.proxy import paths as proxy_paths
 
 INSTANCE = {"parents": [-1, 0, 0], "path_prob": [1.0, 0.6, 0.3], "num_experts": 4,
@@ -61,6 +61,47 @@ def test_solve_json_is_strict_on_extreme_accepted_costs(tmp_path, capsys):
     assert main(["solve", str(path), "--json"]) == 0
     sel = _strict(capsys.readouterr().out)
     assert all(math.isfinite(v) for v in sel.values() if isinstance(v, float))
+
+
+def _significant_digits(x: float) -> int:
+    """Significant decimal digits of ``x`` as Python prints it (``repr``)."""
+    return len(repr(abs(x)).split("e")[0].replace(".", "").strip("0"))
+
+
+def test_dumps_digits_drops_binary_round_off_only():
+    obj = {"sum": 0.1 + 0.2, "ms": 12.0 + 4 * 0.3 + 5 * 0.19, "third": 1 / 3, "big": 2.0 ** 70, "nan": math.nan,
+           "ids": [1, 2], "flag": True}
+    assert dumps(obj).startswith('{"sum": 0.30000000000000004, "ms": 14.149999999999999')  # repr: full precision
+    got = _strict(dumps(obj, digits=FLOAT_DIGITS))
+    assert got == {"sum": 0.3, "ms": 14.15, "third": 0.333333333333333, "big": 1.18059162071741e+21, "nan": None,
+                   "ids": [1, 2], "flag": True}
+    for key in ("sum", "ms", "third", "big"):  # within 5e-15 of the value, DBL_DIG = 15 digits
+        assert math.isclose(got[key], obj[key], rel_tol=5e-15) and _significant_digits(got[key]) <= 15
+
+
+def test_solve_json_prints_each_float_at_its_precision(tmp_path, capsys):
+    """The README's instance: T = 12 + 4 * 0.3 + 5 * 0.19 ms is 14.149999999999999 in binary; ``--json``
+    prints 14.15, every computed float within 5e-15 of the API's (a reader may compare solvers' values),
+    and ``solve_ms`` to the timer's resolution (1 ns on Linux)."""
+    import time
+
+    import specfit
+
+    obj = {"parents": [-1, 0, 0, 1], "path_prob": [1.0, 0.6, 0.3, 0.42], "num_experts": 16,
+           "experts": [[[3, 9], [1, 4]], [[3, 5], [1, 4]], [[2, 9], [6, 4]], [[3, 9], [1, 7]]],
+           "cache": [[3], [4, 7]], "cost": {"fixed_ms": 12.0, "per_node_ms": 0.3, "per_expert_ms": 0.19}}
+    path = tmp_path / "i.json"
+    path.write_text(json.dumps(obj))
+    api = specfit.select(specfit.load_instance(path), rate=50.0).to_json()
+    assert api["predicted_ms"] == 14.149999999999999  # the round-off this is about
+    assert main(["solve", str(path), "--rate", "50", "--json"]) == 0
+    sel = _strict(capsys.readouterr().out)
+    assert set(sel) == set(api) and sel["nodes"] == api["nodes"] and sel["predicted_ms"] == 14.15
+    for key in ("expected_tokens", "predicted_ms", "throughput", "rate"):
+        assert type(sel[key]) is float and _significant_digits(sel[key]) <= FLOAT_DIGITS, (key, sel[key])
+        assert math.isclose(sel[key], api[key], rel_tol=5e-15), key
+    decimals = round(-math.log10(time.get_clock_info("perf_counter").resolution * 1e3))
+    assert type(sel["solve_ms"]) is float and sel["solve_ms"] == round(sel["solve_ms"], decimals) > 0
 
 
 def test_closed_pipe_ends_quietly(tmp_path):

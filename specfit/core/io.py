@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Callable
 
@@ -49,9 +50,18 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write(path, lambda p: Path(p).write_text(text, encoding="utf-8"))
 
 
-def json_ready(obj):
+#: Significant decimal digits every double keeps through a decimal string and back (DBL_DIG, C's
+#: ``<float.h>``; ``sys.float_info.dig``). Rounding to them drops only binary round-off, the 16th and
+#: 17th digits that ``repr`` shows (``0.1 + 0.2`` is 0.3, not 0.30000000000000004), and moves a value by
+#: at most 5e-15 of itself.
+FLOAT_DIGITS = sys.float_info.dig
+
+
+def json_ready(obj, digits: int | None = None):
     """``obj`` with every non-finite float (NaN, ±infinity) replaced by None, recursively through
-    dicts, lists and tuples (tuples become lists; numpy scalars become Python numbers).
+    dicts, lists and tuples (tuples become lists; numpy scalars become Python numbers); with
+    ``digits``, every finite float rounded to that many significant decimal digits
+    (:data:`FLOAT_DIGITS` drops binary round-off only). Ints and bools are left as they are.
 
     Every JSON or JSONL file SpecFit writes, and every ``--json`` line it prints, goes through
     :func:`dumps`, so that a strict parser (RFC 8259 has no NaN or Infinity) reads it: a value that
@@ -63,18 +73,22 @@ def json_ready(obj):
     import numpy as np
 
     if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
+        if not math.isfinite(obj):
+            return None
+        return obj if digits is None else float(f"{obj:.{digits}g}")
     if isinstance(obj, dict):
-        return {k: json_ready(v) for k, v in obj.items()}
+        return {k: json_ready(v, digits) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [json_ready(v) for v in obj]
+        return [json_ready(v, digits) for v in obj]
     if isinstance(obj, np.generic):
-        return json_ready(obj.item())
+        return json_ready(obj.item(), digits)
     return obj
 
 
-def dumps(obj, **kwargs) -> str:
-    """``json.dumps`` of :func:`json_ready` (obj) with ``allow_nan=False``: strict JSON (RFC 8259)."""
+def dumps(obj, digits: int | None = None, **kwargs) -> str:
+    """``json.dumps`` of :func:`json_ready` (obj, digits) with ``allow_nan=False``: strict JSON (RFC 8259).
+    Floats print as Python's ``repr`` (the shortest string that reads back to the same double) unless
+    ``digits`` rounds them first."""
     import json
 
-    return json.dumps(json_ready(obj), allow_nan=False, **kwargs)
+    return json.dumps(json_ready(obj, digits), allow_nan=False, **kwargs)
