@@ -8,15 +8,18 @@ modeled ms (:func:`specfit.eval.modeled.modeled_cycle_ms`). Variants:
 * ``full`` — the engine as it is; ``ar`` — plain AR decoding.
 * ``always`` — the AR gate off (``policy="always"``: every cycle drafts).
 * ``no-shadows`` — shadow cycles off (``shadows=False``: learning cycles draft for real).
-* ``no-twin`` — the AR twin off (the gate prices AR against the engine's cache; shadows need the twin).
-* ``no-explore`` — exploration bursts off (the gate never explores after AR steps).
-* ``no-depth-cap`` — the warm-up's depth cap off.
+* ``no-twin`` — the AR twin off (``twin=False``: the gate prices AR against the engine's cache; shadows need
+  the twin).
+* ``no-explore`` — exploration bursts off (:class:`NoExploreGate`: the gate never explores after AR steps).
+* ``no-depth-cap`` — the warm-up's depth cap off (:class:`NoDepthCapGate`).
 * ``rate-mode`` — the long-run-rate objective on (``rate_mode=True``).
-* ``no-bounds`` — the stop rule asked at every level (predict and solve) without its two bounds first.
-* ``per-level-predict`` — the expert predictor called once per draft level instead of once per solve.
+* ``no-bounds`` — the stop rule asked at every level (predict and solve) without its two bounds first
+  (``stop_bounds=False``).
+* ``per-level-predict`` — the expert predictor called once per draft level instead of once per solve
+  (``batch_predict=False``).
 
-The last four and the twin are switched off by replacing one step of the decoder object (a benchmark's
-counterfactual, not an option of the engine). ``--clock frozen`` (the default) makes every decision
+Each is a :class:`~specfit.engine.SpecDecoder` argument or a :class:`~specfit.engine.UtilityGate` subclass
+given to the variant's :class:`~specfit.engine.online.OnlineModel`. ``--clock frozen`` (the default) makes every decision
 independent of the machine's timing (host work costs 0 ms); ``measured`` prices the engine's measured
 host CPU time and reports the ms the device hides (``tok/s hidden charged``: as if nothing were hidden).
 
@@ -31,35 +34,33 @@ import argparse
 import sys
 
 from specfit.core.io import dumps
+from specfit.engine.policy import UtilityGate
 
 VARIANTS = ("full", "ar", "always", "no-shadows", "no-twin", "no-explore", "no-depth-cap", "rate-mode", "no-bounds",
             "per-level-predict")
 
 
-def _no_bounds_stop_rule(dec):
-    """The decoder's stop rule without its bounds: every level is predicted and solved, and the rule asked."""
-    def stop_rule(g, rule, p_f, rec):
-        sunk = rule.host_ms + rec.levels * rule.level_ms
-        if rule.rate is not None:
-            return p_f <= rule.stop_ms * rule.rate / 1000.0, None
-        dec._grow(g.tree, g.pending, g.predicted, rec)
-        selection = dec._select(g.tree, g.cache, None, rec, g.cost, sunk)
-        if rule.prune:
-            rule.rate_lo = max(rule.rate_lo, 1000.0 * selection.expected_tokens
-                               / (selection.predicted_ms - sunk + rule.max_sunk))
-        return p_f <= rule.stop_ms * selection.throughput / 1000.0, selection
-    return stop_rule
+#: The :class:`~specfit.engine.SpecDecoder` arguments of each variant: its mechanism off (rate mode: on).
+DECODER_ARGS = {"no-shadows": {"shadows": False}, "no-twin": {"twin": False}, "rate-mode": {"rate_mode": True},
+               "no-bounds": {"stop_bounds": False}, "per-level-predict": {"batch_predict": False}}
 
 
-def _per_level_predict(dec):
-    """The decoder's level step followed by the prediction of that level's kept nodes (no batching)."""
-    add = dec._add_level
+class NoExploreGate(UtilityGate):
+    """The AR gate without exploration bursts: an exploration waits for 10 ** 9 AR steps, so none starts."""
 
-    def add_level(level, g, rule, rec):
-        p_f = add(level, g, rule, rec)
-        dec._grow(g.tree, g.pending, g.predicted, rec)
-        return p_f
-    return add_level
+    EXPLORE_FIRST = EXPLORE_MAX = 10 ** 9
+
+
+class NoDepthCapGate(UtilityGate):
+    """The AR gate without the warm-up's depth cap: every drafted cycle may draft the tree's full depth."""
+
+    def draft_depth(self, depth: int) -> int:
+        """``depth``: no cap (:meth:`UtilityGate.draft_depth` caps it during the warm-up)."""
+        return depth
+
+
+#: The draft policy of each calibrated variant's online model (default: the gate).
+POLICY = {"always": "always", "no-explore": NoExploreGate, "no-depth-cap": NoDepthCapGate}
 
 
 def run_variant(models, prompts, variant: str, tree, max_new_tokens: int, frozen: bool) -> dict:
@@ -82,28 +83,16 @@ def run_variant(models, prompts, variant: str, tree, max_new_tokens: int, frozen
     method = "ar" if variant == "ar" else "specfit"
     online = None
     if method == "specfit":
-        online = OnlineModel(tree.depth, "always" if variant == "always" else "gate")
-        if variant == "no-explore":
-            gate = online.policy
-            gate.EXPLORE_FIRST = gate.EXPLORE_MAX = 10 ** 9
-            gate.state.explore_after = 10 ** 9
-        if variant == "no-depth-cap":
-            online.policy.draft_depth = lambda depth: depth
+        policy = POLICY.get(variant, "gate")
+        online = OnlineModel(tree.depth, policy if isinstance(policy, str) else policy())
     out = dict(variant=variant, tokens=0, modeled_ms=0.0, host_ms=0.0, hidden_ms=0.0, predict_ms=0.0, solve_ms=0.0,
                levels=0, decisions={})
     for _, ids in prompts:
         models.target.reset_cache(models.cache_slots, models.eviction)
         kw = dict(tree=tree, cost=models.cost, clock=FrozenClock() if frozen else MeasuredClock())
         if method == "specfit":
-            kw.update(predictor=models.predictor, online=online, shadows=variant != "no-shadows",
-                      rate_mode=variant == "rate-mode")
+            kw.update(predictor=models.predictor, online=online, **DECODER_ARGS.get(variant, {}))
         dec = SpecDecoder(models.target, models.drafter if method == "specfit" else None, method, **kw)
-        if variant == "no-twin":
-            dec._sync_twin = lambda: None
-        if variant == "no-bounds":
-            dec._stop_rule = _no_bounds_stop_rule(dec)
-        if variant == "per-level-predict":
-            dec._add_level = _per_level_predict(dec)
         with torch.no_grad():
             gen = dec.generate(ids, max_new_tokens, eos_id=models.eos_token_id)
         for c in gen.cycles:

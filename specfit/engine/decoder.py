@@ -195,7 +195,8 @@ class SelectionSettings:
 class _TwinState:
     """The AR twin (:mod:`specfit.engine.twin`) and the shadow cycles it prices.
 
-    Attributes: ``shadows`` the decoder's setting (AR steps may carry shadow cycles); ``cache`` the
+    Attributes: ``shadows`` the decoder's setting (AR steps may carry shadow cycles); ``wanted`` its
+    ``twin`` setting (False: no generation makes one); ``cache`` the
     twin's :class:`~specfit.engine.twin.ARTwinCache` (None until a generation has one) and ``key`` the
     runtime cache it replays, ``(id, slots, policy)``; ``can_shadow`` whether this generation's AR steps
     can carry shadow cycles (the twin, a transfer-regime cost, a level-by-level method: :meth:`SpecDecoder._prefill`);
@@ -204,6 +205,7 @@ class _TwinState:
     """
 
     shadows: bool
+    wanted: bool = True
     cache: ARTwinCache | None = None
     key: tuple | None = None
     can_shadow: bool = False
@@ -834,10 +836,18 @@ class SpecDecoder:
     clock : Clock, optional
         The clocks the engine reads (:mod:`specfit.engine.clock`; default the measured ones).
         :class:`~specfit.engine.clock.FrozenClock` makes every decision independent of the machine's timing.
+    twin, stop_bounds, batch_predict : bool
+        Mechanisms on by default, switched off one at a time to measure what each pays (``python -m
+        specfit.eval.mechanisms``; BENCHMARKS.md, "Engine mechanisms: what each pays"); outputs are lossless
+        either way. ``twin``: the gate prices AR steps on an AR twin of the expert cache (:meth:`_sync_twin`;
+        False: against the engine's cache, τ AR steps, and no shadow cycles). ``stop_bounds``: the stop rule
+        predicts and solves a level only where its two bounds let it fire (:meth:`_stop_rule`; False: at every
+        level). ``batch_predict``: the expert predictor runs once per solve for the levels drafted since
+        (:meth:`_grow`; False: once per draft level, as it is drafted).
 
     Attributes
     ----------
-    method, target, drafter, predictor, reference, online, policy, clock
+    method, target, drafter, predictor, reference, online, policy, clock, stop_bounds, batch_predict
         As given (``policy``: the online model's for a calibrated method).
     sampling : specfit.engine.verify.Sampling
         ``temperature``, ``top_p``, ``seed`` and the sampling verifier's generator.
@@ -857,7 +867,8 @@ class SpecDecoder:
                  cost: CostModel | None = None, predictor=None, reference=None, temperature: float = 0.0,
                  top_p: float = 1.0, seed: int = 0, rate_mode: bool = False, max_nodes: int | None = None,
                  online: OnlineModel | None = None, shadows: bool = True, policy: str | DraftPolicy | None = None,
-                 clock: Clock | None = None, prefetch: bool = False):
+                 clock: Clock | None = None, prefetch: bool = False, twin: bool = True, stop_bounds: bool = True,
+                 batch_predict: bool = True):
         self.method = get_method(method) if isinstance(method, str) else method
         m = self.method
         if m.needs_drafter and drafter is None:
@@ -903,7 +914,8 @@ class SpecDecoder:
         self._now = _CycleState()  # what the running cycle knows (made anew by each cycle)
         self._carry = _Carry()  # what one cycle leaves the next
         self._calls = (None,)  # the predictor's calls (_predictor_calls), made on the first prediction
-        self._twin = _TwinState(bool(shadows))  # the AR twin, made at the first generation that can have one
+        self._twin = _TwinState(bool(shadows), bool(twin))  # the AR twin, made at the first generation that can have one
+        self.stop_bounds, self.batch_predict = bool(stop_bounds), bool(batch_predict)
         if not isinstance(prefetch, (bool, np.bool_)):
             raise SpecFitInputError("prefetch", f"must be True or False, got {prefetch!r}")
         #: Prefetch the root's predicted experts while the cycle's head forwards run (:meth:`_prefetch_root`).
@@ -1405,7 +1417,7 @@ class SpecDecoder:
         against the engine's cache, τ times. (With fewer slots than a token's experts the runtime copies
         a forward's experts in rounds, which the twin does not replay exactly.)"""
         self._carry.twin_path = None
-        if self.online is None:  # no gate: nothing reads the twin
+        if self.online is None or not self._twin.wanted:  # no gate: nothing reads the twin; or none wanted
             return
         cache = getattr(self.target, "cache", None)
         slots = getattr(cache, "slots", None)
@@ -1685,6 +1697,8 @@ class SpecDecoder:
             g.pending.append((kept_parents, pp_kept, tokens[kept], hidden))
         g.n_tree += kept.size
         rec.tree_ms += (self.clock.wall() - t0) * 1e3
+        if not self.batch_predict:  # this level's experts now, not batched until the next solve
+            self._grow(g.tree, g.pending, g.predicted, rec)
         return p_f if kept.size else None
 
     def _route_truly(self, g: "_Growing", rule: "_StopRule", rec: CycleRecord) -> None:
@@ -1712,7 +1726,7 @@ class SpecDecoder:
         if rule.rate is not None:
             return p_f <= rule.stop_ms * rule.rate / 1000.0, None
         bound = 1000.0 * g.pp_sum / (rule.root_ms + sunk)
-        if not (p_f <= rule.stop_ms * bound / 1000.0 and p_f <= rule.stop_ms * ratio_upper_bound_unchecked(
+        if self.stop_bounds and not (p_f <= rule.stop_ms * bound / 1000.0 and p_f <= rule.stop_ms * ratio_upper_bound_unchecked(
                 np.concatenate([g.tree.path_prob[1:]] + [pp for _, pp, _, _ in g.pending]),
                 rule.root_ms + sunk, rule.node_ms) / 1000.0):
             return False, None

@@ -837,3 +837,40 @@ def test_a_policy_the_method_cannot_take_is_refused(ckpt):
     with pytest.raises(SpecFitInputError) as err:
         decoder(ckpt, "specfit", SelfDrafter(ckpt), policy="sometimes")
     assert err.value.field == "policy"
+
+
+def test_mechanisms_switched_off_by_argument_change_host_work_not_output(ckpt, ar_outputs):
+    """``batch_predict=False`` calls the predictor once per draft level (each kept node still once),
+    ``stop_bounds=False`` solves at every level the stop rule is asked, ``twin=False`` leaves the gate
+    without its AR twin (no AR-twin ms, no shadow cycle); the output is AR's either way (FrozenClock:
+    the same decisions for the same inputs)."""
+    from specfit.engine.clock import FrozenClock
+
+    class CountingPredictor(FixedPredictor):
+        def __init__(self):
+            super().__init__()
+            self.sizes = []
+
+        def predict(self, tokens, hidden):
+            self.sizes.append(len(tokens))
+            return super().predict(tokens, hidden)
+
+    def run(policy, **kw):
+        predictor, solves = CountingPredictor(), []
+        dec = SpecDecoder(load(ckpt), SelfDrafter(ckpt), "specfit", tree=TreeSettings(16, 4, 3), cost=COST,
+                          predictor=predictor, policy=policy, clock=FrozenClock(), **kw)
+        solve = dec.solver.solve_tree
+        dec.solver.solve_tree = lambda tree, *a, **k: solves.append(tree.n) or solve(tree, *a, **k)
+        gen = dec.generate(PROMPTS[1], 10)
+        assert gen.output_ids == ar_outputs[1][:10]
+        return gen.cycles, predictor.sizes, solves
+
+    cycles, sizes, solves = run("always", shadows=False)
+    per_level = run("always", shadows=False, batch_predict=False)
+    assert [c.nodes_verified for c in per_level[0]] == [c.nodes_verified for c in cycles]
+    assert len(per_level[1]) > len(sizes) and sum(per_level[1]) == sum(sizes)
+    unbounded = run("always", shadows=False, stop_bounds=False)
+    assert len(unbounded[2]) > len(solves)
+    with_twin, no_twin = run("gate")[0], run("gate", twin=False)[0]
+    assert any(c.ar_tokens_ms > 0 for c in with_twin)
+    assert all(c.ar_tokens_ms == 0 and c.decision != "shadow" for c in no_twin)
