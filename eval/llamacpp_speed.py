@@ -1,4 +1,4 @@
-"""Greedy AR decoding speed of the public API against transformers and llama.cpp, on the CPU, in one process.
+r"""Greedy AR decoding speed of the public API against transformers and llama.cpp, on the CPU, in one process.
 
 One torch thread and one llama.cpp thread, every expert resident, the shipped proxy target in float32 (or
 ``--model``), and the same checkpoint converted to a float32 GGUF file for llama.cpp. The decoders run
@@ -15,9 +15,17 @@ llama.cpp is not a dependency of SpecFit. Either install llama-cpp-python (it bu
 
     CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" pip install llama-cpp-python==0.3.36
 
-or put its unpacked sdist on ``PYTHONPATH`` and point ``LLAMA_CPP_LIB_PATH`` at a directory holding
-``libllama.so`` built from its ``vendor/llama.cpp`` (``cmake --build BUILD --target llama``); the bindings are
-pure ctypes. The GGUF file comes from llama.cpp's converter (``--convert-with``, :func:`convert_to_gguf`); the
+or put its unpacked sdist on ``PYTHONPATH`` (with its Python dependencies, e.g. ``diskcache``, installed) and point
+``LLAMA_CPP_LIB_PATH`` at the ``bin`` directory of a shared build of its ``vendor/llama.cpp``; the bindings are pure
+ctypes. A build with the measured one's settings (read from its ``CMakeCache.txt``)::
+
+    cmake -S llama_cpp_python-0.3.36/vendor/llama.cpp -B BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release \
+        -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF \
+        -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF        # GGML_NATIVE is on by default: -march=native
+    cmake --build BUILD --target llama
+    PYTHONPATH=llama_cpp_python-0.3.36 LLAMA_CPP_LIB_PATH=BUILD/bin python -m specfit.eval.llamacpp_speed ...
+
+The GGUF file comes from llama.cpp's converter (``--convert-with``, :func:`convert_to_gguf`); the
 proxy's tokenizer (individual digits, then GPT-2's byte-level rules) is llama.cpp's ``starcoder``
 pre-tokenizer, which the converter does not detect from its hash, so the conversion names it and then checks
 that llama.cpp tokenizes sample texts as the checkpoint's tokenizer does.
@@ -48,8 +56,8 @@ from specfit.eval.runtime_speed import decode_speed
 #: How to make ``import llama_cpp`` work; part of the error when it does not.
 INSTALL_HINT = ("install llama-cpp-python (it builds llama.cpp): "
                 "CMAKE_ARGS=\"-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF\" pip install llama-cpp-python==0.3.36; "
-                "or set PYTHONPATH=<its unpacked sdist> and LLAMA_CPP_LIB_PATH=<the directory of a libllama.so "
-                "built from its vendor/llama.cpp>")
+                "or set PYTHONPATH=<its unpacked sdist> (its dependencies, e.g. diskcache, installed) and "
+                "LLAMA_CPP_LIB_PATH=<the directory of a libllama.so built from its vendor/llama.cpp>")
 
 #: Texts whose tokenization by llama.cpp must equal the checkpoint tokenizer's after a conversion: digits,
 #: runs of spaces and newlines, punctuation, contractions and multi-byte characters.
