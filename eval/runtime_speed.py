@@ -73,8 +73,11 @@ def _median_ms(times: list[float]) -> float:
     return statistics.median(times) * 1e3
 
 
-def decode_speed(model_dir: str, prompt: list[int], tokens: int, repeats: int) -> dict:
+def decode_speed(model_dir: str, prompt: list[int], tokens: int, repeats: int, extra_runs: dict | None = None) -> dict:
     """ms per token of the three greedy decoders (see the module docstring), interleaved, medians.
+
+    ``extra_runs`` maps further decoders' names to callables that return their ``tokens`` greedy token ids
+    after ``prompt``; they run in the same rounds and are reported and compared like the three.
 
     Returns
     -------
@@ -110,7 +113,7 @@ def decode_speed(model_dir: str, prompt: list[int], tokens: int, repeats: int) -
         return out[0, len(prompt):].tolist()
 
     runs = {"runtime greedy_generate": run_runtime, "public SpecFit.generate(method='ar')": run_public,
-            "transformers generate": run_hf}
+            "transformers generate": run_hf, **(extra_runs or {})}
     times = {name: [] for name in runs}
     cpu = {name: [] for name in runs}
     outputs = {}
