@@ -119,17 +119,12 @@ def modeled_cycle_ms(cycle, cost: CostModel) -> dict[str, float]:
     reads = cycle.true_experts if len(cycle.true_experts) == len(cycle.transferred) else None
     verify = cost.cycle_ms(cycle.nodes_verified, cycle.transferred, None, reads)
     compute = cost.fixed_ms + cost.per_node_ms * cycle.nodes_verified
-    draft = (cycle.levels + cycle.levels_ahead) * cost.draft_level_ms
-    # a shadow cycle's head forwards run while the AR step copies its experts: what exceeds the copies
-    copies = float(cost.per_expert_array(len(cycle.transferred)) @ cycle.transferred) if len(cycle.transferred) else 0.0
-    # prefetch copies (SpecDecoder(prefetch=True)): free within the head forwards before the verify, the
-    # excess shares the shadow window with the step's own copies and is charged as link time
-    prefetched = (getattr(cycle, "prefetch", None) or {}).get("experts")
-    excess = 0.0
-    if prefetched:
-        excess = overlap_ms(cost, prefetched, cycle.transferred, cycle.levels + cycle.levels_ahead,
-                            getattr(cycle, "shadow_levels", 0))[0]
-    draft += max(0.0, getattr(cycle, "shadow_levels", 0) * cost.draft_level_ms - (copies + excess))
+    # a shadow cycle's (and an AR step's lookahead's) head forwards run while the step copies its experts:
+    # what exceeds the copies is charged; prefetch copies (SpecDecoder(prefetch=True)) are free within the
+    # head forwards before the verify, their excess shares that window and is charged as link time
+    prefetched = (getattr(cycle, "prefetch", None) or {}).get("experts") or []
+    excess, draft = overlap_ms(cost, prefetched, cycle.transferred, cycle.levels + cycle.levels_ahead,
+                               getattr(cycle, "shadow_levels", 0))
     host = cycle.host_cpu_ms
     return {"compute_ms": compute, "transfer_ms": verify - compute + excess, "draft_ms": draft, "host_ms": host,
             "total_ms": verify + excess + draft + host}
