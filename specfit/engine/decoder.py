@@ -191,6 +191,17 @@ class SelectionSettings:
     max_nodes: int | None = None
 
 
+@dataclass(frozen=True)
+class Mechanisms:
+    """Engine mechanisms a decoder can switch (:class:`SpecDecoder`'s arguments of the same names):
+    ``prefetch`` the root's predicted experts while the head drafts (off by default), the stop rule's
+    sound ``stop_bounds`` before a solve, and ``batch_predict`` (one predictor call per solve)."""
+
+    prefetch: bool = False
+    stop_bounds: bool = True
+    batch_predict: bool = True
+
+
 @dataclass
 class _TwinState:
     """The AR twin (:mod:`specfit.engine.twin`) and the shadow cycles it prices.
@@ -847,8 +858,10 @@ class SpecDecoder:
 
     Attributes
     ----------
-    method, target, drafter, predictor, reference, online, policy, clock, stop_bounds, batch_predict
+    method, target, drafter, predictor, reference, online, policy, clock
         As given (``policy``: the online model's for a calibrated method).
+    mechanisms : Mechanisms
+        ``prefetch``, ``stop_bounds`` and ``batch_predict`` as given.
     sampling : specfit.engine.verify.Sampling
         ``temperature``, ``top_p``, ``seed`` and the sampling verifier's generator.
     selecting : SelectionSettings
@@ -915,11 +928,11 @@ class SpecDecoder:
         self._carry = _Carry()  # what one cycle leaves the next
         self._calls = (None,)  # the predictor's calls (_predictor_calls), made on the first prediction
         self._twin = _TwinState(bool(shadows), bool(twin))  # the AR twin, made at the first generation that can have one
-        self.stop_bounds, self.batch_predict = bool(stop_bounds), bool(batch_predict)
         if not isinstance(prefetch, (bool, np.bool_)):
             raise SpecFitInputError("prefetch", f"must be True or False, got {prefetch!r}")
-        #: Prefetch the root's predicted experts while the cycle's head forwards run (:meth:`_prefetch_root`).
-        self.prefetch = bool(prefetch)
+        #: The switched mechanisms: prefetch while the head drafts (:meth:`_prefetch_root`), the stop rule's
+        #: bounds, the predictor batched per solve.
+        self.mechanisms = Mechanisms(bool(prefetch), bool(stop_bounds), bool(batch_predict))
 
     @property
     def tree(self) -> TreeSettings:
@@ -1621,7 +1634,7 @@ class SpecDecoder:
 
         if not speculate and decide() == "ar":
             return None
-        if self.prefetch:  # queued before the head's first forward is launched, so the copies overlap it
+        if self.mechanisms.prefetch:  # queued before the head's first forward is launched, so the copies overlap it
             self._prefetch_root(root, cache, rec, depth)
         levels = self.drafter.draft_levels(root, self.tree.top_k, depth)
         first = self._next_level(levels, rec)  # launched: on a GPU its forward (and the one after it) runs now
@@ -1697,7 +1710,7 @@ class SpecDecoder:
             g.pending.append((kept_parents, pp_kept, tokens[kept], hidden))
         g.n_tree += kept.size
         rec.tree_ms += (self.clock.wall() - t0) * 1e3
-        if not self.batch_predict:  # this level's experts now, not batched until the next solve
+        if not self.mechanisms.batch_predict:  # this level's experts now, not batched until the next solve
             self._grow(g.tree, g.pending, g.predicted, rec)
         return p_f if kept.size else None
 
@@ -1726,7 +1739,7 @@ class SpecDecoder:
         if rule.rate is not None:
             return p_f <= rule.stop_ms * rule.rate / 1000.0, None
         bound = 1000.0 * g.pp_sum / (rule.root_ms + sunk)
-        if self.stop_bounds and not (p_f <= rule.stop_ms * bound / 1000.0 and p_f <= rule.stop_ms * ratio_upper_bound_unchecked(
+        if self.mechanisms.stop_bounds and not (p_f <= rule.stop_ms * bound / 1000.0 and p_f <= rule.stop_ms * ratio_upper_bound_unchecked(
                 np.concatenate([g.tree.path_prob[1:]] + [pp for _, pp, _, _ in g.pending]),
                 rule.root_ms + sunk, rule.node_ms) / 1000.0):
             return False, None
