@@ -48,6 +48,7 @@ import numpy as np
 
 from specfit.core.errors import SpecFitInputError
 from specfit.eval.lookahead import demand_series, next_use
+from specfit.eval.machine import run_main
 
 
 def bound_label(horizon: int, decay: float) -> str:
@@ -455,8 +456,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except SpecFitInputError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+    run_main(main)

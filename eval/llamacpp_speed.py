@@ -50,7 +50,7 @@ import numpy as np
 import torch
 
 from specfit.core.errors import SpecFitInputError
-from specfit.eval.machine import command_line, machine, publish
+from specfit.eval.machine import command_line, machine, publish, run_main
 from specfit.eval.runtime_speed import decode_speed
 
 #: How to make ``import llama_cpp`` work; part of the error when it does not.
@@ -288,8 +288,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except SpecFitInputError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+    run_main(main)

@@ -36,7 +36,6 @@ Prints a Markdown table. Pure numpy.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
@@ -45,6 +44,7 @@ import numpy as np
 
 from specfit.core.errors import SpecFitInputError
 from specfit.core.lookahead import expert_demand
+from specfit.eval.machine import run_main
 from specfit.models.traces import RoutingTrace
 
 #: The shipped proxy target's routing trace (models/proxy/target/ROUTING_TRACE.md).
@@ -358,8 +358,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except SpecFitInputError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+    run_main(main)

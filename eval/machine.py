@@ -77,3 +77,17 @@ def publish(result: dict, table: str, json_path=None) -> None:
     print(table)
     if json_path:
         atomic_write_text(Path(json_path), dumps(result, indent=1) + "\n")
+
+
+def run_main(main) -> None:
+    """Run a benchmark module's ``main()`` as a command: exit with its return code, or print a
+    :class:`~specfit.core.errors.SpecFitInputError` as one ``error:`` line and exit 2 (bad input)."""
+    import sys
+
+    from specfit.core.errors import SpecFitInputError
+
+    try:
+        sys.exit(main())
+    except SpecFitInputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)

@@ -12,7 +12,6 @@ from specfit.models.qwen3_moe import OffloadedQwen3Moe
 from specfit.core.cost import CostModel
 from specfit.engine import METHODS, SpecDecoder, TreeSettings, get_method
 from specfit.engine.clock import MeasuredClock
-from specfit.engine.policy import UtilityGate
 from specfit.engine.decoder import _Drafted
 import specfit.engine.decoder as decoder_module
 from specfit.core.errors import SpecFitInputError
@@ -91,6 +90,18 @@ class FixedPredictor:
 
     def predict(self, tokens, hidden):
         return self.table[np.asarray(tokens)]
+
+
+class CountingPredictor(FixedPredictor):
+    """FixedPredictor that records how many tokens each call predicts (``sizes``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.sizes = []
+
+    def predict(self, tokens, hidden):
+        self.sizes.append(len(tokens))
+        return super().predict(tokens, hidden)
 
 
 COST = CostModel(6.0, 0.1, 0.05)  # cheap experts: the cost-aware methods verify real trees
@@ -484,15 +495,6 @@ def test_predict_ms_is_the_predictors_own_time(ckpt):
 def test_kept_levels_are_predicted_once_per_solve_not_per_level(ckpt):
     """The stop rule and the pruning read only P and the cost: a cycle's kept levels are predicted in
     one call before each solve (one more per cycle for the root), each kept node once."""
-    class CountingPredictor(FixedPredictor):
-        def __init__(self):
-            super().__init__()
-            self.sizes = []
-
-        def predict(self, tokens, hidden):
-            self.sizes.append(len(tokens))
-            return super().predict(tokens, hidden)
-
     predictor = CountingPredictor()
     dec = SpecDecoder(load(ckpt), SelfDrafter(ckpt), "specfit", shadows=False, tree=TreeSettings(16, 4, 3), cost=COST,
                       predictor=predictor)
@@ -845,15 +847,6 @@ def test_mechanisms_switched_off_by_argument_change_host_work_not_output(ckpt, a
     without its AR twin (no AR-twin ms, no shadow cycle); the output is AR's either way (FrozenClock:
     the same decisions for the same inputs)."""
     from specfit.engine.clock import FrozenClock
-
-    class CountingPredictor(FixedPredictor):
-        def __init__(self):
-            super().__init__()
-            self.sizes = []
-
-        def predict(self, tokens, hidden):
-            self.sizes.append(len(tokens))
-            return super().predict(tokens, hidden)
 
     def run(policy, **kw):
         predictor, solves = CountingPredictor(), []
