@@ -165,6 +165,9 @@ class Solver:
             If ``rate`` is negative or not finite.
         """
         rate = check_rate(rate)
+        from specfit.core.kernels import item_words_kernel
+
+        item_words_kernel()  # loaded before the clock starts: a process's first solve timed numba's import
         t0 = time.perf_counter()
         nodes, status, *known = self.select(instance, rate)
         solve_ms = (time.perf_counter() - t0) * 1e3

@@ -99,3 +99,22 @@ def test_select_rejects_bad_input_naming_the_field(kwargs, field):
     with pytest.raises(SpecFitInputError) as err:
         select(args.pop("tree"), args.pop("cost"), **args)
     assert err.value.field == field
+
+
+@pytest.mark.parametrize("solver", ["exact", "bruteforce", "greedy", "scan", "eagle"])
+def test_solve_ms_starts_after_the_coverage_kernel_is_loaded(solver, monkeypatch):
+    """A process's first solve loads the compiled coverage kernel (numba's import: ~0.5-1 s); ``solve_ms``
+    times the selection only, so the loader runs before the solver reads its clock."""
+    import specfit.solvers.base as base
+    import specfit.core.kernels as kernels
+
+    events = []
+    load, clock = kernels.item_words_kernel, base.time.perf_counter
+    monkeypatch.setattr(kernels, "item_words_kernel", lambda: (events.append("load"), load())[1])
+    monkeypatch.setattr(base.time, "perf_counter", lambda: (events.append("clock"), clock())[1])
+    inst = Instance.from_json({"parents": [-1, 0, 0, 1], "path_prob": [1.0, 0.6, 0.3, 0.42], "num_experts": 16,
+                               "experts": [[[3, 9], [1, 4]], [[3, 5], [1, 4]], [[2, 9], [6, 4]], [[3, 9], [1, 7]]],
+                               "cache": [[3], [4, 7]],
+                               "cost": {"fixed_ms": 12.0, "per_node_ms": 0.3, "per_expert_ms": 0.19}})
+    get_solver(solver).solve(inst)
+    assert "load" in events and "clock" in events and events.index("load") < events.index("clock")
