@@ -210,9 +210,7 @@ class _TwinState:
     ``twin`` setting (False: no generation makes one); ``cache`` the
     twin's :class:`~specfit.engine.twin.ARTwinCache` (None until a generation has one) and ``key`` the
     runtime cache it replays, ``(id, slots, policy)``; ``can_shadow`` whether this generation's AR steps
-    can carry shadow cycles (the twin, a transfer-regime cost, a level-by-level method: :meth:`SpecDecoder._prefill`);
-    ``lookahead_ms`` the last AR step's ms with the cache's lookahead (None once replayed) and the decayed sums
-    of those and of the twin's ms for the same tokens (:meth:`SpecDecoder._replay_twin`).
+    can carry shadow cycles (the twin, a transfer-regime cost, a level-by-level method: :meth:`SpecDecoder._prefill`).
     """
 
     shadows: bool
@@ -220,7 +218,6 @@ class _TwinState:
     cache: ARTwinCache | None = None
     key: tuple | None = None
     can_shadow: bool = False
-    lookahead_ms: list = field(default_factory=lambda: [None, 0.0, 0.0])
 
 
 def _verify_inputs(tree: DraftTree, keep: list) -> tuple[list, list]:
@@ -691,7 +688,9 @@ class _CycleState:
     root alone); ``reference_verified`` whether the oracle's reference verified this cycle's tree;
     ``device_thread_s`` thread CPU s of the forwards and the accept step (left out of ``host_thread_ms``);
     ``root_experts`` the root's predicted experts (1, L, k) once predicted; ``prefetched`` per MoE layer the
-    experts this cycle prefetched (None: no prefetch); ``ar_cache`` the cache mask before that prefetch.
+    experts this cycle prefetched (None: no prefetch); ``ar_cache`` the cache mask before that prefetch;
+    ``twin_demand`` ``(demand,)`` the lookahead demand the AR twin replays this cycle's tokens with (None:
+    the twin's last one stays; :meth:`SpecDecoder._set_lookahead`).
     """
 
     cache: np.ndarray | None = None
@@ -706,6 +705,7 @@ class _CycleState:
     device_thread_s: float = 0.0
     root_experts: np.ndarray | None = None
     prefetched: list | None = None
+    twin_demand: tuple | None = None
     ar_cache: np.ndarray | None = None
 
 
@@ -717,7 +717,8 @@ class _Carry:
     λ); ``unobserved`` committed ``(tokens, routing)`` int64 arrays the predictor has not observed yet;
     ``learning`` the last cycle's outcome, learned during the next verify (:class:`_Learning`);
     ``ar_next`` ``(Ŝ,)`` when the next cycle is an AR step decided ahead; ``twin_path`` the last cycle's
-    committed forwards' routing (τ, L, k), not yet replayed in the AR twin; ``budget`` the new tokens the
+    committed forwards' routing (τ, L, k), not yet replayed in the AR twin, and ``twin_demand`` the lookahead
+    demand it replays them with (:attr:`_CycleState.twin_demand`); ``budget`` the new tokens the
     generation still keeps before this cycle (``max_new_tokens`` less those committed), ``kept`` the
     last cycle's budget (at most that many of its committed tokens stay in the output); ``shadows`` the shadow cycles
     drafted whose outcome is not known yet (oldest first); ``copied`` whether the last forward copied an
@@ -730,6 +731,7 @@ class _Carry:
     learning: "_Learning | None" = None
     ar_next: tuple | None = None
     twin_path: np.ndarray | None = None
+    twin_demand: tuple | None = None
     budget: int | None = None
     kept: int | None = None
     shadows: list = field(default_factory=list)
@@ -965,10 +967,6 @@ class SpecDecoder:
     #: selector returns the best selection found so far (SPECFIT.md §3). A verify is 3-100 ms.
     SOLVE_TIME_LIMIT_S = 0.005
 
-    #: Per AR step, the decay of the sums whose ratio scales the AR twin's ms under a lookahead cache
-    #: (:meth:`_replay_twin`): about the last 20 AR steps count.
-    LOOKAHEAD_AR_DECAY = 0.95
-
     # -- one generation ------------------------------------------------------------------------
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, eos_id: int | None = None) -> Generation:
         """Decode up to ``max_new_tokens`` new tokens after ``prompt_ids``.
@@ -1141,8 +1139,6 @@ class SpecDecoder:
                 self.policy.observe_ar_h2d(rec.predicted_ms - verify_ms(self.cost, 1, np.zeros(len(rec.transferred)),
                                                                         rec.true_experts))
                 self._set_shadowing()
-            if self._twin.cache is not None and self.method.lookahead_levels and self._looks_ahead():
-                self._twin.lookahead_ms[0] = rec.predicted_ms  # against the twin's ms for the same token (_replay_twin)
         if shadow is not None:  # up to the AR step's modeled ms less what it already hides
             hidden = min(shadow_host_ms, max(rec.predicted_ms - rec.hidden_host_ms, 0.0))
             rec.hidden_host_ms += hidden
@@ -1165,20 +1161,29 @@ class SpecDecoder:
         ``rec``) and the last forward copied an expert (after a forward that copied none the step likely
         evicts nothing, and the draft would be paid in full: its head forwards hide behind copies), else
         keeps the last tree's demand (its nodes still predict the next tokens); a tree
-        without predicted experts clears it (the base policy's eviction). Timing only, never outputs."""
+        without predicted experts clears it (the base policy's eviction). Timing only, never outputs.
+
+        The AR twin (a lookahead cache: ``ar+lookahead``'s) replays the cycle's committed tokens with the
+        AR step's lookahead draft, or with the whole ``tree`` (its verified nodes are the tokens after the
+        root: :mod:`specfit.engine.twin`)."""
         cache = self.target.cache
         if not self._looks_ahead():
             return
+        twin = self._twin.cache is not None
         if tree is None:  # an AR step without a tree: its lookahead draft, or the last tree's demand
             slots = getattr(cache, "slots", None)
             if (self.method.lookahead_levels and drafter_ready and rec is not None and self.predictor is not None
                     and self._carry.copied and isinstance(slots, (int, np.integer)) and 0 < slots < self.num_experts):
-                cache.set_lookahead(self._lookahead_chain(root, rec))
+                demand = self._lookahead_chain(root, rec)
+                cache.set_lookahead(demand)
+                self._now.twin_demand = (demand,) if twin else None
             return
         if tree.experts is None or tree.n <= len(keep) or tree.experts.shape[1] != cache.num_layers:
             cache.set_lookahead(None)
+            self._now.twin_demand = (None,) if twin else None
         else:
             cache.set_lookahead(tree_expert_demand(tree, exclude=keep))
+            self._now.twin_demand = (tree_expert_demand(tree),) if twin else None
 
     def _looks_ahead(self) -> bool:
         """Whether the target's expert cache evicts by a lookahead demand (``cache.policy.uses_lookahead``)."""
@@ -1267,7 +1272,7 @@ class SpecDecoder:
                                      np.ascontiguousarray(routing[acc.path], np.int64)))
         self._carry.kept = self._carry.budget
         if self._twin.cache is not None:
-            self._carry.twin_path = routing[acc.path]
+            self._carry.twin_path, self._carry.twin_demand = routing[acc.path], self._now.twin_demand
 
     def _record_verify(self, rec: CycleRecord, stats0: dict, routing: np.ndarray, keep: list, acc) -> None:
         """The verify's counts into ``rec``: experts copied (and computed on the host), its H2D ms, the
@@ -1426,7 +1431,7 @@ class SpecDecoder:
 
         Only a calibrated method in the transfer regime whose runtime cache reports its eviction state
         (:meth:`DeviceExpertCache.recency`), holds 0 or at least ``top_k`` slots but not every expert,
-        and evicts by LRU or LFU (a lookahead policy: its base, so the twin is plain AR's cache) gets one; the gate's counterfactual is otherwise the root's AR step
+        and evicts by LRU, LFU or a lookahead on either (the twin then is ``ar+lookahead``'s cache) gets one; the gate's counterfactual is otherwise the root's AR step
         against the engine's cache, τ times. (With fewer slots than a token's experts the runtime copies
         a forward's experts in rounds, which the twin does not replay exactly.)"""
         self._carry.twin_path = None
@@ -1434,14 +1439,13 @@ class SpecDecoder:
             return
         cache = getattr(self.target, "cache", None)
         slots = getattr(cache, "slots", None)
-        policy = getattr(cache, "policy", None)
-        policy = getattr(getattr(policy, "base", policy), "name", policy)  # a lookahead cache: AR is its base policy
+        policy = getattr(getattr(cache, "policy", None), "name", None)
         key = (id(cache), slots, policy)
         twin = self._twin
         if twin.cache is None or twin.key != key:
             twin.cache, twin.key = None, key
             k = int(getattr(getattr(self.target, "spec", None), "top_k", self.num_experts))
-            ok = (hasattr(cache, "recency") and policy in ("lru", "lfu")
+            ok = (hasattr(cache, "recency") and policy in ("lru", "lfu", "lookahead", "lookahead-lfu")
                   and getattr(self.target, "offload", "transfer") == "transfer"
                   and isinstance(slots, (int, np.integer)) and (slots == 0 or k <= slots < self.num_experts))
             if not ok:
@@ -1450,18 +1454,15 @@ class SpecDecoder:
         if twin.cache is None:
             twin.cache = ARTwinCache(len(state[0]), self.num_experts, slots, policy)
         twin.cache.sync(*state)
+        twin.cache.set_lookahead(None)  # the engine's cache has no demand at a generation's start
 
     def _replay_twin(self) -> float | None:
         """Step the AR twin through the last cycle's committed forwards (every cycle's, AR steps the
         online model does not learn from included: :meth:`_learn_last_cycle` runs each cycle).
 
-        With a lookahead cache and a method whose AR steps draft a lookahead (``Method.lookahead_levels``)
-        the AR steps the gate can take cost less than the twin's (its base policy, LRU/LFU, has no draft to
-        look ahead with): each step's ms is scaled by the measured ratio of this engine's AR steps' modeled
-        ms (their verify on the measured counts) to the twin's for the same tokens, sums decayed by
-        :attr:`LOOKAHEAD_AR_DECAY` per AR step. Approximation: the ratio is of the AR steps the engine took,
-        in the cache its drafted cycles left; the lookahead's head forwards are not in it (hidden behind
-        the copies at 16-32 slots, eval/modeled.py).
+        Under a lookahead cache the twin evicts by the cycle's lookahead demand (:meth:`_set_lookahead`);
+        the lookahead draft's head forwards are not in its ms (hidden behind the copies at 16-32 slots,
+        eval/modeled.py).
 
         Returns
         -------
@@ -1474,13 +1475,10 @@ class SpecDecoder:
             return None
         path, self._carry.twin_path = self._carry.twin_path, None
         kept, self._carry.kept = self._carry.kept, None  # None: every token of the path is kept
+        if self._carry.twin_demand is not None:
+            self._twin.cache.set_lookahead(self._carry.twin_demand[0])
+        self._carry.twin_demand = None
         ms = [self._ar_step_ms(self._twin.cache.step(r)) for r in path]
-        la = self._twin.lookahead_ms
-        if la[0] is not None and len(ms) == 1:  # an AR step with the lookahead, and the twin's for its token
-            la[1], la[2] = self.LOOKAHEAD_AR_DECAY * la[1] + la[0], self.LOOKAHEAD_AR_DECAY * la[2] + ms[0]
-        la[0] = None
-        if la[2] > 0:  # the AR steps this engine takes (with the lookahead), not LRU's
-            ms = [m * la[1] / la[2] for m in ms]
         for sh in self._carry.shadows:  # each forward's AR ms, in order, for the shadows it continues
             if len(sh.ar_ms) < len(sh.routing):
                 sh.ar_ms.extend(ms[:len(sh.routing) - len(sh.ar_ms)])

@@ -17,6 +17,13 @@ committed token's forward (:meth:`ARTwinCache.step`), with the eviction policy o
 :class:`specfit.models.experts.DeviceExpertCache` (each forward's experts used once, the same tick;
 misses fill free slots, then evict the policy's victim among experts this forward does not use). It
 holds expert ids only, never weights: ``(L, E)`` arrays, a few vector operations per token.
+
+Under a lookahead cache (``--eviction lookahead``) plain AR decoding is ``ar+lookahead``: its AR steps draft
+a lookahead and evict the least predicted demand. The twin then evicts by a demand too
+(:meth:`ARTwinCache.set_lookahead`), the one the engine hands it per replayed cycle: an AR step's lookahead
+draft (what ``ar+lookahead`` drafts from the same token), or a drafted cycle's whole draft tree (the
+head's prediction of the tokens after each committed one; the lookahead draft ``ar+lookahead`` would draft
+from each of them is a smaller tree from the same head: an approximation).
 """
 
 from __future__ import annotations
@@ -37,8 +44,9 @@ class ARTwinCache:
         Slots per layer, ``0..E`` (``E``: every expert resident, nothing ever misses; ``0``: nothing
         kept, every expert of every token misses).
     policy : str
-        ``"lru"`` (evict the least recently used) or ``"lfu"`` (fewest uses, then least recent), as
-        the engine's cache.
+        ``"lru"`` (evict the least recently used), ``"lfu"`` (fewest uses, then least recent), or
+        ``"lookahead"`` / ``"lookahead-lfu"`` (the least demand set by :meth:`set_lookahead`, ties by
+        LRU / LFU; without a demand the base policy), as the engine's cache.
 
     Raises
     ------
@@ -60,9 +68,11 @@ class ARTwinCache:
     def __init__(self, num_layers: int, num_experts: int, slots: int, policy: str = "lru"):
         if not 0 <= int(slots) <= int(num_experts):
             raise SpecFitInputError("slots", f"must be an integer in [0, {num_experts}], got {slots!r}")
-        if policy not in ("lru", "lfu"):
-            raise SpecFitInputError("policy", f"must be 'lru' or 'lfu', got {policy!r}")
-        self.slots, self.policy = int(slots), policy
+        if policy not in ("lru", "lfu", "lookahead", "lookahead-lfu"):
+            raise SpecFitInputError("policy", f"must be 'lru', 'lfu', 'lookahead' or 'lookahead-lfu', got {policy!r}")
+        self.slots, self.policy = int(slots), "lru" if policy == "lookahead" else policy.removeprefix("lookahead-")
+        self.looks_ahead = policy.startswith("lookahead")
+        self.demand: np.ndarray | None = None
         shape = (int(num_layers), int(num_experts))
         self.resident = np.full(shape, self.slots == shape[1], dtype=bool)
         self.last_use = np.zeros(shape, dtype=np.int64)
@@ -90,6 +100,28 @@ class ARTwinCache:
         self.admitted = np.broadcast_to(np.arange(r.shape[1]), r.shape).copy() if admitted is None \
             else np.array(admitted, np.int64)
         self.tick = int(self.last_use.max(initial=0))
+
+    def set_lookahead(self, demand) -> None:
+        """Set the predicted demand a lookahead policy's evictions read, until the next call (as
+        :meth:`specfit.models.experts.DeviceExpertCache.set_lookahead`; ignored by ``lru``/``lfu``).
+
+        Parameters
+        ----------
+        demand : array-like of float, shape (L, E), or None
+            Expected uses of each expert by the tokens about to come; None: the base policy's eviction.
+
+        Raises
+        ------
+        SpecFitInputError
+            If ``demand`` is not an (L, E) array (field ``demand``).
+        """
+        if demand is None or not self.looks_ahead:
+            self.demand = None
+            return
+        d = np.asarray(demand, dtype=np.float64)
+        if d.shape != self.resident.shape:
+            raise SpecFitInputError("demand", f"must have shape (L, E) = {self.resident.shape}, got {d.shape}")
+        self.demand = d
 
     def step(self, experts) -> np.ndarray:
         """One AR forward: count its misses, then admit them as the engine's cache would.
@@ -130,8 +162,11 @@ class ARTwinCache:
         key = self.last_use if self.policy == "lru" else self.uses * (self.tick + 1) + self.last_use
         key = np.where(cand, key * E + rank, np.iinfo(np.int64).max)
         kk = int(over.max())
-        part = np.argpartition(key, kk - 1, axis=1)[:, :kk]
-        part = np.take_along_axis(part, np.argsort(np.take_along_axis(key, part, 1), axis=1), 1)
+        if self.demand is not None:  # the least demand first, ties by the base policy (Lookahead.victim)
+            part = np.lexsort((key, np.where(cand, self.demand, np.inf)), axis=1)[:, :kk]
+        else:
+            part = np.argpartition(key, kk - 1, axis=1)[:, :kk]
+            part = np.take_along_axis(part, np.argsort(np.take_along_axis(key, part, 1), axis=1), 1)
         n = np.minimum(np.maximum(over, 0), cand.sum(axis=1))
         out = np.arange(kk)[None, :] < n[:, None]
         self.resident[np.broadcast_to(self._rows, part.shape)[out], part[out]] = False

@@ -222,12 +222,14 @@ def test_warmup_cycles_draft_one_level_past_the_last_selection(proxy):
 
 @pytest.mark.parametrize("policy", ["lru", "lfu", "lookahead", "lookahead-lfu"])
 def test_ar_twin_prices_what_ar_decoding_pays(proxy, monkeypatch, policy):
-    """The AR gate's counterfactual (the AR twin, specfit.engine.twin): over a generation that drafts
-    every cycle, the AR ms it gives each cycle's committed tokens sum to what plain AR decoding of the
-    same tokens pays with its own expert cache (the tokens the output keeps), and the drafted generation's own cache would have
-    priced them differently (the pollution the twin keeps out of the gate's Ŝ). With a lookahead cache
-    plain AR decoding is its base policy's (LRU / LFU): plain AR drafts nothing to look ahead with."""
-    from specfit.engine.online import OnlineModel
+    """The AR gate's counterfactual (the AR twin, specfit.engine.twin): the AR ms it gives each cycle's
+    committed tokens sum to what AR decoding of the same tokens pays with its own expert cache (the tokens
+    the output keeps). Under LRU / LFU, over a generation that drafts every cycle: plain AR's, and the
+    drafted generation's own cache would have priced them differently (the pollution the twin keeps out
+    of the gate's Ŝ). Under a lookahead cache AR decoding is ``ar+lookahead``; over a generation of AR
+    steps (each drafting the lookahead chain, as ar+lookahead does) the twin pays exactly its copies, which
+    differ from plain LRU / LFU decoding's."""
+    from specfit.engine.twin import ARTwinCache
 
     _, drafter, prompts = proxy
     d = paths()
@@ -238,25 +240,42 @@ def test_ar_twin_prices_what_ar_decoding_pays(proxy, monkeypatch, policy):
         return OffloadedQwen3Moe.from_pretrained(d["target"], cache_slots=24, max_len=1024, eviction=eviction,
                                                  aux_layers=aux)
 
-    monkeypatch.setattr(UtilityGate, "decide", lambda self, sound=None: "draft")
-    twin_ms = root_ms = ar_ms = 0.0
+    base = {"lookahead": "lru", "lookahead-lfu": "lfu"}.get(policy, policy)
+    drafting = base == policy
+    monkeypatch.setattr(UtilityGate, "decide", lambda self, sound=None: "draft" if drafting else "ar")
+    monkeypatch.setattr(UtilityGate, "decide_ahead", lambda self: None)
+    twin_ms = root_ms = ar_ms = base_ms = 0.0
+    replayed, step = [], ARTwinCache.step
+    monkeypatch.setattr(ARTwinCache, "step", lambda self, experts: (replayed.append(m := step(self, experts)), m)[1])
     for p in (prompts[0], prompts[10]):  # fresh caches: AR decoding and the engine start alike
-        spec_target, ar_target = fresh(policy), fresh({"lookahead": "lru", "lookahead-lfu": "lfu"}.get(policy, policy))
+        spec_target = fresh(policy)
         spec = spec_target.spec
         cost = get_profile("qwen3-30b-a3b-h200").for_layers(len(spec.moe_layers))
         predictor = get_predictor("recency", num_layers=len(spec.moe_layers), num_experts=spec.num_experts,
                                   top_k=spec.top_k)
         dec = SpecDecoder(spec_target, drafter, "specfit", tree=TreeSettings(32, 6, 4), cost=cost, predictor=predictor)
-        ar = SpecDecoder(ar_target, None, "ar", cost=cost)
+        ar = SpecDecoder(fresh(policy), drafter, "ar" if drafting else "ar+lookahead", cost=cost, predictor=predictor)
+        replayed.clear()
         g = dec.generate(p, 24)
         a = ar.generate(p, 24)  # the tokens past 24 the last cycle may commit gain nothing
-        assert a.output_ids == g.output_ids
-        assert all(c.ar_tokens_ms > 0 for c in g.cycles) and max(c.committed for c in g.cycles) > 1
-        twin_ms += sum(c.ar_tokens_ms for c in g.cycles)
-        root_ms += sum(c.committed * c.ar_step_ms for c in g.cycles)
-        ar_ms += sum(cost.cycle_ms(1, c.transferred) for c in a.cycles)
-    assert twin_ms == pytest.approx(ar_ms, rel=1e-9)
-    assert abs(root_ms - ar_ms) > 1e-3 * ar_ms
+        plain = SpecDecoder(fresh(base), None, "ar", cost=cost).generate(p, 24)
+        assert a.output_ids == g.output_ids == plain.output_ids
+        if drafting:
+            assert all(c.ar_tokens_ms > 0 for c in g.cycles) and max(c.committed for c in g.cycles) > 1
+            twin_ms += sum(c.ar_tokens_ms for c in g.cycles)
+            root_ms += sum(c.committed * c.ar_step_ms for c in g.cycles)
+            ar_ms += sum(cost.cycle_ms(1, c.transferred) for c in a.cycles)
+        else:  # each replayed AR step against ar+lookahead's forward of the same token, copy for copy
+            steps = [s.tolist() for s in replayed]
+            assert len(steps) >= len(g.cycles) - 1 and all(c.committed == 1 for c in g.cycles)
+            assert steps == [list(c.transferred) for c in a.cycles[:len(steps)]]
+            ar_ms += sum(cost.cycle_ms(1, c.transferred) for c in a.cycles)
+            base_ms += sum(cost.cycle_ms(1, c.transferred) for c in plain.cycles)
+    if drafting:
+        assert twin_ms == pytest.approx(ar_ms, rel=1e-9)
+        assert abs(root_ms - ar_ms) > 1e-3 * ar_ms
+    else:
+        assert abs(base_ms - ar_ms) > 1e-3 * ar_ms  # ar+lookahead is not plain AR here
 
 
 def test_lookahead_eviction_reads_the_draft_trees_demand_and_keeps_the_output(proxy, monkeypatch):

@@ -24,8 +24,10 @@ def _forward(cache, experts):
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.data(), st.integers(2, 3), st.integers(8, 16), st.integers(2, 4), st.sampled_from(["lru", "lfu"]))
+@given(st.data(), st.integers(2, 3), st.integers(8, 16), st.integers(2, 4),
+       st.sampled_from(["lru", "lfu", "lookahead", "lookahead-lfu"]))
 def test_twin_equals_the_runtime_cache(data, L, E, k, policy):
+    """Miss for miss and slot for slot, with a lookahead policy's demand changed (often tied) between forwards."""
     slots = data.draw(st.integers(k, E))
     steps = data.draw(st.integers(1, 30))
     rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
@@ -36,6 +38,10 @@ def test_twin_equals_the_runtime_cache(data, L, E, k, policy):
         experts = np.stack([rng.choice(E, size=k, replace=False, p=skew) for _ in range(L)])
         if t == warm:
             twin.sync(*cache.recency())
+        if policy.startswith("lookahead") and rng.random() < 0.7:
+            demand = None if rng.random() < 0.2 else rng.integers(0, 3, size=(L, E)) * 0.5
+            cache.set_lookahead(demand)
+            twin.set_lookahead(demand)
         real = _forward(cache, experts)
         mine = twin.step(experts)
         if t >= warm:
@@ -53,6 +59,8 @@ def test_twin_all_resident_and_nothing_kept():
         ARTwinCache(2, 4, 5)
     with pytest.raises(SpecFitInputError, match="policy"):
         ARTwinCache(2, 4, 2, "fifo")
+    with pytest.raises(SpecFitInputError, match="demand"):
+        ARTwinCache(2, 4, 2, "lookahead").set_lookahead(np.zeros((2, 3)))
 
 
 def test_sync_without_recency_evicts_in_id_order():
