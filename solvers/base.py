@@ -128,6 +128,53 @@ def check_time_limit(value) -> float:
     return check_number("time_limit_s", value, 0.0, MAX_TIME_LIMIT_S, low_open=True, unit="seconds")
 
 
+#: Largest search-node limit of a branch and bound.
+MAX_VISITS = 10**12
+
+
+def check_max_visits(value) -> int:
+    """A branch and bound's search-node limit: an integer in [1, MAX_VISITS].
+
+    Raises
+    ------
+    SpecFitInputError
+        On ``max_visits`` otherwise (0, negative, a float, a bool or a string).
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_VISITS:
+        raise SpecFitInputError("max_visits", f"must be an integer in [1, {MAX_VISITS}], got {value!r}")
+    return value
+
+
+class SearchLimit:
+    """Where one solve's branch and bound stops before proving its optimum (its status is then
+    ``"feasible"``): past a wall-clock deadline, or past ``max_visits`` search nodes expanded (those the
+    bound did not prune), summed over the solve's searches (Dinkelbach's iterations). The node limit is
+    deterministic: an instance stops at the same node, with the same selection, on any machine and under
+    any load, so the engine's decisions do not depend on the machine's speed (SPECFIT.md §3).
+
+    Parameters
+    ----------
+    time_limit_s : float, optional
+        Seconds from now (:func:`check_time_limit`).
+    max_visits : int, optional
+        Search nodes (:func:`check_max_visits`).
+    """
+
+    def __init__(self, time_limit_s: float | None = None, max_visits: int | None = None):
+        self.deadline = None if time_limit_s is None else time.perf_counter() + time_limit_s
+        self.max_visits = max_visits
+        self.visits = 0
+        self.hit = False
+
+    def stop(self) -> bool:
+        """Count one expanded search node; True (and from then on) once a limit is passed."""
+        self.visits += 1
+        if ((self.max_visits is not None and self.visits > self.max_visits)
+                or (self.deadline is not None and time.perf_counter() > self.deadline)):
+            self.hit = True
+        return self.hit
+
+
 class Solver:
     """Base class: subclasses set ``name`` and ``exact`` and implement :meth:`select`.
 

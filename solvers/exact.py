@@ -53,7 +53,8 @@ from specfit.core.coverage import Coverage, PricedItems, at_least_twice, coverag
 from specfit.core.instance import Instance
 from specfit.core.objective import evaluate_uncovered, evaluation
 from specfit.core.cost import check_ms
-from specfit.solvers.base import Selection, Solver, check_rate, check_time_limit, selection
+from specfit.solvers.base import (SearchLimit, Selection, Solver, check_max_visits, check_rate, check_time_limit,
+                                   selection)
 from specfit.solvers.exact_host import select_host
 from specfit.solvers.greedy import linear_prefix, scan_prefix
 
@@ -223,8 +224,8 @@ class _BranchAndBound:
     """Maximise F_λ(S) under budgets by depth-first branch and bound (see the module docstring)."""
 
     def __init__(self, cov: Coverage, lam: float, max_nodes: int | None, max_new: int | None,
-                 deadline: float | None):
-        self.cov, self.lam, self.deadline = cov, lam, deadline
+                 limit: SearchLimit | None):
+        self.cov, self.lam, self.limit = cov, lam, limit
         n, c, pp = cov.n, cov.per_node_ms, cov.path_prob
         self.max_nodes = n if max_nodes is None else max_nodes
         self.max_new = max_new
@@ -278,7 +279,7 @@ class _BranchAndBound:
         cap = row[room] if room < len(row) else row[-1]
         if value + min(frontier, cap) <= self.best_value + 1e-12:
             return
-        if self.deadline is not None and time.perf_counter() > self.deadline:
+        if self.limit is not None and self.limit.stop():
             self.timed_out = True
             return
         v = j
@@ -300,12 +301,20 @@ class ExactSolver(Solver):
     tol : float
         Dinkelbach stops when ``max F_λ <= tol`` tokens (float round-off).
     time_limit_s : float, optional
-        Only the budgeted branch and bound can be slow; past this limit it returns the best
-        selection found with status ``"feasible"``. Default: no limit.
+        Only a branch and bound can be slow (under budgets, or in the host regime); past this limit it
+        returns the best selection found with status ``"feasible"``. Default: no limit.
     compiled : bool
         Solve instances without budgets in the transfer regime (the engine's) by one compiled call
         (:mod:`specfit.solvers.exact_compiled`, the same algorithm; default) instead of the Python
         path below, which stays the reference.
+    max_visits : int, optional
+        The same, past this many search nodes over the solve (:class:`~specfit.solvers.base.SearchLimit`):
+        a limit that stops every machine at the same node. Default: no limit.
+
+    Raises
+    ------
+    SpecFitInputError
+        If ``time_limit_s`` is not a positive number of seconds or ``max_visits`` not a positive integer.
 
     See the module docstring for the algorithm and why it is exact. An instance of the
     host-compute regime (cost a :class:`~specfit.core.cost.HostProfile`) is solved by
@@ -315,9 +324,11 @@ class ExactSolver(Solver):
     name = "exact"
     exact = True
 
-    def __init__(self, tol: float = 1e-12, time_limit_s: float | None = None, compiled: bool = True):
+    def __init__(self, tol: float = 1e-12, time_limit_s: float | None = None, compiled: bool = True,
+                 max_visits: int | None = None):
         self.tol = tol
         self.time_limit_s = None if time_limit_s is None else check_time_limit(time_limit_s)
+        self.max_visits = None if max_visits is None else check_max_visits(max_visits)
         self.compiled = compiled
         if compiled:  # compiled (or loaded from numba's cache) here: no solve pays it
             from specfit.core.kernels import item_words_kernel
@@ -369,7 +380,7 @@ class ExactSolver(Solver):
         return selection(self.name, nodes, a, t, solve_ms, rate)
 
     def select(self, instance: Instance, rate: float | None):
-        deadline = None if self.time_limit_s is None else time.perf_counter() + self.time_limit_s
+        limit = SearchLimit(self.time_limit_s, self.max_visits)
         host = instance.cost.regime == "host"
         linear = not host or instance.cost.node_extra_ms <= instance.cost.gpu.fixed_ms + instance.cost.extra_ms
         items = instance.items if host else instance.priced_items
@@ -389,7 +400,7 @@ class ExactSolver(Solver):
                 return nodes, "optimal"
             return nodes, "optimal", evaluate_uncovered(instance, nodes)  # a prefix: closed, sorted, no expert
         if host:  # per-layer max: branch and bound (specfit.solvers.exact_host)
-            return select_host(instance, rate, [0], self.tol, deadline)  # {root}: cheaper than a prefix scan here
+            return select_host(instance, rate, [0], self.tol, limit)  # {root}: cheaper than a prefix scan here
         budgeted = instance.has_budget
         if self.compiled and not budgeted:
             select_unbudgeted = self._compiled[0]
@@ -405,7 +416,7 @@ class ExactSolver(Solver):
             nonlocal status
             if not budgeted:
                 return max_closure(cov, lam)
-            bb = _BranchAndBound(cov, lam, instance.max_nodes, instance.max_new_experts_per_layer, deadline)
+            bb = _BranchAndBound(cov, lam, instance.max_nodes, instance.max_new_experts_per_layer, limit)
             nodes = bb.run(incumbent)
             if bb.timed_out:
                 status = "feasible"

@@ -32,7 +32,7 @@ terms the node budget admits). The bound never underestimates, so pruning loses 
 recomputed when the set of layers where the GPU part binds changes along the search. Budgets
 (``max_nodes``, ``max_new_experts_per_layer``) prune infeasible branches: both only grow with S.
 
-Unless a time limit stops the search, the answer is optimal. ``tests/solvers/test_solvers.py``
+Unless a limit stops the search (:class:`~specfit.solvers.base.SearchLimit`), the answer is optimal. ``tests/solvers/test_solvers.py``
 checks it against brute force and CP-SAT on hypothesis-generated host-regime instances, and
 ``tests/solvers/test_host_regime.py`` checks the search alone from the trivial incumbent {root}, where
 every pruning decision of the bound matters.
@@ -45,7 +45,6 @@ SPECFIT.md §3.
 
 from __future__ import annotations
 
-import time
 from typing import Sequence
 
 import numpy as np
@@ -53,6 +52,7 @@ import numpy as np
 from specfit.core.coverage import at_least_twice
 from specfit.core.instance import Instance
 from specfit.core.objective import evaluate
+from specfit.solvers.base import SearchLimit
 
 _INF = float("inf")
 
@@ -64,13 +64,13 @@ class HostSearch:
     ----------
     instance : Instance
         Its cost a :class:`~specfit.core.cost.HostProfile`.
-    deadline : float, optional
-        ``time.perf_counter()`` value past which the search stops (``timed_out`` is then True).
+    limit : SearchLimit, optional
+        Where the search stops early (``timed_out`` is then True); shared by the solve's searches.
     """
 
-    def __init__(self, instance: Instance, deadline: float | None = None):
+    def __init__(self, instance: Instance, limit: SearchLimit | None = None):
         cost, items, tree = instance.cost, instance.items, instance.tree
-        self.inst, self.cost, self.deadline = instance, cost, deadline
+        self.inst, self.cost, self.limit = instance, cost, limit
         self.n, self.L = instance.n, instance.num_layers
         self.par = tree.parents.tolist()
         self.children = [list(ch) for ch in tree.children]
@@ -179,7 +179,7 @@ class HostSearch:
             bound = min(bound, row[room] if room < len(row) else row[-1])
         if value + bound <= self.best_value + 1e-12:
             return
-        if self.deadline is not None and time.perf_counter() > self.deadline:
+        if self.limit is not None and self.limit.stop():
             self.timed_out = True
             return
         v = j
@@ -202,7 +202,7 @@ class HostSearch:
 
 
 def select_host(instance: Instance, rate: float | None, start: Sequence[int], tol: float,
-                deadline: float | None) -> tuple[list[int], str]:
+                limit: SearchLimit | None = None) -> tuple[list[int], str]:
     """The exact selection of a host-regime instance: rate mode is one :class:`HostSearch` with
     λ = rate / 1000; ratio mode runs Dinkelbach's loop over it from the feasible set ``start``.
 
@@ -211,9 +211,9 @@ def select_host(instance: Instance, rate: float | None, start: Sequence[int], to
     nodes : list of int
         Sorted node ids, root included.
     status : str
-        ``"optimal"``, or ``"feasible"`` when the deadline stopped a search.
+        ``"optimal"``, or ``"feasible"`` when ``limit`` stopped a search.
     """
-    search = HostSearch(instance, deadline)
+    search = HostSearch(instance, limit)
     if rate is not None:
         nodes = search.run(rate / 1000.0, start)
         return nodes, "feasible" if search.timed_out else "optimal"

@@ -906,7 +906,10 @@ class SpecDecoder:
         solver = None
         if m.selector:  # a selector blind to the cost verifies a fixed-size tree: EAGLE's total_tokens
             options = {} if m.cost_aware else {"total_tokens": tree.total_tokens}
-            if "time_limit_s" in inspect.signature(solver_class(m.selector)).parameters:
+            params = inspect.signature(solver_class(m.selector)).parameters
+            if "max_visits" in params:  # a limit that stops every machine at the same search node
+                options["max_visits"] = self.SOLVE_MAX_VISITS
+            elif "time_limit_s" in params:
                 options["time_limit_s"] = self.SOLVE_TIME_LIMIT_S
             solver = get_solver(m.selector, **options)
         self.selecting = SelectionSettings(tree, cost, solver, rate_mode, max_nodes)
@@ -962,9 +965,12 @@ class SpecDecoder:
         None for a method that is not calibrated."""
         return self.online.acceptance if self.online is not None else None
 
-    #: Per solve, for selectors that take a time limit: only a branch and bound can be slow (the exact
-    #: solver under budgets or in the host regime, where rare trees took seconds in the grid); past it the
-    #: selector returns the best selection found so far (SPECFIT.md §3). A verify is 3-100 ms.
+    #: Per solve, search nodes of a branch and bound (the exact solver under budgets or in the host regime,
+    #: where rare trees took seconds in the grid); past it the solver returns the best selection found so
+    #: far (SPECFIT.md §3). Deterministic, unlike a wall-clock limit: the same selection on any machine.
+    #: About 5 ms of this VM's Python (~10 µs a node on the oracle's 85-node trees); a verify is 3-100 ms.
+    SOLVE_MAX_VISITS = 500
+    #: Per solve, for a selector with a time limit and no node limit (``cpsat``), seconds.
     SOLVE_TIME_LIMIT_S = 0.005
 
     # -- one generation ------------------------------------------------------------------------

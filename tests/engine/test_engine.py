@@ -335,11 +335,12 @@ def test_oracle_with_every_expert_resident_keeps_its_reference_in_step(ckpt):
     assert any(c.nodes_verified > 1 for c in gen.cycles)  # the mirrored verify had draft nodes in it
 
 
-def test_the_engine_bounds_each_solve_in_time(ckpt):
+def test_the_engine_bounds_each_solve_by_search_nodes(ckpt):
     """A branch and bound (host regime, budgets) can take seconds on rare trees; the engine's exact
-    selector stops at SOLVE_TIME_LIMIT_S with the best selection found (cost-blind selectors take none)."""
+    selector stops after SOLVE_MAX_VISITS search nodes with the best selection found, and has no wall-clock
+    limit (a machine's speed would change its selections); cost-blind selectors take none."""
     spec = SpecDecoder(load(ckpt), SelfDrafter(ckpt), "specfit", shadows=False, cost=COST, predictor=FixedPredictor())
-    assert spec.solver.time_limit_s == SpecDecoder.SOLVE_TIME_LIMIT_S > 0
+    assert spec.solver.max_visits == SpecDecoder.SOLVE_MAX_VISITS > 0 and spec.solver.time_limit_s is None
     eagle = SpecDecoder(load(ckpt), SelfDrafter(ckpt), "eagle3", cost=COST)
     assert not hasattr(eagle.solver, "time_limit_s")
 

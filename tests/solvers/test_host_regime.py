@@ -21,7 +21,8 @@ from specfit.solvers import get_solver
 from specfit.solvers.exact_host import HostSearch, select_host
 from specfit.solvers.stop import should_stop
 from strategies import BUDGETS, instances
-from test_solvers import RATES, close
+from specfit.core.errors import SpecFitInputError
+from test_solvers import RATES, check_selection, close
 from test_stop import drafted_so_far
 
 
@@ -121,3 +122,31 @@ def test_cpsat_optimum_where_presolve_certified_a_wrong_one():
     for name in ("exact", "cpsat"):
         sel = get_solver(name).solve(inst)
         assert sel.status == "optimal" and sel.nodes == (0, 3), name
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "many", 10**13])
+def test_exact_rejects_a_bad_node_limit(bad):
+    with pytest.raises(SpecFitInputError, match="max_visits"):
+        get_solver("exact", max_visits=bad)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), rate=RATES, visits=st.integers(1, 6))  # small: about a third stop early
+def test_a_node_limit_stops_at_the_same_selection_on_any_machine(data, rate, visits):
+    """``max_visits`` stops a branch and bound (the host regime's; under budgets the transfer regime's) after
+    that many search nodes, whatever the clock says (here a clock that jumps a second per read: a wall-clock
+    limit would stop at once); the answer is feasible, no better than the optimum, and the optimum whenever
+    the search finished."""
+    from unittest import mock
+
+    inst = data.draw(instances(budget=data.draw(st.sampled_from(BUDGETS)), host=data.draw(st.booleans())))
+    ref = get_solver("bruteforce").solve(inst, rate)
+    first = get_solver("exact", max_visits=visits).solve(inst, rate)
+    ticks = iter(range(10**9))
+    with mock.patch("time.perf_counter", lambda: float(next(ticks))):
+        slow = get_solver("exact", max_visits=visits).solve(inst, rate)
+    assert slow.nodes == first.nodes and slow.status == first.status
+    check_selection(inst, first, rate)
+    assert _objective(inst, first.nodes, rate) <= ref.objective + 1e-9 * max(1.0, abs(ref.objective))
+    if first.status == "optimal":
+        assert close(_objective(inst, first.nodes, rate), ref.objective)
