@@ -159,13 +159,15 @@ def sweep_summary(rows: list[dict]) -> str:
                 elif e and a and e.get("speedup_vs_ar"):
                     why = (f": drafting does not pay there, eagle3 runs at {e['speedup_vs_ar']:.2f} × ar, copying "
                            f"{e['experts_per_token']:.1f} experts per token against ar's {a['experts_per_token']:.1f}")
+                la = by.get("ar+lookahead")  # its AR steps' gain is the lookahead cache's: say so beside it
+                la = f", ar+lookahead {la['speedup_vs_ar']:.3f} × ar" if la and la.get("speedup_vs_ar") else ""
                 ar_steps.append(f"{_slots(sf)} slots ({sf['ar_share']:.0%} of cycles, {sf.get('speedup_vs_ar') or 0:.3f} "
-                                f"× ar{why})")
+                                f"× ar{la}{why})")
         present = [m for m in BASELINES if any(m in by for by in cells.values())]
         if not any("specfit" in by for by in cells.values()) or not present:
             continue
         text = f"{d}: " + (("specfit wins at " + "; ".join(wins) + ".") if wins else
-                           f"specfit is not {WIN_MARGIN - 1:.0%} faster than the best of {', '.join(present)} "
+                           f"specfit does not beat the best of {', '.join(present)} by {WIN_MARGIN - 1:.0%} "
                            "at any size.")
         if ar_steps:
             text += " It takes AR steps in most cycles at " + "; ".join(ar_steps) + "."
