@@ -380,7 +380,8 @@ class ExactSolver(Solver):
         return selection(self.name, nodes, a, t, solve_ms, rate)
 
     def select(self, instance: Instance, rate: float | None):
-        limit = SearchLimit(self.time_limit_s, self.max_visits)
+        limit = None if self.time_limit_s is None and self.max_visits is None else SearchLimit(self.time_limit_s,
+                                                                                             self.max_visits)
         host = instance.cost.regime == "host"
         linear = not host or instance.cost.node_extra_ms <= instance.cost.gpu.fixed_ms + instance.cost.extra_ms
         items = instance.items if host else instance.priced_items
