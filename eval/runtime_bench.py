@@ -1,6 +1,8 @@
 """Benchmark of the offloaded Qwen3-MoE runtime: where the time of one forward goes.
 
-For AR decode and for tree verifies of 8, 16, 32 and 64 nodes, reports per forward (medians):
+For AR decode and for tree verifies of 8, 16, 32 and 64 nodes, reports per forward (medians; with every
+expert resident also ``ar_decode_cuda-graph`` or ``ar_decode_static``: the AR step as
+:mod:`specfit.models.qwen3_moe.decode_graph` runs it, whose experts are not timed on their own):
 total ms, split into dense compute (attention, norms, routers, lm_head, bookkeeping = total minus
 the two others), expert compute and H2D transfer; experts transferred, achieved transfer bandwidth
 (GB/s, 1 GB = 1e9 bytes) and ms per transferred expert. It then fits the cycle-time cost model of
@@ -240,6 +242,11 @@ def run_bench(model: OffloadedQwen3Moe, *, prefix_len: int = 32, repeats: int = 
             decode_rows.append(row)
     modes["ar_decode"] = summarize(decode_rows, eb)
     records += [(1, row) for row in decode_rows]
+    if model.decode_graph != "off" and model._full_cache():  # the static AR step runs untimed per expert only
+        model.profile = False
+        rows = [timed_forward(model, lambda: model.decode(int(rng.integers(0, V)))) for _ in range(repeats + 1)]
+        modes[f"ar_decode_{model.decode_graph}"] = summarize(rows[1:], eb)
+        model.profile = True
     for n in TREE_SIZES:
         rows = []
         for r in range(repeats + 1):
@@ -297,12 +304,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--in-memory", action="store_true",
                     help="with --synthetic: build the random model in memory (one layer's experts on the host, "
                          "shared by every layer) instead of writing a checkpoint")
+    ap.add_argument("--decode-graph", choices=("off", "static", "cuda-graph"), default=None,
+                    help="with every expert resident, also time the AR step as the static forward ('static') or its "
+                         "CUDA graph ('cuda-graph', the default on CUDA; 'off' elsewhere): mode ar_decode_<this>")
     ap.add_argument("--json", default=None, help="also write the full result to this file")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     slots = int(args.cache_slots) if args.cache_slots.isdigit() else args.cache_slots
     device = resolve_device(args.device)
-    max_len = args.prefix_len + args.repeats + 80
+    max_len = args.prefix_len + 2 * (args.repeats + 1) + 80
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     if args.in_memory:
         if not args.synthetic:
@@ -315,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
             model = OffloadedQwen3Moe.from_pretrained(model_dir, device=device, cache_slots=slots,
                                                       pin_memory=False if args.pageable else None, max_len=max_len)
     model.grouped_experts = model.grouped_experts and not args.per_expert
+    if args.decode_graph is not None:
+        model.decode_graph = args.decode_graph
     result = run_bench(model, prefix_len=args.prefix_len, repeats=args.repeats)
     result.update(machine=machine(device=device), command=command_line("specfit.eval.runtime_bench", argv),
                   source=args.model or f"synthetic:{args.synthetic}" + (" (in memory)" if args.in_memory else ""),

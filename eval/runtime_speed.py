@@ -15,8 +15,8 @@ One process, one torch thread, on a Qwen3-MoE checkpoint (default: the shipped p
    that of an AR step, interleaved, every expert resident; again with the verify on the host-routed rounds
    path (``resident_grouped_mm`` off: one product per used slot, what GPUs without the grouped kernel run);
    and where each one's CPU time goes (``torch.profiler``, self time per aten op, :func:`time_breakdown`).
-4. With ``--compile``: what ``torch.compile`` captures of the AR step and what its first call costs
-   (:func:`compile_check`).
+4. With ``--compile``: what ``torch.compile`` captures of the static AR step
+   (:mod:`specfit.models.qwen3_moe.decode_graph`) and what its first call costs (:func:`compile_check`).
 
 Usage::
 
@@ -199,17 +199,21 @@ def time_breakdown(model: OffloadedQwen3Moe, prompt: torch.Tensor, nodes: int = 
 
 
 def compile_check(model: OffloadedQwen3Moe, prompt: torch.Tensor, repeats: int = 9) -> dict:
-    """What ``torch.compile`` (inductor, ``dynamic=False``) makes of the eager AR-step forward, every expert resident:
-    the graphs and graph breaks ``torch._dynamo.explain`` finds, the first compiled call's wall time (the compile),
-    whether the compiled logits equal the eager ones bitwise, and both steps' median wall ms (interleaved).
+    """What ``torch.compile`` (inductor, ``dynamic=False``) makes of the static AR step
+    (:class:`~specfit.models.qwen3_moe.decode_graph.DecodeGraph`), every expert resident: the graphs and graph
+    breaks ``torch._dynamo.explain`` finds, the first compiled call's wall time (the compile), whether the
+    compiled logits equal the eager step's bitwise, and the median wall ms of the eager step, the static forward
+    and the compiled one (interleaved, the same token and position each time).
 
     Returns
     -------
     dict
         ``graphs``, ``graph_breaks``, ``break_reasons`` (first line of each, distinct), ``first_call_s``,
-        ``bitwise``, ``max_abs_diff``, ``eager_ms``, ``compiled_ms``.
+        ``bitwise``, ``max_abs_diff``, ``eager_ms``, ``static_ms``, ``compiled_ms``.
     """
     import torch._dynamo as dynamo
+
+    from specfit.models.qwen3_moe.decode_graph import DecodeGraph
 
     with torch.no_grad():
         model.reset()
@@ -217,35 +221,35 @@ def compile_check(model: OffloadedQwen3Moe, prompt: torch.Tensor, repeats: int =
         P = model.kv_len
         ids = torch.tensor([int(prompt[-1])], device=model.device)
         cos, sin = model._cos[P:P + 1], model._sin_signed[P:P + 1]
+        mode, model.decode_graph = model.decode_graph, "off"
 
         def eager():
             model.kv_len = P
-            return model._forward(ids, cos, sin, None)
+            return model._forward(ids, cos, sin, None).logits
 
         ref = eager()
-        ex = dynamo.explain(model._forward)(ids, cos, sin, None)
+        graph = DecodeGraph(model, capture=False)
+        graph._ids.copy_(ids)
+        graph._pos.fill_(P)
+        ex = dynamo.explain(graph.forward)()
         reasons = list(dict.fromkeys(str(b.reason).strip().splitlines()[0] for b in ex.break_reasons))
         dynamo.reset()
-        compiled = torch.compile(model._forward, dynamic=False)
-
-        def comp():
-            model.kv_len = P
-            return compiled(ids, cos, sin, None)
-
+        compiled = torch.compile(graph.forward, dynamic=False)
         t0 = time.perf_counter()
-        out = comp()
+        out = compiled()[0]
         first = time.perf_counter() - t0
-        te, tc = [], []
+        times = {"eager": [], "static": [], "compiled": []}
         for _ in range(repeats):
-            for fn, acc in ((eager, te), (comp, tc)):
+            for name, fn in (("eager", eager), ("static", graph.forward), ("compiled", compiled)):
                 t0 = time.perf_counter()
                 fn()
-                acc.append(time.perf_counter() - t0)
+                times[name].append(time.perf_counter() - t0)
         dynamo.reset()
+        model.decode_graph = mode
     return {"graphs": ex.graph_count, "graph_breaks": ex.graph_break_count, "break_reasons": reasons,
-            "first_call_s": first, "bitwise": bool(torch.equal(out.logits, ref.logits)),
-            "max_abs_diff": float((out.logits - ref.logits).abs().max()), "eager_ms": _median_ms(te),
-            "compiled_ms": _median_ms(tc)}
+            "first_call_s": first, "bitwise": bool(torch.equal(out, ref)),
+            "max_abs_diff": float((out - ref).abs().max()),
+            **{f"{name}_ms": _median_ms(t) for name, t in times.items()}}
 
 
 def format_table(result: dict) -> str:
@@ -271,10 +275,10 @@ def format_table(result: dict) -> str:
                                                         for k, x in shares.items()))
     c = result.get("compile")
     if c:
-        lines.append(f"torch.compile of the AR step: {c['graphs']} graphs, {c['graph_breaks']} breaks "
+        lines.append(f"torch.compile of the static AR step: {c['graphs']} graphs, {c['graph_breaks']} breaks "
                      f"({'; '.join(c['break_reasons'])}); first call {c['first_call_s']:.1f} s; compiled "
-                     f"{c['compiled_ms']:.3f} ms against eager {c['eager_ms']:.3f} ms; logits bitwise {c['bitwise']} "
-                     f"(max |diff| {c['max_abs_diff']:.2g})")
+                     f"{c['compiled_ms']:.3f} ms, static {c['static_ms']:.3f} ms, eager step {c['eager_ms']:.3f} ms; "
+                     f"logits bitwise the eager step's {c['bitwise']} (max |diff| {c['max_abs_diff']:.2g})")
     g = v.get("rounds_path")
     if g:
         lines.append(f"the same with the verify on the host-routed rounds path (resident_grouped_mm off): "
@@ -291,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--verify-repeats", type=int, default=30)
     ap.add_argument("--skip-decode", action="store_true", help="ops and verify / AR only (no transformers run)")
     ap.add_argument("--compile", action="store_true",
-                    help="also torch.compile the AR-step forward (minutes on a CPU) and report what it captures")
+                    help="also torch.compile the static AR step (minutes on a CPU) and report what it captures")
     ap.add_argument("--json", default=None, help="also write the full result to this file")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)

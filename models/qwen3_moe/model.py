@@ -292,6 +292,11 @@ class OffloadedQwen3Moe:
         Outputs are the same in every mode.
     hot_experts : list of list of int or None
         ``host``/``auto`` mode: per MoE layer, the experts to place on the device first, most important first.
+    decode_graph : str
+        How an AR step runs when the expert cache is full (every expert resident) and :attr:`profile` is off
+        (:mod:`specfit.models.qwen3_moe.decode_graph`): ``"cuda-graph"`` (default on CUDA) replays one captured
+        CUDA graph of a static-shape forward; ``"static"`` runs that forward eagerly; ``"off"`` (default
+        elsewhere) runs the eager forward, bitwise the other forwards' float32 rows on the CPU.
     offload_cost : HostProfile, optional
         ``auto`` mode: the host-regime profile that decides (default:
         :data:`specfit.core.cost.DEFAULT_HOST_PROFILE`).
@@ -347,6 +352,8 @@ class OffloadedQwen3Moe:
         self._row_token: dict[int, torch.Tensor] = {}  # n -> (n*k,) token of each (token, rank) row
         self._slot_range: torch.Tensor | None = None
         self._gathered: dict[int, tuple] = {}  # n*k -> the gathered weights' buffers and their transposes
+        self._decode_graph_mode = "cuda-graph" if self.device.type == "cuda" else "off"
+        self._decode_graph = None
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, device="cpu", dtype: torch.dtype | None = None,
@@ -423,6 +430,29 @@ class OffloadedQwen3Moe:
         return out
 
     # -- memory ------------------------------------------------------------------------------------
+    @property
+    def decode_graph(self) -> str:
+        """See the class's attributes; setting it drops a captured graph."""
+        return self._decode_graph_mode
+
+    @decode_graph.setter
+    def decode_graph(self, mode: str) -> None:
+        modes = ("off", "static", "cuda-graph")
+        if mode not in modes:
+            raise SpecFitInputError("decode_graph", f"must be one of {', '.join(modes)}, got {mode!r}")
+        if mode == "cuda-graph" and self.device.type != "cuda":
+            raise SpecFitInputError("decode_graph", f"'cuda-graph' needs a CUDA device, the model is on {self.device}")
+        self._decode_graph_mode, self._decode_graph = mode, None
+
+    def _static_step(self) -> bool:
+        """Whether an AR step runs as :attr:`decode_graph` says rather than eagerly: not ``"off"``, a full expert
+        cache, the grouped resident path on, :attr:`profile` off."""
+        return self._decode_graph_mode != "off" and self._full_cache() and self.grouped_experts and not self.profile
+
+    def _full_cache(self) -> bool:
+        """Whether the expert cache is full: every expert loaded in slot = its id at construction, never evicted."""
+        return self.cache.slots == self.spec.num_experts and type(self.cache) is DeviceExpertCache
+
     def _resident_bytes(self) -> int:
         return sum(t.nbytes for t in self.w.values()) + self.k_cache.nbytes + self.v_cache.nbytes
 
@@ -545,7 +575,7 @@ class OffloadedQwen3Moe:
             Bad parents, a length mismatch, token ids out of range, or KV overflow.
         """
         ids = self._ids(tokens)
-        if ids.shape[0] == 1 and self.dtype == torch.float32 and _is_root_only(parents):
+        if ids.shape[0] == 1 and (self.dtype == torch.float32 or self._static_step()) and _is_root_only(parents):
             return self._verify_root(ids)
         tree = DraftTree(parents, q=np.ones(len(parents)))
         if tree.n != len(ids):
@@ -572,7 +602,8 @@ class OffloadedQwen3Moe:
     def _verify_root(self, ids: torch.Tensor) -> ForwardOutput:
         """:meth:`verify` of a tree that is its root alone (an AR step through the verify interface): the
         forward of :meth:`decode` (position ``kv_len``, every KV row visible; in float32 bitwise the masked
-        forward, whose mask hides nothing), without building a tree, its mask or its positions. Nothing is
+        forward, whose mask hides nothing; in other dtypes taken only for the static step, :attr:`decode_graph`),
+        without building a tree, its mask or its positions. Nothing is
         journalled for the expert cache to rank: the one node is the accepted path (:meth:`commit`)."""
         P = self.kv_len
         self._check_room(1)
@@ -722,6 +753,12 @@ class OffloadedQwen3Moe:
         :func:`gqa_attention`, three operations; other dtypes: ``scaled_dot_product_attention`` with
         ``enable_gqa``, whose kernels accumulate in float32); the MoE block (:meth:`_moe`)."""
         s, n, P = self.spec, len(ids), self.kv_len
+        if n == 1 and mask is None and self._static_step():
+            graph = self._decode_graph
+            if graph is None or graph.cache is not self.cache:
+                from specfit.models.qwen3_moe.decode_graph import DecodeGraph  # it imports this module
+                graph = self._decode_graph = DecodeGraph(self, capture=self._decode_graph_mode == "cuda-graph")
+            return graph.step(ids, P)
         d, hq, hk = s.head_dim, s.num_heads, s.num_kv_heads
         qk_cols, eps, T = (hq + hk) * d, s.rms_norm_eps, P + n
         cos, sin = cos[:, None, :], sin[:, None, :]
@@ -779,15 +816,9 @@ class OffloadedQwen3Moe:
         once (the one device-to-host sync of the layer) and the cache runs the needed experts in rounds
         (:meth:`_experts_grouped`, or one call per expert).
         """
-        probs = torch.softmax(F.linear(h, router), dim=-1, dtype=torch.float32)
-        top_w, top_i = torch.topk(probs, self.spec.top_k, dim=-1)
-        if self.spec.norm_topk_prob:
-            top_w = top_w / top_w.sum(dim=-1, keepdim=True)
-        if top_w.dtype != h.dtype:
-            top_w = top_w.to(h.dtype)
-        cache = self.cache  # a full cache (every expert loaded at construction, never evicted) is all resident
-        full = cache.slots == self.spec.num_experts and type(cache) is DeviceExpertCache
-        resident = self.grouped_experts and (full or (cache.grouped and cache.all_resident(layer)))
+        top_w, top_i = self._route(h, router)
+        cache = self.cache
+        resident = self.grouped_experts and (self._full_cache() or (cache.grouped and cache.all_resident(layer)))
         n = h.shape[0]
         gather = n <= self.gather_max_tokens and (self.gather_max_bytes is None or
                                                  n * self.spec.top_k * self.store.expert_bytes <= self.gather_max_bytes)
@@ -832,8 +863,30 @@ class OffloadedQwen3Moe:
         self.cache.run(layer, ids, compute, rows=rows, num_tokens=h.shape[0])
         return out, top_i
 
+    def _route(self, h: torch.Tensor, router: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The router's top-k of ``h`` (n, H): weights (n, k) in ``h``'s dtype (softmax in float32, divided by
+        their sum when ``norm_topk_prob``) and expert ids (n, k), on the device."""
+        probs = torch.softmax(F.linear(h, router), dim=-1, dtype=torch.float32)
+        top_w, top_i = torch.topk(probs, self.spec.top_k, dim=-1)
+        if self.spec.norm_topk_prob:
+            top_w = top_w / top_w.sum(dim=-1, keepdim=True)
+        if top_w.dtype != h.dtype:
+            top_w = top_w.to(h.dtype)
+        return top_w, top_i
+
     def _experts_resident(self, layer: int, h: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor,
                           grouped: bool) -> torch.Tensor:
+        """:meth:`_resident_sum` with the expert cache's bookkeeping: the use of ``layer``'s experts counted
+        without reading the routing now (:meth:`DeviceExpertCache.touch_resident`), timed when :attr:`profile`."""
+        t0 = self.cache.timer.start() if self.profile else None
+        self.cache.touch_resident(layer, top_i)
+        out = self._resident_sum(layer, h, top_w, top_i, grouped)
+        if self.profile:
+            self.cache.timer.stop(t0, self._add_expert_ms)
+        return out
+
+    def _resident_sum(self, layer: int, h: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor,
+                      grouped: bool) -> torch.Tensor:
         """The MoE block's expert sum when every expert of ``layer`` is in a device slot, without a host sync.
 
         ``h`` (n, H), ``top_w``/``top_i`` (n, k) the routing weights and ids. Each token's experts are sorted
@@ -851,12 +904,10 @@ class OffloadedQwen3Moe:
         path's ``index_add_`` calls), on the CPU in bfloat16 rank by rank (a wider accumulator would round
         differently). Returns (n, H).
         """
-        t0 = self.cache.timer.start() if self.profile else None
-        self.cache.touch_resident(layer, top_i)
         n, k = top_i.shape
         ids, order = torch.topk(top_i, k, dim=1, largest=False)  # each row's k distinct ids ascending (a sort)
         w = top_w.gather(1, order)  # (n, k): each row's weight, in the rows' order
-        if self.cache.slots == self.spec.num_experts and type(self.cache) is DeviceExpertCache:
+        if self._full_cache():
             self.cache.wait_copies(layer)
             slots = ids.reshape(-1)  # a full cache keeps expert e in slot e (loaded so, nothing is ever evicted)
         else:
@@ -877,8 +928,9 @@ class OffloadedQwen3Moe:
             y = torch.empty_like(y).index_copy_(0, perm, y)  # back to (token, rank) order
         else:
             bufs = self._gathered.get(n * k)  # the gathered weights' memory, the same every layer, and its transposes
-            if bufs is None:  # (the model's dtype and device, which never change)
-                w1, w2 = gu.new_empty(n * k, *gu.shape[1:]), dn.new_empty(n * k, *dn.shape[1:])
+            if bufs is None:  # (the model's dtype and device, which never change; ordinary tensors, not inference
+                with torch.inference_mode(False):  # ones: the static AR step writes them outside inference mode)
+                    w1, w2 = gu.new_empty(n * k, *gu.shape[1:]), dn.new_empty(n * k, *dn.shape[1:])
                 bufs = self._gathered[n * k] = (w1, w2, w1.transpose(1, 2), w2.transpose(1, 2))
             torch.index_select(gu, 0, slots, out=bufs[0])  # (n*k, 2I, H)
             torch.index_select(dn, 0, slots, out=bufs[1])  # (n*k, H, I)
@@ -892,8 +944,6 @@ class OffloadedQwen3Moe:
             out = y[:, 0]
             for j in range(1, k):
                 out = out + y[:, j]
-        if self.profile:
-            self.cache.timer.stop(t0, self._add_expert_ms)
         return out
 
     def _experts_grouped(self, h: torch.Tensor, top_w: torch.Tensor, flat: np.ndarray, rank: np.ndarray,

@@ -23,3 +23,16 @@ def test_runtime_bench_counts(tmp_path):
     assert res["expert_bytes"] == 3 * 64 * 32 * 4
     assert set(res["calibration"]["cost"]) == {"fixed_ms", "per_node_ms", "per_expert_ms"}
     assert "| verify_64 |" in proc.stdout
+
+
+def test_runtime_bench_times_the_static_ar_step(tmp_path):
+    """Every expert resident and ``--decode-graph static``: the AR step as the static forward is a mode of its own."""
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "-m", "specfit.eval.runtime_bench", "--synthetic", "tiny", "--repeats", "2",
+                           "--in-memory", "--cache-slots", "all", "--decode-graph", "static", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    modes = json.loads(out.read_text())["modes"]
+    assert list(modes)[:2] == ["ar_decode", "ar_decode_static"]
+    assert modes["ar_decode_static"]["experts_moved"] == 0 and modes["ar_decode_static"]["repeats"] == 2
+    assert "| ar_decode_static |" in proc.stdout
