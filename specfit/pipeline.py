@@ -605,15 +605,29 @@ class SpecFit:
                               stats=self.target.cache.stats(), memory=self.target.memory())
 
 
+#: Bytes of each weight file :func:`_checkpoint_id` reads at its start, middle and end.
+_ID_SAMPLE = 1 << 16
+
+
 def _checkpoint_id(d: Path) -> str:
-    """``<folder name>:<crc32>`` of a checkpoint's config.json bytes and weight files' names and sizes:
-    the same checkpoint copied elsewhere keeps it, a retrained one does not."""
+    """``<folder name>:<crc32>`` of a checkpoint's config.json bytes, its weight files' names and sizes, and
+    64 KiB of each weight file at its start, middle and end (a few reads, whatever the checkpoint's size): the
+    same checkpoint copied elsewhere keeps it; another checkpoint of the same shape (a retrained or other head)
+    gets another, since its weights differ in those bytes."""
     import zlib
 
     d = Path(d)
-    stamp = [(f.name, f.stat().st_size) for f in sorted(d.iterdir()) if f.suffix in (".safetensors", ".bin")]
-    cfg = (d / "config.json").read_bytes() if (d / "config.json").is_file() else b""
-    return f"{d.resolve().name}:{zlib.crc32(cfg + repr(stamp).encode()):08x}"
+    crc = zlib.crc32((d / "config.json").read_bytes() if (d / "config.json").is_file() else b"")
+    for f in sorted(d.iterdir()):
+        if f.suffix not in (".safetensors", ".bin"):
+            continue
+        size = f.stat().st_size
+        crc = zlib.crc32(repr((f.name, size)).encode(), crc)
+        with f.open("rb") as fh:
+            for at in sorted({0, max(0, size // 2 - _ID_SAMPLE // 2), max(0, size - _ID_SAMPLE)}):
+                fh.seek(at)
+                crc = zlib.crc32(fh.read(_ID_SAMPLE), crc)
+    return f"{d.resolve().name}:{crc:08x}"
 
 
 def _profile_id(profile) -> str:

@@ -253,3 +253,29 @@ def test_generate_saves_what_it_learned_for_a_later_warm_start(tiny, tmp_path, c
     assert main(["generate", "--prompt-ids", nxt, "--max-new-tokens", "4", "--save-learned", str(tmp_path / "a.json")]) == 2
     assert "it needs --draft" in capsys.readouterr().err
     assert not (tmp_path / "e.json").exists() and not (tmp_path / "a.json").exists()
+
+
+def test_a_head_of_the_same_shape_with_other_weights_is_another_head(tiny, whole, tmp_path):
+    """The same config and weight files of the same names and sizes, other bytes (a retrained head), under the
+    same folder name: its identity differs, so a warm start from the first head is refused; a copy keeps it."""
+    import torch
+    from safetensors.torch import load_file
+
+    from specfit.pipeline import _checkpoint_id
+
+    copy, retrained = tmp_path / "copy" / "head", tmp_path / "retrained" / "head"
+    shutil.copytree(tiny / "head", copy)
+    shutil.copytree(tiny / "head", retrained)
+    for f in retrained.glob("*.safetensors"):  # every float weight byte's lowest bit flipped, the header kept
+        raw = bytearray(f.read_bytes())
+        start = 8 + int.from_bytes(raw[:8], "little")
+        for name, t in json.loads(raw[8:start]).items():
+            if name != "__metadata__" and t["dtype"] in ("F32", "F16", "BF16"):
+                a, b = (start + o for o in t["data_offsets"])
+                raw[a:b] = bytes(x ^ 1 for x in raw[a:b])
+        f.write_bytes(bytes(raw))
+        assert all(torch.isfinite(t).all() for t in load_file(f).values() if t.is_floating_point())
+    assert [f.stat().st_size for f in sorted(retrained.iterdir())] == [f.stat().st_size for f in sorted(copy.iterdir())]
+    assert _checkpoint_id(copy) == _checkpoint_id(tiny / "head") != _checkpoint_id(retrained)
+    with pytest.raises(SpecFitInputError, match="learned with head='head:[0-9a-f]{8}', this run has head='head:"):
+        evaluate(**{**opts(tiny, tmp_path / "o", limit=1, warm_start=str(whole)), "draft": str(retrained)})
