@@ -83,12 +83,13 @@ def check_cache_args(slots: int | str, policy: str, num_experts: int, admission:
     SpecFitInputError
         If ``slots``, ``policy`` or ``admission`` is invalid.
     """
+    given = slots  # as given: a command line's text stays quoted in the message
     if slots == "all":
         slots = num_experts
     elif isinstance(slots, str) and slots.strip().isascii() and slots.strip().isdigit():  # as typed on a command line
         slots = int(slots)
     if isinstance(slots, bool) or not isinstance(slots, int) or not 0 <= slots <= num_experts:
-        raise SpecFitInputError("cache_slots", f"must be an integer in [0, {num_experts}] or 'all', got {slots!r}")
+        raise SpecFitInputError("cache_slots", f"must be an integer in [0, {num_experts}] or 'all', got {given!r}")
     if policy not in POLICIES:
         raise SpecFitInputError("eviction", f"must be one of {sorted(POLICIES)}, got {policy!r}")
     if admission not in ADMISSIONS:
