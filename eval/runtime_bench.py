@@ -268,6 +268,18 @@ def run_bench(model: OffloadedQwen3Moe, *, prefix_len: int = 32, repeats: int = 
                             "records": cal.num_records}}
 
 
+def modeled_ar_step(profile: str, num_moe_layers: int) -> dict | None:
+    """The profile's modeled AR step with every expert resident (SPECFIT.md §3: ``fixed_ms + per_node_ms`` + one
+    read per routed expert in every MoE layer), when ``num_moe_layers`` is the profile's own layer count (its
+    fixed term stands for the whole model, so a slice of it is not compared); else None."""
+    from specfit.core.cost import get_profile
+
+    cost = get_profile(profile)
+    if num_moe_layers != (cost.reference_layers or 0):
+        return None
+    return {"profile": profile, "ms": cost.cycle_ms(1, np.zeros(num_moe_layers))}
+
+
 def format_table(result: dict) -> str:
     """A Markdown table of the medians, with each mode's total as a multiple of AR decode (same process)."""
     ar = result["modes"]["ar_decode"]["total_ms"]
@@ -277,6 +289,12 @@ def format_table(result: dict) -> str:
         lines.append(f"| {name} | {m['total_ms']:.2f} | {m['total_ms'] / ar:.2f} | {m['dense_ms']:.2f} | "
                      f"{m['expert_ms']:.2f} | {m['h2d_ms']:.2f} | "
                      f"{m['experts_moved']:.0f} | {m['gb_per_s']:.2f} | {m['ms_per_expert']:.4f} |")
+    modeled = result.get("modeled_ar_step")
+    if modeled and result.get("cache_slots") == result.get("num_experts"):
+        lines.append(f"\nprofile {modeled['profile']} models this AR step (every expert resident) at "
+                     f"{modeled['ms']:.2f} ms: " + ", ".join(f"{name} {m['total_ms'] / modeled['ms']:.2f} x"
+                                                            for name, m in result["modes"].items()
+                                                            if name.startswith("ar_decode")))
     c = result["calibration"]
     how = ("one call per expert" if not result.get("grouped_experts") else
            "each round of a layer's experts together" + (", grouped kernel" if result.get("grouped_kernel") else ""))
@@ -307,6 +325,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--decode-graph", choices=("off", "static", "cuda-graph"), default=None,
                     help="with every expert resident, also time the AR step as the static forward ('static') or its "
                          "CUDA graph ('cuda-graph', the default on CUDA; 'off' elsewhere): mode ar_decode_<this>")
+    ap.add_argument("--profile", default="qwen3-30b-a3b-h200",
+                    help="with every expert resident at the profile's layer count (48), the AR steps as multiples of "
+                         "its modeled step (default qwen3-30b-a3b-h200)")
     ap.add_argument("--json", default=None, help="also write the full result to this file")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -328,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.decode_graph is not None:
         model.decode_graph = args.decode_graph
     result = run_bench(model, prefix_len=args.prefix_len, repeats=args.repeats)
+    result.update(modeled_ar_step=modeled_ar_step(args.profile, len(model.spec.moe_layers)),
+                  num_experts=model.spec.num_experts)
     result.update(machine=machine(device=device), command=command_line("specfit.eval.runtime_bench", argv),
                   source=args.model or f"synthetic:{args.synthetic}" + (" (in memory)" if args.in_memory else ""),
                   layers=model.spec.num_layers)

@@ -36,3 +36,23 @@ def test_runtime_bench_times_the_static_ar_step(tmp_path):
     assert list(modes)[:2] == ["ar_decode", "ar_decode_static"]
     assert modes["ar_decode_static"]["experts_moved"] == 0 and modes["ar_decode_static"]["repeats"] == 2
     assert "| ar_decode_static |" in proc.stdout
+
+
+def test_the_ar_steps_against_the_profiles_modeled_step():
+    """At the profile's own layer count the AR step modes are reported as multiples of its modeled step (fixed +
+    per node + one device-memory read per routed expert); a slice of the layers is not compared."""
+    from specfit.core.cost import get_profile
+    from specfit.eval.runtime_bench import format_table, modeled_ar_step
+
+    cost = get_profile("qwen3-30b-a3b-h200")
+    m = modeled_ar_step("qwen3-30b-a3b-h200", 48)
+    assert abs(m["ms"] - (cost.fixed_ms + cost.per_node_ms + 48 * 8 * cost.read_ms)) < 1e-9
+    assert modeled_ar_step("qwen3-30b-a3b-h200", 4) is None
+    row = {"total_ms": 2 * m["ms"], "dense_ms": 1.0, "expert_ms": 1.0, "h2d_ms": 0.0, "experts_moved": 0,
+           "gb_per_s": float("nan"), "ms_per_expert": float("nan")}
+    result = {"modes": {"ar_decode": {**row, "total_ms": 8 * m["ms"]}, "ar_decode_cuda-graph": row},
+              "modeled_ar_step": m, "cache_slots": 128, "num_experts": 128,
+              "calibration": {"records": 1, "rel_residual": 0.0, "cost": {}}}
+    assert "models this AR step (every expert resident) at 3.78 ms: ar_decode 8.00 x, ar_decode_cuda-graph 2.00 x" \
+        in format_table(result)
+    assert "models this AR step" not in format_table({**result, "cache_slots": 32})
