@@ -1,7 +1,7 @@
 """Benchmark of the offloaded Qwen3-MoE runtime: where the time of one forward goes.
 
 For AR decode and for tree verifies of 8, 16, 32 and 64 nodes, reports per forward (medians; with every
-expert resident also ``ar_decode_cuda-graph`` or ``ar_decode_static``: the AR step as
+expert resident also ``ar_decode_<decode_graph>``, e.g. ``ar_decode_cuda-graph``: the AR step as
 :mod:`specfit.models.qwen3_moe.decode_graph` runs it, whose experts are not timed on their own):
 total ms, split into dense compute (attention, norms, routers, lm_head, bookkeeping = total minus
 the two others), expert compute and H2D transfer; experts transferred, achieved transfer bandwidth
@@ -322,9 +322,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--in-memory", action="store_true",
                     help="with --synthetic: build the random model in memory (one layer's experts on the host, "
                          "shared by every layer) instead of writing a checkpoint")
-    ap.add_argument("--decode-graph", choices=("off", "static", "cuda-graph"), default=None,
-                    help="with every expert resident, also time the AR step as the static forward ('static') or its "
-                         "CUDA graph ('cuda-graph', the default on CUDA; 'off' elsewhere): mode ar_decode_<this>")
+    ap.add_argument("--decode-graph", choices=("off", "static", "compiled", "cuda-graph", "compiled-cuda-graph"),
+                    default=None,
+                    help="with every expert resident, also time the AR step as the static forward ('static'), through "
+                         "torch.compile ('compiled'), as a CUDA graph ('cuda-graph', the default on CUDA; 'off' "
+                         "elsewhere) or both: mode ar_decode_<this>")
     ap.add_argument("--profile", default="qwen3-30b-a3b-h200",
                     help="with every expert resident at the profile's layer count (48), the AR steps as multiples of "
                          "its modeled step (default qwen3-30b-a3b-h200)")

@@ -73,11 +73,14 @@ def _median_ms(times: list[float]) -> float:
     return statistics.median(times) * 1e3
 
 
-def decode_speed(model_dir: str, prompt: list[int], tokens: int, repeats: int, extra_runs: dict | None = None) -> dict:
+def decode_speed(model_dir: str, prompt: list[int], tokens: int, repeats: int, extra_runs: dict | None = None,
+                 compiled: bool = False) -> dict:
     """ms per token of the three greedy decoders (see the module docstring), interleaved, medians.
 
     ``extra_runs`` maps further decoders' names to callables that return their ``tokens`` greedy token ids
-    after ``prompt``; they run in the same rounds and are reported and compared like the three.
+    after ``prompt``; they run in the same rounds and are reported and compared like the three. ``compiled``:
+    also the public API with its AR step through ``torch.compile`` (``decode_graph="compiled"``; the warm-up
+    round compiles it).
 
     Returns
     -------
@@ -114,6 +117,12 @@ def decode_speed(model_dir: str, prompt: list[int], tokens: int, repeats: int, e
 
     runs = {"runtime greedy_generate": run_runtime, "public SpecFit.generate(method='ar')": run_public,
             "transformers generate": run_hf, **(extra_runs or {})}
+    if compiled:
+        sf_compiled = SpecFit.from_pretrained(model_dir, cache_slots="all", dtype=torch.float32, device="cpu",
+                                              max_len=len(prompt) + tokens + 80)
+        sf_compiled.target.decode_graph = "compiled"
+        runs["public SpecFit.generate(method='ar'), compiled AR step"] = (
+            lambda: list(sf_compiled.generate(prompt, method="ar", max_new_tokens=tokens).output_ids))
     times = {name: [] for name in runs}
     cpu = {name: [] for name in runs}
     outputs = {}
@@ -296,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-decode", action="store_true", help="ops and verify / AR only (no transformers run)")
     ap.add_argument("--compile", action="store_true",
                     help="also torch.compile the static AR step (minutes on a CPU) and report what it captures")
+    ap.add_argument("--compiled-decode", action="store_true",
+                    help="also decode with the public API's AR step through torch.compile (decode_graph='compiled')")
     ap.add_argument("--json", default=None, help="also write the full result to this file")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -326,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         del model
     result = {"ops": ops, "verify": verify, "breakdown": breakdown, "compile": compiled, "model": args.model}
     if not args.skip_decode:
-        result["decode"] = decode_speed(args.model, prompt, args.tokens, args.repeats)
+        result["decode"] = decode_speed(args.model, prompt, args.tokens, args.repeats, compiled=args.compiled_decode)
     else:
         result["decode"] = {"ms_per_token": {}, "speed_vs_transformers": {}, "cpu_ms_per_token": {},
                             "cpu_speed_vs_transformers": {}, "same_tokens": None, "tokens": 0, "repeats": 0}

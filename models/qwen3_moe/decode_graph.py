@@ -11,8 +11,9 @@ The experts come from a full expert cache (every expert in slot = its id, never 
 :meth:`OffloadedQwen3Moe._resident_sum`, which reads no routing back.
 
 Used by :meth:`OffloadedQwen3Moe.decode` and a one-node :meth:`OffloadedQwen3Moe.verify` when
-:attr:`OffloadedQwen3Moe.decode_graph` is ``"cuda-graph"`` (the default on CUDA) or ``"static"`` (the same
-forward without capture, any device: what the CPU tests run), the expert cache is full, :attr:`profile` is off.
+:attr:`OffloadedQwen3Moe.decode_graph` is not ``"off"`` (``"cuda-graph"``, the default on CUDA; ``"static"``: the
+same forward without capture, any device, what the CPU tests run; ``"compiled"`` and ``"compiled-cuda-graph"``:
+through ``torch.compile`` first, which fuses kernels), the expert cache is full and :attr:`profile` is off.
 Outputs equal the eager step's within rounding, not bitwise (softmax and products over the longer masked rows).
 """
 
@@ -34,8 +35,12 @@ class DecodeGraph:
         Its weights, KV cache, rotary tables and expert cache are read in place (their addresses are captured).
     capture : bool
         True (CUDA only): capture the forward as a CUDA graph on the first :meth:`step` (two warm-up forwards
-        on a side stream, then the capture) and replay it after; False: run the forward eagerly. A capture that
-        fails warns once (``RuntimeWarning``) and leaves the forward eager.
+        on a side stream, then the capture) and replay it after; False: call it each step. A capture that
+        fails warns once (``RuntimeWarning``) and leaves the forward uncaptured.
+    compile : bool
+        Run the forward through ``torch.compile`` (inductor, ``fullgraph=True``, ``dynamic=False``: fused
+        kernels; the first call compiles, seconds to minutes) after one eager forward that builds the lazily
+        made buffers; captured after that when ``capture``.
     grouped : bool, optional
         The experts through ``grouped_mm`` over every slot (default where the grouped kernel runs,
         :attr:`OffloadedQwen3Moe.grouped_kernel`) rather than gathered weights and two ``bmm``.
@@ -46,8 +51,9 @@ class DecodeGraph:
         The cache captured; a model whose cache changed needs a new :class:`DecodeGraph`.
     """
 
-    def __init__(self, model, capture: bool, grouped: bool | None = None):
+    def __init__(self, model, capture: bool, compile: bool = False, grouped: bool | None = None):
         self.model, self.cache, self.capture = model, model.cache, capture
+        self._fn, self._compile = self.forward, compile  # what each step calls; compiled on the first step
         self.grouped = model.grouped_kernel if grouped is None else grouped
         dev = model.device
         self._ids = torch.zeros(1, dtype=torch.long, device=dev)
@@ -114,11 +120,11 @@ class DecodeGraph:
         side.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(side):  # warm-up: lazily built buffers and kernels' workspaces exist before capture
             for _ in range(2):
-                self.forward()
+                self._fn()
         torch.cuda.current_stream(dev).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            self._out = self.forward()
+            self._out = self._fn()
         self._graph = graph
 
     def step(self, ids: torch.Tensor, position: int) -> ForwardOutput:
@@ -130,6 +136,9 @@ class DecodeGraph:
             self.cache.wait_copies(layer)
         self._ids.copy_(ids)
         self._pos.fill_(position)
+        if self._compile:  # one eager forward first: the lazily built buffers exist before tracing
+            self.forward()
+            self._fn, self._compile = torch.compile(self.forward, fullgraph=True, dynamic=False), False
         if self.capture and self._graph is None:
             try:
                 self._capture()
@@ -141,7 +150,7 @@ class DecodeGraph:
             self._graph.replay()
             logits, routing, aux, last = (t.clone() for t in self._out)
         else:
-            logits, routing, aux, last = self.forward()
+            logits, routing, aux, last = self._fn()
         for j in range(routing.shape[1]):
             self.cache.touch_resident(j, routing[:, j])
         return ForwardOutput(logits=logits, routing=routing, aux_hidden=aux, last_hidden=last)

@@ -295,8 +295,10 @@ class OffloadedQwen3Moe:
     decode_graph : str
         How an AR step runs when the expert cache is full (every expert resident) and :attr:`profile` is off
         (:mod:`specfit.models.qwen3_moe.decode_graph`): ``"cuda-graph"`` (default on CUDA) replays one captured
-        CUDA graph of a static-shape forward; ``"static"`` runs that forward eagerly; ``"off"`` (default
-        elsewhere) runs the eager forward, bitwise the other forwards' float32 rows on the CPU.
+        CUDA graph of a static-shape forward; ``"static"`` runs that forward eagerly; ``"compiled"`` runs it
+        through ``torch.compile`` (inductor; the first step compiles), ``"compiled-cuda-graph"`` captures the
+        compiled forward; ``"off"`` (default elsewhere) runs the eager forward, bitwise the other forwards'
+        float32 rows on the CPU. Only ``"off"`` is bitwise.
     offload_cost : HostProfile, optional
         ``auto`` mode: the host-regime profile that decides (default:
         :data:`specfit.core.cost.DEFAULT_HOST_PROFILE`).
@@ -437,10 +439,10 @@ class OffloadedQwen3Moe:
 
     @decode_graph.setter
     def decode_graph(self, mode: str) -> None:
-        modes = ("off", "static", "cuda-graph")
+        modes = ("off", "static", "compiled", "cuda-graph", "compiled-cuda-graph")
         if mode not in modes:
             raise SpecFitInputError("decode_graph", f"must be one of {', '.join(modes)}, got {mode!r}")
-        if mode == "cuda-graph" and self.device.type != "cuda":
+        if mode.endswith("cuda-graph") and self.device.type != "cuda":
             raise SpecFitInputError("decode_graph", f"'cuda-graph' needs a CUDA device, the model is on {self.device}")
         self._decode_graph_mode, self._decode_graph = mode, None
 
@@ -757,7 +759,9 @@ class OffloadedQwen3Moe:
             graph = self._decode_graph
             if graph is None or graph.cache is not self.cache:
                 from specfit.models.qwen3_moe.decode_graph import DecodeGraph  # it imports this module
-                graph = self._decode_graph = DecodeGraph(self, capture=self._decode_graph_mode == "cuda-graph")
+                mode = self._decode_graph_mode
+                graph = self._decode_graph = DecodeGraph(self, capture=mode.endswith("cuda-graph"),
+                                                         compile=mode.startswith("compiled"))
             return graph.step(ids, P)
         d, hq, hk = s.head_dim, s.num_heads, s.num_kv_heads
         qk_cols, eps, T = (hq + hk) * d, s.rms_norm_eps, P + n

@@ -52,6 +52,24 @@ def test_static_step_equals_eager_step(device):
     assert torch.equal(va.routing, vb.routing) and torch.allclose(va.logits, vb.logits, atol=1e-4)
 
 
+def test_static_step_up_to_the_last_kv_row_and_after_a_reset():
+    """Positions from 0 (after a reset, no prefill) to max_len - 1: the static step attends to exactly the rows
+    the eager step does; past max_len both refuse."""
+    eager, static = proxy("cpu", "off"), proxy("cpu", "static")
+    for m in (eager, static):
+        m.prefill(PROMPT)
+        m.reset()
+    ta = tb = 7
+    for step in range(eager.max_len):
+        ra, rb = eager.decode(ta), static.decode(tb)
+        assert torch.equal(ra.routing, rb.routing) and torch.allclose(ra.logits, rb.logits, atol=1e-4), step
+        ta, tb = int(ra.logits.argmax()), int(rb.logits.argmax())
+        assert ta == tb, step
+    assert static.kv_len == static.max_len
+    with pytest.raises(SpecFitInputError, match="max_len"):
+        static.decode(tb)
+
+
 def test_one_node_verify_and_greedy_generate_take_the_static_step(device):
     eager, static = proxy(device, "off"), proxy(device, "static")
     ids_a = greedy_generate(eager, PROMPT, 24)
@@ -79,6 +97,13 @@ def test_a_bfloat16_one_node_verify_takes_the_static_step():
     for m in (eager, static):
         m.commit([0])
         assert m.kv_len == len(PROMPT) + 1
+
+
+def test_compiled_step_equals_eager_step():
+    """``"compiled"``: inductor's kernels (seconds to compile on a CPU), the same greedy tokens and routing."""
+    eager, compiled = proxy("cpu", "off"), proxy("cpu", "compiled")
+    assert greedy_side_by_side(eager, compiled, 12) < 1e-4
+    assert eager.cache.stats()["total"] == compiled.cache.stats()["total"]
 
 
 def test_static_step_never_syncs(device):
@@ -131,20 +156,26 @@ def test_a_new_cache_gets_a_new_graph():
     assert model._decode_graph is not first and model._decode_graph.cache is model.cache
 
 
+def test_the_default_mode_is_the_cuda_graph_on_cuda_and_off_elsewhere(device):
+    model = OffloadedQwen3Moe.from_pretrained(paths()["target"], device=device, dtype=torch.float32, max_len=8)
+    assert model.decode_graph == ("cuda-graph" if device.startswith("cuda") else "off")
+
+
 def test_bad_mode_is_refused_naming_the_field():
     model = proxy("cpu", "off")
-    with pytest.raises(SpecFitInputError, match="decode_graph.*one of off, static, cuda-graph"):
+    with pytest.raises(SpecFitInputError, match="decode_graph.*one of off, static, compiled, cuda-graph, compiled-"):
         model.decode_graph = "graphs"
-    with pytest.raises(SpecFitInputError, match="decode_graph.*needs a CUDA device"):
-        model.decode_graph = "cuda-graph"
+    for mode in ("cuda-graph", "compiled-cuda-graph"):
+        with pytest.raises(SpecFitInputError, match="decode_graph.*needs a CUDA device"):
+            model.decode_graph = mode
     assert model.decode_graph == "off"
 
 
-def test_cuda_graph_replays_equal_the_eager_step(device):
+@pytest.mark.parametrize("mode", ["cuda-graph", "compiled-cuda-graph"])
+def test_cuda_graph_replays_equal_the_eager_step(device, mode):
     if not device.startswith("cuda"):
         pytest.skip("CUDA graphs need a CUDA device (pytest --device cuda)")
-    eager, graphed = proxy(device, "off"), proxy(device, "cuda-graph")
-    assert graphed.decode_graph == "cuda-graph"
+    eager, graphed = proxy(device, "off"), proxy(device, mode)
     assert greedy_side_by_side(eager, graphed, 32) < 1e-3
     assert graphed._decode_graph._graph is not None  # captured once, replayed since
     assert eager.cache.stats()["total"]["hits"] == graphed.cache.stats()["total"]["hits"]
