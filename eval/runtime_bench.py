@@ -1,8 +1,8 @@
 """Benchmark of the offloaded Qwen3-MoE runtime: where the time of one forward goes.
 
 For AR decode and for tree verifies of 8, 16, 32 and 64 nodes, reports per forward (medians; with every
-expert resident also ``ar_decode_<decode_graph>``, e.g. ``ar_decode_cuda-graph``: the AR step as
-:mod:`specfit.models.qwen3_moe.decode_graph` runs it, whose experts are not timed on their own):
+expert resident also ``ar_decode_<decode_graph>`` and ``verify_<n>_<decode_graph>``, e.g. ``ar_decode_cuda-graph``:
+the forwards as :mod:`specfit.models.qwen3_moe.decode_graph` runs them, whose experts are not timed on their own):
 total ms, split into dense compute (attention, norms, routers, lm_head, bookkeeping = total minus
 the two others), expert compute and H2D transfer; experts transferred, achieved transfer bandwidth
 (GB/s, 1 GB = 1e9 bytes) and ms per transferred expert. It then fits the cycle-time cost model of
@@ -242,7 +242,8 @@ def run_bench(model: OffloadedQwen3Moe, *, prefix_len: int = 32, repeats: int = 
             decode_rows.append(row)
     modes["ar_decode"] = summarize(decode_rows, eb)
     records += [(1, row) for row in decode_rows]
-    if model.decode_graph != "off" and model._full_cache():  # the static AR step runs untimed per expert only
+    static = model.decode_graph != "off" and model._full_cache()
+    if static:  # the static forwards run only untimed per expert
         model.profile = False
         rows = [timed_forward(model, lambda: model.decode(int(rng.integers(0, V)))) for _ in range(repeats + 1)]
         modes[f"ar_decode_{model.decode_graph}"] = summarize(rows[1:], eb)
@@ -257,6 +258,11 @@ def run_bench(model: OffloadedQwen3Moe, *, prefix_len: int = 32, repeats: int = 
                 rows.append(row)
         modes[f"verify_{n}"] = summarize(rows, eb)
         records += [(n, row) for row in rows]
+        if static and model.resident_grouped_mm:  # a static verify (padded to a VERIFY_SIZES size: n is one)
+            model.profile = False
+            rows = [timed_forward(model, lambda: model.verify(tokens, parents)) for _ in range(repeats + 1)]
+            modes[f"verify_{n}_{model.decode_graph}"] = summarize(rows[1:], eb)
+            model.profile = True
     cal = calibrate([n for n, _ in records], [row["misses_per_layer"] for _, row in records],
                     [row["total_ms"] for _, row in records], name="measured")
     model.profile = False

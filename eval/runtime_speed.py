@@ -209,7 +209,7 @@ def time_breakdown(model: OffloadedQwen3Moe, prompt: torch.Tensor, nodes: int = 
 
 def compile_check(model: OffloadedQwen3Moe, prompt: torch.Tensor, repeats: int = 9) -> dict:
     """What ``torch.compile`` (inductor, ``dynamic=False``) makes of the static AR step
-    (:class:`~specfit.models.qwen3_moe.decode_graph.DecodeGraph`), every expert resident: the graphs and graph
+    (:class:`~specfit.models.qwen3_moe.decode_graph.StaticForward` of one row), every expert resident: the graphs and graph
     breaks ``torch._dynamo.explain`` finds, the first compiled call's wall time (the compile), whether the
     compiled logits equal the eager step's bitwise, and the median wall ms of the eager step, the static forward
     and the compiled one (interleaved, the same token and position each time).
@@ -222,7 +222,7 @@ def compile_check(model: OffloadedQwen3Moe, prompt: torch.Tensor, repeats: int =
     """
     import torch._dynamo as dynamo
 
-    from specfit.models.qwen3_moe.decode_graph import DecodeGraph
+    from specfit.models.qwen3_moe.decode_graph import StaticForward
 
     with torch.no_grad():
         model.reset()
@@ -237,9 +237,9 @@ def compile_check(model: OffloadedQwen3Moe, prompt: torch.Tensor, repeats: int =
             return model._forward(ids, cos, sin, None).logits
 
         ref = eager()
-        graph = DecodeGraph(model, capture=False)
-        graph._ids.copy_(ids)
-        graph._pos.fill_(P)
+        graph = StaticForward(model, 1, capture=False)
+        graph._inputs[:, 0] = ids
+        graph._inputs[:, 1:4] = P  # position, KV row, prefix length
         ex = dynamo.explain(graph.forward)()
         reasons = list(dict.fromkeys(str(b.reason).strip().splitlines()[0] for b in ex.break_reasons))
         dynamo.reset()

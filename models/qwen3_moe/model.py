@@ -293,12 +293,12 @@ class OffloadedQwen3Moe:
     hot_experts : list of list of int or None
         ``host``/``auto`` mode: per MoE layer, the experts to place on the device first, most important first.
     decode_graph : str
-        How an AR step runs when the expert cache is full (every expert resident) and :attr:`profile` is off
-        (:mod:`specfit.models.qwen3_moe.decode_graph`): ``"cuda-graph"`` (default on CUDA) replays one captured
-        CUDA graph of a static-shape forward; ``"static"`` runs that forward eagerly; ``"compiled"`` runs it
-        through ``torch.compile`` (inductor; the first step compiles), ``"compiled-cuda-graph"`` captures the
-        compiled forward; ``"off"`` (default elsewhere) runs the eager forward, bitwise the other forwards'
-        float32 rows on the CPU. Only ``"off"`` is bitwise.
+        How the AR step and verifies run when the expert cache is full (every expert resident) and :attr:`profile`
+        is off (:mod:`specfit.models.qwen3_moe.decode_graph`): ``"cuda-graph"`` (default on CUDA) replays one
+        captured CUDA graph of a static-shape forward per padded size; ``"static"`` runs those forwards
+        uncaptured; ``"compiled"`` runs the AR step's through ``torch.compile`` (inductor; the first step
+        compiles), ``"compiled-cuda-graph"`` captures that; ``"off"`` (default elsewhere) runs the eager forwards,
+        bitwise on the CPU in float32. Only ``"off"`` is bitwise.
     offload_cost : HostProfile, optional
         ``auto`` mode: the host-regime profile that decides (default:
         :data:`specfit.core.cost.DEFAULT_HOST_PROFILE`).
@@ -355,7 +355,8 @@ class OffloadedQwen3Moe:
         self._slot_range: torch.Tensor | None = None
         self._gathered: dict[int, tuple] = {}  # n*k -> the gathered weights' buffers and their transposes
         self._decode_graph_mode = "cuda-graph" if self.device.type == "cuda" else "off"
-        self._decode_graph = None
+        self._static: dict = {}  # rows -> StaticForward of the cache below
+        self._static_cache = None
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, device="cpu", dtype: torch.dtype | None = None,
@@ -434,7 +435,7 @@ class OffloadedQwen3Moe:
     # -- memory ------------------------------------------------------------------------------------
     @property
     def decode_graph(self) -> str:
-        """See the class's attributes; setting it drops a captured graph."""
+        """See the class's attributes; setting it drops the captured graphs."""
         return self._decode_graph_mode
 
     @decode_graph.setter
@@ -443,13 +444,26 @@ class OffloadedQwen3Moe:
         if mode not in modes:
             raise SpecFitInputError("decode_graph", f"must be one of {', '.join(modes)}, got {mode!r}")
         if mode.endswith("cuda-graph") and self.device.type != "cuda":
-            raise SpecFitInputError("decode_graph", f"'cuda-graph' needs a CUDA device, the model is on {self.device}")
-        self._decode_graph_mode, self._decode_graph = mode, None
+            raise SpecFitInputError("decode_graph", f"{mode!r} needs a CUDA device, the model is on {self.device}")
+        self._decode_graph_mode, self._static = mode, {}
 
     def _static_step(self) -> bool:
-        """Whether an AR step runs as :attr:`decode_graph` says rather than eagerly: not ``"off"``, a full expert
-        cache, the grouped resident path on, :attr:`profile` off."""
+        """Whether AR steps (and verifies, where :meth:`_verify_static` applies) run as :attr:`decode_graph` says
+        rather than eagerly: not ``"off"``, a full expert cache, the grouped resident path on, :attr:`profile` off."""
         return self._decode_graph_mode != "off" and self._full_cache() and self.grouped_experts and not self.profile
+
+    def _static_forward(self, rows: int):
+        """The :class:`~specfit.models.qwen3_moe.decode_graph.StaticForward` of ``rows`` tokens for the current
+        expert cache (made on first use; all dropped when the cache changes)."""
+        if self._static_cache is not self.cache:
+            self._static, self._static_cache = {}, self.cache
+        sf = self._static.get(rows)
+        if sf is None:
+            from specfit.models.qwen3_moe.decode_graph import StaticForward  # it imports this module
+            mode = self._decode_graph_mode
+            sf = self._static[rows] = StaticForward(self, rows, capture=mode.endswith("cuda-graph"),
+                                                    compile=rows == 1 and mode.startswith("compiled"))
+        return sf
 
     def _full_cache(self) -> bool:
         """Whether the expert cache is full: every expert loaded in slot = its id at construction, never evicted."""
@@ -584,6 +598,10 @@ class OffloadedQwen3Moe:
             raise SpecFitInputError("parents", f"must have one entry per token ({len(ids)}), got {tree.n}")
         n, P = tree.n, self.kv_len
         self._check_room(n)
+        if self._static_step():
+            out = self._verify_static(ids, tree)
+            if out is not None:
+                return out
         # the tree's positions and its ancestor mask come from the host: one copy of both (from page-locked
         # memory on CUDA, so the host does not wait)
         host = torch.empty(n, 1 + n, dtype=torch.long, pin_memory=self.device.type == "cuda")
@@ -601,12 +619,29 @@ class OffloadedQwen3Moe:
         self._pending = (self.kv_len, tree.parents, out)
         return out
 
+    def _verify_static(self, ids: torch.Tensor, tree: DraftTree) -> ForwardOutput | None:
+        """:meth:`verify` as a static forward padded to a size of
+        :data:`~specfit.models.qwen3_moe.decode_graph.VERIFY_SIZES` (:attr:`decode_graph`), or None where that
+        does not apply: a tree too large, too few KV rows left for the padding, or no sync-free grouped product."""
+        from specfit.models.qwen3_moe.decode_graph import verify_size
+
+        b = verify_size(tree.n)
+        if b is None or not self.resident_grouped_mm or self.kv_len + b > self.max_len:
+            return None
+        self.cache.begin_tentative()
+        try:
+            out = self._static_forward(b).verify(ids, tree.depth, tree.ancestor_mask, self.kv_len)
+        finally:
+            self.cache.end_tentative()
+        self._pending = (self.kv_len, tree.parents, out)
+        return out
+
     def _verify_root(self, ids: torch.Tensor) -> ForwardOutput:
         """:meth:`verify` of a tree that is its root alone (an AR step through the verify interface): the
         forward of :meth:`decode` (position ``kv_len``, every KV row visible; in float32 bitwise the masked
         forward, whose mask hides nothing; in other dtypes taken only for the static step, :attr:`decode_graph`),
-        without building a tree, its mask or its positions. Nothing is
-        journalled for the expert cache to rank: the one node is the accepted path (:meth:`commit`)."""
+        without building a tree, its mask or its positions. Nothing is journalled for the expert cache to rank:
+        the one node is the accepted path (:meth:`commit`)."""
         P = self.kv_len
         self._check_room(1)
         self.cache.end_tentative()  # an earlier verify's record, never committed, is dropped
@@ -756,13 +791,7 @@ class OffloadedQwen3Moe:
         ``enable_gqa``, whose kernels accumulate in float32); the MoE block (:meth:`_moe`)."""
         s, n, P = self.spec, len(ids), self.kv_len
         if n == 1 and mask is None and self._static_step():
-            graph = self._decode_graph
-            if graph is None or graph.cache is not self.cache:
-                from specfit.models.qwen3_moe.decode_graph import DecodeGraph  # it imports this module
-                mode = self._decode_graph_mode
-                graph = self._decode_graph = DecodeGraph(self, capture=mode.endswith("cuda-graph"),
-                                                         compile=mode.startswith("compiled"))
-            return graph.step(ids, P)
+            return self._static_forward(1).decode(ids, P)
         d, hq, hk = s.head_dim, s.num_heads, s.num_kv_heads
         qk_cols, eps, T = (hq + hk) * d, s.rms_norm_eps, P + n
         cos, sin = cos[:, None, :], sin[:, None, :]
@@ -802,14 +831,21 @@ class OffloadedQwen3Moe:
                 x = x + y
                 if i + 1 in self.aux_layers:
                     hidden[i + 1] = x
-        # outside inference mode: what the forward returns are ordinary tensors (a caller may train on them)
-        last = rms_norm(x, w["model.norm.weight"], eps)
-        head = w["model.embed_tokens.weight"] if s.tie_word_embeddings else w["lm_head.weight"]
+        return ForwardOutput(*self._outputs(x, hidden, routing))
+
+    def _outputs(self, x: torch.Tensor, hidden: dict, routing: list) -> tuple[torch.Tensor, ...]:
+        """A forward's outputs from the last layer's ``x`` (n, H), the auxiliary layers' states ``hidden`` and each
+        MoE layer's top-k ids ``routing`` (n, k): logits (n, V) float32, routing (n, L_moe, k), the auxiliary
+        states (n, len(aux_layers) * H) and the final normed state (n, H). Call it outside inference mode: what a
+        forward returns are ordinary tensors (a caller may train on them)."""
+        s = self.spec
+        last = rms_norm(x, self.w["model.norm.weight"], s.rms_norm_eps)
+        head = self.w["model.embed_tokens.weight"] if s.tie_word_embeddings else self.w["lm_head.weight"]
         logits = F.linear(last, head).float()
         aux = torch.cat([hidden[i] for i in self.aux_layers], dim=-1)
         routing = (torch.stack(routing, dim=1) if routing else
-                   torch.empty(n, 0, s.top_k, dtype=torch.long, device=self.device))
-        return ForwardOutput(logits=logits, routing=routing, aux_hidden=aux, last_hidden=last)
+                   torch.empty(x.shape[0], 0, s.top_k, dtype=torch.long, device=self.device))
+        return logits, routing, aux, last
 
     def _moe(self, layer: int, h: torch.Tensor, router: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Sparse MoE block of MoE layer ``layer``: route, then run the needed experts via the cache.

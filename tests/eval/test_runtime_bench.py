@@ -33,7 +33,8 @@ def test_runtime_bench_times_the_static_ar_step(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     modes = json.loads(out.read_text())["modes"]
-    assert list(modes)[:2] == ["ar_decode", "ar_decode_static"]
+    assert list(modes)[:4] == ["ar_decode", "ar_decode_static", "verify_8", "verify_8_static"]
+    assert modes["verify_64_static"]["experts_moved"] == 0
     assert modes["ar_decode_static"]["experts_moved"] == 0 and modes["ar_decode_static"]["repeats"] == 2
     assert "| ar_decode_static |" in proc.stdout
 
