@@ -218,11 +218,14 @@ def summarize(rows: list[dict], expert_bytes: int) -> dict:
     return med
 
 
-def run_bench(model: OffloadedQwen3Moe, *, prefix_len: int = 32, repeats: int = 5, seed: int = 0) -> dict:
+def run_bench(model: OffloadedQwen3Moe, *, prefix_len: int = 32, repeats: int = 5, seed: int = 0,
+              static_verifies: bool = True) -> dict:
     """Measure AR decode and tree verifies of :data:`TREE_SIZES` nodes on ``model``.
 
     Each mode runs one warm-up forward and ``repeats`` measured ones after a prefill of
-    ``prefix_len`` random tokens; verifies are not committed, so every one sees the same prefix.
+    ``prefix_len`` random tokens; verifies are not committed, so every one sees the same prefix. With every
+    expert resident and :attr:`~OffloadedQwen3Moe.decode_graph` on, the AR step and (``static_verifies``) the
+    verifies are timed as static forwards too.
 
     Returns
     -------
@@ -258,7 +261,7 @@ def run_bench(model: OffloadedQwen3Moe, *, prefix_len: int = 32, repeats: int = 
                 rows.append(row)
         modes[f"verify_{n}"] = summarize(rows, eb)
         records += [(n, row) for row in rows]
-        if static and model.resident_grouped_mm:  # a static verify (padded to a VERIFY_SIZES size: n is one)
+        if static and static_verifies and model.resident_grouped_mm:  # a static verify (padded to a VERIFY_SIZES size: n is one)
             model.profile = False
             rows = [timed_forward(model, lambda: model.verify(tokens, parents)) for _ in range(repeats + 1)]
             modes[f"verify_{n}_{model.decode_graph}"] = summarize(rows[1:], eb)
@@ -333,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="with every expert resident, also time the AR step as the static forward ('static'), through "
                          "torch.compile ('compiled'), as a CUDA graph ('cuda-graph', the default on CUDA; 'off' "
                          "elsewhere) or both: mode ar_decode_<this>")
+    ap.add_argument("--no-static-verifies", action="store_true",
+                    help="with --decode-graph on and every expert resident, time the AR step's static forward only")
     ap.add_argument("--profile", default="qwen3-30b-a3b-h200",
                     help="with every expert resident at the profile's layer count (48), the AR steps as multiples of "
                          "its modeled step (default qwen3-30b-a3b-h200)")
@@ -356,7 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     model.grouped_experts = model.grouped_experts and not args.per_expert
     if args.decode_graph is not None:
         model.decode_graph = args.decode_graph
-    result = run_bench(model, prefix_len=args.prefix_len, repeats=args.repeats)
+    result = run_bench(model, prefix_len=args.prefix_len, repeats=args.repeats,
+                       static_verifies=not args.no_static_verifies)
     result.update(modeled_ar_step=modeled_ar_step(args.profile, len(model.spec.moe_layers)),
                   num_experts=model.spec.num_experts)
     result.update(machine=machine(device=device), command=command_line("specfit.eval.runtime_bench", argv),
