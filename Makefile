@@ -10,7 +10,7 @@ install:
 	$(PIP) install torch==2.13.0          # the CPU build that lies on disk; a bare "torch" pulls CUDA (GBs)
 	$(PIP) install -e '.[test]'
 
-# the main job: where does speculation pay? ar, eagle3 and specfit (its expert cache evicting by the draft's lookahead)
+# the main job: where does speculation pay? ar, ar+lookahead, eagle3 and specfit (expert caches evicting by the draft's lookahead)
 # over expert-cache sizes from 16 slots to all
 DEMO := eval --cache-slots 16,64,all --methods ar,ar+lookahead,eagle3,specfit --eviction lookahead --limit 3 --max-new-tokens 32 --out runs/demo
 

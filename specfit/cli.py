@@ -359,9 +359,10 @@ def _add_eval(sub) -> None:
                         "learn it from this machine's CPU time (measured); default counted on the CPU, measured on CUDA")
     p.add_argument("--out", default=None,
                    help="output folder; a rerun resumes (default: named from the settings, e.g. "
-                        "runs/eval-lite-pcie4-32slots, a sweep runs/sweep-lite-pcie4; any other setting off its "
-                        "default, e.g. --eviction or --seed, adds -x and a CRC-32 of those settings, so runs that "
-                        "differ never share a folder; config.json in the folder lists them)")
+                        "runs/eval-lite-pcie4-32slots, a sweep runs/sweep-lite-pcie4; any other setting that tells "
+                        "results apart, e.g. --eviction or --seed, adds -x and a CRC-32 of those off their defaults, "
+                        "so such runs never share a folder, while --dataset, --methods and --limit are left out: a "
+                        "run that adds them resumes there; config.json in the folder lists the settings)")
     p.add_argument("--warm-start", default=None, metavar="PATH",
                    help="start specfit/oracle from what a previous run learned: its folder (learned.json) or a "
                         "learned.json file (per dataset, or its only set); refused when the model, head, profile "
