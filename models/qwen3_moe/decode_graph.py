@@ -10,8 +10,9 @@ ancestor mask are read from one device buffer; the rotary rows are gathered at t
 written by index, and attention runs over the whole preallocated KV cache with a mask (the prefix, then each
 row's ancestors; the layout of gpt-fast's decode step), so one graph serves every position, and each forward
 reads all ``max_len`` KV rows (size ``max_len`` to what a run needs). A tree of ``n`` nodes runs in the graph of the
-smallest size of :data:`VERIFY_SIZES` that holds it, the extra rows (each sees the prefix and itself) discarded. The experts come from a full expert cache (every expert in slot = its id, never
-evicted) on the resident path of :meth:`OffloadedQwen3Moe._resident_sum`, which reads no routing back.
+smallest size of :data:`VERIFY_SIZES` that holds it, the extra rows (each sees the prefix and itself) discarded.
+The experts come from a full expert cache (every expert in slot = its id, never evicted) on the resident path of
+:meth:`OffloadedQwen3Moe._resident_sum`, which reads no routing back.
 
 Used by :meth:`OffloadedQwen3Moe.decode` and :meth:`OffloadedQwen3Moe.verify` when
 :attr:`OffloadedQwen3Moe.decode_graph` is not ``"off"`` (``"cuda-graph"``, the default on CUDA; ``"static"``: the
