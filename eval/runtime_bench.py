@@ -261,7 +261,7 @@ def run_bench(model: OffloadedQwen3Moe, *, prefix_len: int = 32, repeats: int = 
                 rows.append(row)
         modes[f"verify_{n}"] = summarize(rows, eb)
         records += [(n, row) for row in rows]
-        if static and static_verifies and model.resident_grouped_mm:  # a static verify (padded to a VERIFY_SIZES size: n is one)
+        if static and static_verifies and model.resident_grouped_mm:  # static verifies (n is a VERIFY_SIZES size)
             model.profile = False
             rows = [timed_forward(model, lambda: model.verify(tokens, parents)) for _ in range(repeats + 1)]
             modes[f"verify_{n}_{model.decode_graph}"] = summarize(rows[1:], eb)
