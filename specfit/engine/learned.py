@@ -104,8 +104,9 @@ def check_identity(saved: dict, current: dict) -> None:
     """Refuse a warm start learned on another target, head, profile or mode: one line naming the field."""
     for k in sorted(set(saved) | set(current)):
         if saved.get(k) != current.get(k):
+            hint = " (the shipped heads' folders: --draft lite is eagle3-lite, strong is eagle3)" if k == "head" else ""
             raise SpecFitInputError("warm_start", f"learned with {k}={saved.get(k)!r}, this run has "
-                                                  f"{k}={current.get(k)!r}")
+                                                  f"{k}={current.get(k)!r}{hint}")
 
 
 def pick_set(doc: dict, name: str | None) -> list:
