@@ -32,8 +32,8 @@ terms the node budget admits). The bound never underestimates, so pruning loses 
 recomputed when the set of layers where the GPU part binds changes along the search. Budgets
 (``max_nodes``, ``max_new_experts_per_layer``) prune infeasible branches: both only grow with S.
 
-Unless a limit stops the search (:class:`~specfit.solvers.base.SearchLimit`), the answer is optimal. ``tests/solvers/test_solvers.py``
-checks it against brute force and CP-SAT on hypothesis-generated host-regime instances, and
+Unless a limit stops the search (:class:`~specfit.solvers.base.SearchLimit`), the answer is optimal.
+``tests/solvers/test_solvers.py`` checks it against brute force and CP-SAT on hypothesis-generated host-regime instances, and
 ``tests/solvers/test_host_regime.py`` checks the search alone from the trivial incumbent {root}, where
 every pruning decision of the bound matters.
 

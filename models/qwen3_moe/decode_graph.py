@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from specfit.models.qwen3_moe.model import ForwardOutput, gqa_attention, rms_norm
+from specfit.models.qwen3_moe.model import ForwardOutput, gqa_attention, rms_norm, swiglu
 
 #: The tree sizes a verify is padded to (the smallest that holds it); larger trees run eagerly.
 VERIFY_SIZES = (2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
@@ -124,8 +124,7 @@ class StaticForward:
                     y = m._resident_sum(m._moe_index[i], h, top_w, top_i, grouped=self.grouped)
                     routing.append(top_i)
                 else:
-                    gate, up = F.linear(h, lw.gate_up).chunk(2, dim=-1)
-                    y = F.linear(F.silu(gate) * up, lw.down)
+                    y = swiglu(h, lw.gate_up, lw.down)
                 x = x + y
                 if i + 1 in m.aux_layers:
                     hidden[i + 1] = x
@@ -147,8 +146,6 @@ class StaticForward:
     def _run(self, n: int) -> ForwardOutput:
         """Run the forward on the inputs set, the first ``n`` rows kept; the expert cache counts their uses as the
         eager path does (:meth:`DeviceExpertCache.touch_resident`). Returns ordinary tensors."""
-        for layer in range(self.cache.num_layers):  # copies still loading the slots: the stream waits (no-op after)
-            self.cache.wait_copies(layer)
         if self._compile:  # one eager forward first: the lazily built buffers exist before tracing
             self.forward()
             self._fn, self._compile = torch.compile(self.forward, fullgraph=True, dynamic=False), False

@@ -114,6 +114,13 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return x * cos + torch.cat((-x[..., h:], x[..., :h]), dim=-1) * sin
 
 
+def swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """A dense layer's SwiGLU MLP (Shazeer 2020, eq. 6): ``down(silu(gate(x)) * up(x))``; x (n, H), ``gate_up``
+    (2 * I, H) the gate then the up projection stacked, ``down`` (H, I). Returns (n, H)."""
+    gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
+    return F.linear(F.silu(gate) * up, down)
+
+
 def gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, scale: float) -> torch.Tensor:
     """Grouped-query attention (Ainslie et al. 2023) without repeating the key/value heads.
 
@@ -826,8 +833,7 @@ class OffloadedQwen3Moe:
                     y, top_i = self._moe(self._moe_index[i], h, lw.router)
                     routing.append(top_i)
                 else:
-                    gate, up = F.linear(h, lw.gate_up).chunk(2, dim=-1)
-                    y = F.linear(F.silu(gate) * up, lw.down)
+                    y = swiglu(h, lw.gate_up, lw.down)
                 x = x + y
                 if i + 1 in self.aux_layers:
                     hidden[i + 1] = x
