@@ -103,7 +103,15 @@ def run_sweep(config, sizes: list[int | str], progress: bool = False) -> dict:
                                        f"sweep, or run one --cache-slots value there")
     configs = [replace(config, cache_slots=s, out=str(out / f"slots-{s}")) for s in sizes]
     # bad settings, or an out folder of other settings, fail before any run; the error names the sweep's folder
-    plans = [plan(c, named=named if given else c.out) for c in configs]
+    plans = []
+    for i, c in enumerate(configs, 1):
+        try:
+            plans.append(plan(c, named=named if given else c.out))
+        except SpecFitInputError as err:
+            if err.field != "cache_slots":
+                raise
+            rule = err.rule.replace(f"got {c.cache_slots!r}", f"got '{c.cache_slots}'")
+            raise SpecFitInputError("cache_slots", f"entry {i} of '{value_text(sizes)}': {rule}") from None
     resolved = [p.config.cache_slots for p in plans]
     if len(set(resolved)) != len(resolved):
         raise SpecFitInputError("cache_slots", f"{value_text(sizes)} names the same cache size twice "

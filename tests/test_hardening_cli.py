@@ -151,6 +151,10 @@ def test_cache_slots_all_wherever_a_slot_count_is_accepted(tmp_path, capsys):
     assert json.loads((out / "config.json").read_text())["cache_slots"] == 128
     one_line_error(capsys, ["eval", "--cache-slots", "200", "--methods", "ar", "--dataset", "gsm8k", "--limit", "1",
                             "--out", str(tmp_path / "o2")], "--cache-slots: must be an integer in [0, 128] or 'all'")
+    one_line_error(capsys, ["eval", "--cache-slots", "16,200", "--methods", "ar", "--dataset", "gsm8k", "--limit", "1",
+                            "--out", str(tmp_path / "o3")],
+                   "--cache-slots: entry 2 of '16,200': must be an integer in [0, 128] or 'all', got '200'")
+    assert not (tmp_path / "o3").exists()  # checked before the first size runs
     proxy = proxy_paths()["target"]
     assert main(["generate", "--model", str(proxy), "--prompt-ids", "1,2", "--max-new-tokens", "1",
                  "--cache-slots", "all", "--json"]) == 0
