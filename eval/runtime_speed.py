@@ -14,7 +14,9 @@ One process, one torch thread, on a Qwen3-MoE checkpoint (default: the shipped p
 3. **Verify over AR step**: the median wall time of a 32-node verify forward (an EAGLE-like tree) over
    that of an AR step, interleaved, every expert resident; again with the verify on the host-routed rounds
    path (``resident_grouped_mm`` off: one product per used slot, what GPUs without the grouped kernel run);
-   and where each one's CPU time goes (``torch.profiler``, self time per aten op, :func:`time_breakdown`).
+   and where each one's CPU time goes (``torch.profiler``, self time per aten op, :func:`time_breakdown`);
+   the least time reading the verify's experts can take here and its expert products' time
+   (:func:`verify_parts`).
 4. With ``--compile``: what ``torch.compile`` captures of the static AR step
    (:mod:`specfit.models.qwen3_moe.decode_graph`) and what its first call costs (:func:`compile_check`).
 
@@ -170,6 +172,77 @@ def verify_over_ar(model: OffloadedQwen3Moe, prompt: torch.Tensor, nodes: int = 
     return {"ar_step_ms": a, f"verify_{nodes}_ms": v, "ratio": v / a, "repeats": repeats}
 
 
+def verify_parts(model: OffloadedQwen3Moe, prompt: torch.Tensor, nodes: int = 32, repeats: int = 9,
+                 seed: int = 0) -> dict:
+    """Two parts of an ``nodes``-node verify's wall time, every expert resident: the least time reading its
+    experts' weights can take on this machine, and the time of its expert products alone.
+
+    * Read floor: the bytes of the experts the verify routes to over the measured read bandwidth. Any
+      product over an expert's weights does at least one multiply-add per weight element, so the bandwidth
+      is measured with ``torch.sum`` over every layer's whole slot tensors (one pass over more bytes than
+      the caches hold).
+    * Expert products: the two ``grouped_mm`` products per MoE layer that the resident path runs
+      (:attr:`OffloadedQwen3Moe.resident_grouped_mm`), replayed with the verify's routing (the same group
+      ends) on random rows of the same shape.
+
+    Medians of ``repeats``. The tree and tokens are :func:`verify_over_ar`'s (same ``seed``).
+
+    Returns
+    -------
+    dict
+        ``experts_per_layer`` (mean distinct experts the verify routes to per MoE layer; the AR step's:
+        ``top_k``), ``max_rows`` (most rows of one expert), ``expert_bytes``, ``read_gb_per_s``,
+        ``verify_read_ms`` and ``ar_read_ms`` (the routed experts' bytes over that bandwidth),
+        ``expert_products_ms`` (every layer's products).
+
+    Raises
+    ------
+    ValueError
+        If not every expert is resident (the slot tensors would not hold every expert in its own slot).
+    """
+    from specfit.models.qwen3_moe.model import grouped_mm_function
+
+    cache, spec = model.cache, model.spec
+    if cache.slots != spec.num_experts:
+        raise ValueError(f"verify_parts needs every expert resident, got {cache.slots} slots")
+    rng = np.random.default_rng(seed)
+    parents = eagle_like_tree(nodes, rng)
+    tokens = torch.as_tensor(rng.integers(0, spec.vocab_size, nodes))
+
+    def median_ms(fn):
+        times = []
+        for _ in range(repeats + 1):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return _median_ms(times[1:])
+
+    with torch.no_grad():
+        model.reset()
+        model.prefill(prompt)
+        routing = model.verify(tokens, parents).routing_device  # (n, L, k)
+        L, k = routing.shape[1], routing.shape[2]
+        per_layer = [torch.bincount(routing[:, l, :].reshape(-1), minlength=cache.slots) for l in range(L)]
+        offs = [torch.cumsum(c, 0).to(torch.int32) for c in per_layer]
+        weights = [t for pair in zip(cache.gate_up, cache.down) for t in pair]
+        total = sum(t.numel() * t.element_size() for t in weights)
+        read_ms = median_ms(lambda: [t.sum() for t in weights])
+        grouped_mm, x = grouped_mm_function(), torch.randn(nodes * k, spec.hidden_size, dtype=weights[0].dtype)
+
+        def products():
+            for l in range(L):
+                gate, up = grouped_mm(x, cache.gate_up[l].transpose(1, 2), offs=offs[l]).chunk(2, dim=-1)
+                grouped_mm(torch.nn.functional.silu(gate) * up, cache.down[l].transpose(1, 2), offs=offs[l])
+        products_ms = median_ms(products)
+    used = float(np.mean([int((c > 0).sum()) for c in per_layer]))
+    gb_per_s = total / read_ms / 1e6
+    expert_bytes = total / (L * cache.slots)
+    return {"nodes": nodes, "experts_per_layer": used, "top_k": int(k), "max_rows": int(max(c.max() for c in per_layer)),
+            "expert_bytes": int(expert_bytes), "read_gb_per_s": gb_per_s,
+            "verify_read_ms": used * L * expert_bytes / gb_per_s / 1e6, "ar_read_ms": k * L * expert_bytes / gb_per_s / 1e6,
+            "expert_products_ms": products_ms}
+
+
 def time_breakdown(model: OffloadedQwen3Moe, prompt: torch.Tensor, nodes: int = 32, repeats: int = 10,
                    seed: int = 0, top: int = 8) -> dict:
     """Where an AR step's and an ``nodes``-node verify's CPU time goes: ``torch.profiler``'s self CPU time per aten
@@ -288,6 +361,15 @@ def format_table(result: dict) -> str:
                      f"({'; '.join(c['break_reasons'])}); first call {c['first_call_s']:.1f} s; compiled "
                      f"{c['compiled_ms']:.3f} ms, static {c['static_ms']:.3f} ms, eager step {c['eager_ms']:.3f} ms; "
                      f"logits bitwise the eager step's {c['bitwise']} (max |diff| {c['max_abs_diff']:.2g})")
+    f = result.get("verify_parts")
+    if f:
+        lines.append(f"the {f['nodes']}-node verify routes to {f['experts_per_layer']:.1f} experts per layer (the AR "
+                     f"step {f['top_k']}; at most {f['max_rows']} rows on one), {f['expert_bytes'] / 1e3:.0f} KB each. Read floor: "
+                     f"reading them once at {f['read_gb_per_s']:.1f} GB/s (torch.sum over every slot) takes "
+                     f"{f['verify_read_ms']:.3f} ms = {f['verify_read_ms'] / v['ar_step_ms']:.2f} × the AR step "
+                     f"({f['ar_read_ms']:.3f} ms for its own). Its expert products alone (grouped_mm replayed on its "
+                     f"routing): {f['expert_products_ms']:.3f} ms; the rest of the verify "
+                     f"{v[key] - f['expert_products_ms']:.3f} ms = {(v[key] - f['expert_products_ms']) / v['ar_step_ms']:.2f} × the AR step")
     g = v.get("rounds_path")
     if g:
         lines.append(f"the same with the verify on the host-routed rounds path (resident_grouped_mm off): "
@@ -325,6 +407,7 @@ def main(argv: list[str] | None = None) -> int:
         ops["every expert resident" if slots == "all" else "0 slots"] = count_ops(model, prompt_t)
         if slots == "all":
             verify = verify_over_ar(model, prompt_t, repeats=args.verify_repeats)
+            parts = verify_parts(model, prompt_t)
             breakdown = time_breakdown(model, prompt_t)
             compiled = compile_check(model, prompt_t) if args.compile else None
             # for comparison: the host-routed rounds path (one host read of the routing per layer, one
@@ -335,7 +418,8 @@ def main(argv: list[str] | None = None) -> int:
             verify["rounds_path"] = verify_over_ar(model, prompt_t, repeats=max(3, args.verify_repeats // 3))
             model.resident_grouped_mm = True
         del model
-    result = {"ops": ops, "verify": verify, "breakdown": breakdown, "compile": compiled, "model": args.model}
+    result = {"ops": ops, "verify": verify, "verify_parts": parts, "breakdown": breakdown, "compile": compiled,
+              "model": args.model}
     if not args.skip_decode:
         result["decode"] = decode_speed(args.model, prompt, args.tokens, args.repeats, compiled=args.compiled_decode)
     else:
