@@ -353,6 +353,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=1, help="unrecorded rounds before them")
     ap.add_argument("--weighting", choices=WEIGHTINGS, default="relative",
                     help="NNLS rows divided by their ms (relative, the default) or in ms (absolute)")
+    ap.add_argument("--in-memory", action="store_true",
+                    help="with --synthetic: build the random model in memory (runtime_bench.synthetic_model: every layer "
+                         "shares one layer's host experts) instead of writing and loading a checkpoint")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     ap.add_argument("--name", default="measured", help="the profile's name")
     ap.add_argument("--like", default=None, help="datasheet profile for draft_level_ms, host_level_ms, num_experts")
@@ -364,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         from specfit.eval.machine import command_line, machine
-        from specfit.eval.runtime_bench import write_synthetic_checkpoint
+        from specfit.eval.runtime_bench import synthetic_model, write_synthetic_checkpoint
         from specfit.models.devices import resolve_device
         from specfit.models.qwen3_moe import OffloadedQwen3Moe
 
@@ -376,11 +379,19 @@ def main(argv: list[str] | None = None) -> int:
         layer_counts = [check_positive_int("--layers", int(x)) for x in str(args.layers).split(",")] if args.synthetic else [None]
         like = get_profile(args.like) if args.like else None
         records, expert_bytes, dense, t0 = [], None, None, time.perf_counter()
+        if args.in_memory and not args.synthetic:
+            raise SpecFitInputError("--in-memory", "needs --synthetic (a checkpoint is loaded as it is)")
+        dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
         for L in layer_counts:
-            with tempfile.TemporaryDirectory() as tmp:
-                model_dir = args.model or write_synthetic_checkpoint(
-                    Path(tmp) / "ckpt", args.synthetic, L, dtype=torch.float32 if device.type == "cpu" else torch.bfloat16)
-                model = OffloadedQwen3Moe.from_pretrained(model_dir, device=device, cache_slots=0, max_len=256)
+            if args.in_memory:
+                model = synthetic_model(args.synthetic, L, device, dtype, cache_slots=0, max_len=256)
+            else:
+                with tempfile.TemporaryDirectory() as tmp:
+                    model_dir = args.model or write_synthetic_checkpoint(Path(tmp) / "ckpt", args.synthetic, L, dtype=dtype)
+                    model = OffloadedQwen3Moe.from_pretrained(model_dir, device=device, cache_slots=0, max_len=256)
+            # eager forwards at every cache size: with a full cache the static forwards (CUDA graphs on CUDA) would
+            # be captured inside timed forwards, and would be other code than the 0 and "part" rows' forwards
+            model.decode_graph = "off"
             expert_bytes = model.store.expert_bytes
             records += measure(model, repeats=args.repeats, warmup=args.warmup)
             if dense is None:

@@ -282,7 +282,8 @@ class OffloadedQwen3Moe:
     gather_max_tokens, gather_max_bytes : int, int or None
         The resident path (every expert of a layer in the cache, :attr:`grouped_experts`) runs without a
         host sync (:meth:`_experts_resident`): by gathering each (token, expert) row's weights for a forward
-        of at most ``gather_max_tokens`` tokens (default 1: an AR step) whose gathered weights take at most
+        of at most ``gather_max_tokens`` tokens (default 1: an AR step; 0 where the grouped kernel runs, which
+        reads the slots in place where the gather would copy 8 experts per layer) whose gathered weights take at most
         ``gather_max_bytes`` (default 4 MiB on the CPU; no limit on CUDA), otherwise with ``grouped_mm`` where
         :attr:`resident_grouped_mm`.
     resident_grouped_mm : bool
@@ -347,7 +348,7 @@ class OffloadedQwen3Moe:
         self.expert_compute_ms = 0.0
         self.grouped_experts = True
         self.grouped_kernel = grouped_kernel_available(self.device, dtype, spec.hidden_size, spec.moe_intermediate_size)
-        self.gather_max_tokens = 1
+        self.gather_max_tokens = 0 if self.grouped_kernel else 1  # the kernel reads weights in place; a gather copies them
         # torch's CPU grouped_mm multiplies group by group on the host (no sync there, bitwise one mm per
         # group); CUDA's fallback reads the group ends back, so there only the grouped kernel itself is used
         self.resident_grouped_mm = self.grouped_kernel or (self.device.type == "cpu" and grouped_mm_function() is not None)
@@ -733,6 +734,7 @@ class OffloadedQwen3Moe:
                 and c.policy.name == policy and c.admission == admission):
             c.clear()
             return
+        self._static, self._static_cache = {}, None  # the static forwards hold the old cache's slots
         self.cache = None
         self.cache = self._new_cache(cache_slots, policy, admission)
 

@@ -172,3 +172,32 @@ def test_command_refuses_bad_rounds_before_any_work(capsys):
     assert "--repeats" in capsys.readouterr().err
     assert main(["--synthetic", "tiny", "--warmup", "-1"]) == 2
     assert "--warmup" in capsys.readouterr().err
+
+
+def test_in_memory_fit_writes_a_profile_from_eager_forwards(tmp_path, monkeypatch, capsys):
+    """``--in-memory`` builds the synthetic model without a checkpoint; the forwards are eager at every cache size
+    even where the runtime's default would be static forwards (CUDA graphs on CUDA), which a full cache would
+    otherwise build inside timed forwards."""
+    import specfit.eval.runtime_bench as runtime_bench
+    from specfit.core.cost import load_profile
+    from specfit.eval.cost_fit import main
+    from specfit.models.qwen3_moe import decode_graph
+
+    built = runtime_bench.synthetic_model
+
+    def static_by_default(*args, **kwargs):
+        model = built(*args, **kwargs)
+        model.decode_graph = "static"  # what a CUDA model starts with ("cuda-graph"), uncaptured
+        return model
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a static forward was built inside the fit")
+
+    monkeypatch.setattr(runtime_bench, "synthetic_model", static_by_default)
+    monkeypatch.setattr(decode_graph.StaticForward, "__init__", refuse)
+    out = tmp_path / "profile.json"
+    assert main(["--synthetic", "tiny", "--in-memory", "--layers", "1,2", "--repeats", "1", "--json", str(out)]) == 0
+    assert "| new" in capsys.readouterr().out
+    assert load_profile(str(out)).per_expert_ms > 0
+    assert main(["--model", str(tmp_path), "--in-memory"]) == 2
+    assert "--in-memory: needs --synthetic" in capsys.readouterr().err
