@@ -227,7 +227,8 @@ def verify_parts(model: OffloadedQwen3Moe, prompt: torch.Tensor, nodes: int = 32
         weights = [t for pair in zip(cache.gate_up, cache.down) for t in pair]
         total = sum(t.numel() * t.element_size() for t in weights)
         read_ms = median_ms(lambda: [t.sum() for t in weights])
-        grouped_mm, x = grouped_mm_function(), torch.randn(nodes * k, spec.hidden_size, dtype=weights[0].dtype)
+        grouped_mm = grouped_mm_function()
+        x = torch.randn(nodes * k, spec.hidden_size, dtype=weights[0].dtype, device=weights[0].device)
 
         def products():
             for l in range(L):
