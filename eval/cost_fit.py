@@ -323,8 +323,10 @@ def format_report(fit: dict, records: list[dict], dense: dict | None = None) -> 
         ho = f.get("held_out_rel_err", [])
         lines.append(f"| {label} | {f['rel_residual']:.3f} | {f['rms_rel_err']:.3f} | "
                      f"{f.get('held_out_max_rel_err', float('nan')):.3f} | {sum(abs(e) <= 0.10 for e in ho)} of {len(ho)} | {coef} |")
+    one = all(len(r.get("ms", ())) < 2 for r in records)  # --repeats 1: no repeats to measure noise from
+    floor = "n/a (one forward per configuration)" if one else f"{fit.get('noise_floor', float('nan')):.3f}"
     lines.append(f"\nnoise floor (single forwards against the median of their identical repeats): "
-                 f"{fit.get('noise_floor', float('nan')):.3f}; {fit['records']} fitted configurations, "
+                 f"{floor}; {fit['records']} fitted configurations, "
                  f"layer counts {fit['layer_counts']}, {fit.get('weighting', 'absolute')} weighting")
     lines += ["", "| L | n | slots | experts read | copied | measured ms (median) | spread | new form ms | three-term ms "
               "| held out |", "|---:|---:|---|---:|---:|---:|---:|---:|---:|---|"]
@@ -333,7 +335,7 @@ def format_report(fit: dict, records: list[dict], dense: dict | None = None) -> 
         row = np.array([[r["L"], r["n"], r["u"], r["m"], r["median_ms"]]], dtype=np.float64)
         pn = float((_columns(row, True, layer_terms) @ np.array(list(new["coef"].values())))[0])
         po = float((_columns(row, False, layer_terms) @ np.array(list(old["coef"].values())))[0])
-        spread = f"{r['spread']:.3f}" if "spread" in r else ""
+        spread = "" if "spread" not in r else "n/a" if one else f"{r['spread']:.3f}"
         lines.append(f"| {r['L']} | {r['n']} | {r['slots']} | {r['u']} | {r['m']} | {r['median_ms']:.1f} | {spread} | "
                      f"{pn:.1f} | {po:.1f} | {'yes' if r['n'] in HELD_OUT else ''} |")
     if dense:
@@ -358,7 +360,8 @@ def main(argv: list[str] | None = None) -> int:
                          "shares one layer's host experts) instead of writing and loading a checkpoint")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     ap.add_argument("--name", default="measured", help="the profile's name")
-    ap.add_argument("--like", default=None, help="datasheet profile for draft_level_ms, host_level_ms, num_experts")
+    ap.add_argument("--like", default=None, help="datasheet profile for draft_level_ms, host_level_ms, num_experts "
+                                                  "(specfit eval needs draft_level_ms)")
     ap.add_argument("--reference-layers", type=int, default=REFERENCE_LAYERS)
     ap.add_argument("--json", default=None, help="write the profile (for specfit eval --profile) to this file")
     ap.add_argument("--report", default=None, help="also write the measurements and the fit to this JSON file")

@@ -55,7 +55,7 @@ from pathlib import Path
 
 from specfit.eval.datasets import DATASETS, MAX_ARTICLE_TOKENS, Prompt, encode, load_prompts
 from specfit.eval.records import ResultRecord, append_result, read_results
-from specfit.core.cost import DEFAULT_HOST_PROFILE, DEFAULT_PROFILE, get_host_profile, get_profile
+from specfit.core.cost import DEFAULT_HOST_PROFILE, DEFAULT_PROFILE, PROFILES, get_host_profile, get_profile
 from specfit.engine import METHODS, TreeSettings
 from specfit.core.errors import MAX_NODES, SpecFitInputError, check_context, check_int, check_positive_int, lookup
 from specfit.core.readers import read_json
@@ -203,6 +203,13 @@ class EvalConfig:
 _NAMED_IN_OUT = ("model", "draft", "profile", "cache_slots", "offload")
 
 
+def _profile_label(profile: str) -> str:
+    """A profile's part of a folder name: a named profile without its ``qwen3-30b-a3b-`` prefix, a profile file
+    (``--profile my-gpu.json``) its file name without the suffix."""
+    text = str(profile)
+    return text.removeprefix("qwen3-30b-a3b-") if text in PROFILES else Path(text).stem
+
+
 def default_out(config: EvalConfig, sweep: bool = False) -> str:
     """The output folder of a run without ``out``: ``runs/eval-<head>-<profile>-<S>slots`` (a sweep:
     ``runs/sweep-<head>-<profile>``), the model's folder name first when ``model`` is given, the
@@ -215,7 +222,7 @@ def default_out(config: EvalConfig, sweep: bool = False) -> str:
     base = EvalConfig()
     head = "lite" if config.draft is None else Path(str(config.draft).rstrip("/")).name
     parts = ["sweep" if sweep else "eval", *([Path(str(config.model).rstrip("/")).name] if config.model else []), head,
-             str(config.profile).removeprefix("qwen3-30b-a3b-")]
+             _profile_label(config.profile)]
     if not sweep:
         parts.append(f"{config.cache_slots}slots")
     if config.offload != "transfer":
@@ -309,7 +316,8 @@ def plan(config: EvalConfig, named: str | None = None) -> Plan:
                                 f"{gpu_side!r} (from host_profile {config.host_profile!r}), not {config.profile!r}: "
                                 f"leave profile at {gpu_side!r} or pick another host_profile")
     if get_profile(config.profile).draft_level_ms is None:
-        raise SpecFitInputError("profile", f"no draft-level time is modeled for {config.profile!r}")
+        raise SpecFitInputError("profile", f"no draft-level time is modeled for {config.profile!r} (draft_level_ms; a "
+                                           f"profile from specfit.eval.cost_fit takes it from --like PROFILE)")
     from specfit.models.predictors import PREDICTORS
 
     lookup(PREDICTORS, config.predictor, "predictor")

@@ -342,13 +342,14 @@ def format_table(result: dict) -> str:
         for mode, c in modes.items():
             lines.append(f"| {mode} | {slots} | {c['total']} | {c['per_layer']:.0f} | {c['per_layer_not_views']:.0f} |")
     d = result["decode"]
-    lines += ["", f"greedy AR decoding, every expert resident, {d['tokens']} tokens, median of {d['repeats']} "
-              f"(token ids equal: {d['same_tokens']})", "",
-              "| decoder | ms / token | tok/s | × transformers | CPU ms / token | × transformers (CPU) |",
-              "|---|---:|---:|---:|---:|---:|"]
-    for name, ms in d["ms_per_token"].items():
-        lines.append(f"| {name} | {ms:.3f} | {1e3 / ms:.0f} | {d['speed_vs_transformers'][name]:.2f} | "
-                     f"{d['cpu_ms_per_token'][name]:.3f} | {d['cpu_speed_vs_transformers'][name]:.2f} |")
+    if d["tokens"]:  # --skip-decode: no decoding run
+        lines += ["", f"greedy AR decoding, every expert resident, {d['tokens']} tokens, median of {d['repeats']} "
+                  f"(token ids equal: {d['same_tokens']})", "",
+                  "| decoder | ms / token | tok/s | × transformers | CPU ms / token | × transformers (CPU) |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for name, ms in d["ms_per_token"].items():
+            lines.append(f"| {name} | {ms:.3f} | {1e3 / ms:.0f} | {d['speed_vs_transformers'][name]:.2f} | "
+                         f"{d['cpu_ms_per_token'][name]:.3f} | {d['cpu_speed_vs_transformers'][name]:.2f} |")
     v = result["verify"]
     key = next(k for k in v if k.startswith("verify_"))
     lines += ["", f"AR step {v['ar_step_ms']:.3f} ms, {key.split('_')[1]}-node verify {v[key]:.3f} ms: "
@@ -364,8 +365,9 @@ def format_table(result: dict) -> str:
                      f"logits bitwise the eager step's {c['bitwise']} (max |diff| {c['max_abs_diff']:.2g})")
     f = result.get("verify_parts")
     if f:
-        lines.append(f"the {f['nodes']}-node verify routes to {f['experts_per_layer']:.1f} experts per layer (the AR "
-                     f"step {f['top_k']}; at most {f['max_rows']} rows on one), {f['expert_bytes'] / 1e3:.0f} KB each. Read floor: "
+        lines.append(f"the {f['nodes']}-node verify routes to {f['experts_per_layer']:.1f} distinct experts per layer (the AR "
+                     f"step {f['top_k']}; the busiest expert gets {f['max_rows']} of its token rows), weights "
+                     f"{f['expert_bytes'] / 1e3:.0f} KB per expert. Read floor: "
                      f"reading them once at {f['read_gb_per_s']:.1f} GB/s (torch.sum over every slot) takes "
                      f"{f['verify_read_ms']:.3f} ms = {f['verify_read_ms'] / v['ar_step_ms']:.2f} × the AR step "
                      f"({f['ar_read_ms']:.3f} ms for its own). Its expert products alone (grouped_mm replayed on its "

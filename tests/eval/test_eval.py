@@ -126,6 +126,8 @@ def test_default_out_is_named_from_the_settings():
                                   offload="host")) == "runs/eval-eagle3-h200-allslots-host"
     assert default_out(EvalConfig(), sweep=True) == "runs/sweep-lite-pcie4"
     assert default_out(EvalConfig(model="/ckpt/qwen3/")) == "runs/eval-qwen3-lite-pcie4-32slots"
+    # a profile file (cost_fit's --json) by its file name: no folders of its path under runs/
+    assert default_out(EvalConfig(profile="/tmp/fits/my-gpu.json")).startswith("runs/eval-lite-my-gpu-32slots")
     # datasets, methods and the limit resume in one folder; every other setting that tells results apart moves it
     assert default_out(EvalConfig(datasets=("gsm8k",), methods=("ar",), limit=3)) == default_out(EvalConfig())
     hashed = {default_out(EvalConfig(**{k: v})) for k, v in
