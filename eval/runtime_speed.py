@@ -191,9 +191,9 @@ def verify_parts(model: OffloadedQwen3Moe, prompt: torch.Tensor, nodes: int = 32
     -------
     dict
         ``experts_per_layer`` (mean distinct experts the verify routes to per MoE layer; the AR step's:
-        ``top_k``), ``max_rows`` (most rows of one expert), ``expert_bytes``, ``read_gb_per_s``,
-        ``verify_read_ms`` and ``ar_read_ms`` (the routed experts' bytes over that bandwidth),
-        ``expert_products_ms`` (every layer's products).
+        ``top_k``), ``max_rows`` (most token rows routed to one expert), ``expert_bytes`` (bytes of one expert's
+        weights), ``read_gb_per_s`` (GB/s, 1 GB = 1e9 bytes), ``verify_read_ms`` and ``ar_read_ms`` (ms: the
+        routed experts' bytes over that bandwidth), ``expert_products_ms`` (ms, every layer's products).
 
     Raises
     ------
