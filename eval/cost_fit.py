@@ -43,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specfit.core.cost import REFERENCE_LAYERS, CostModel, get_profile
+from specfit.core.cost import REFERENCE_LAYERS, CostModel, datasheet_profile, get_profile
 from specfit.core.errors import SpecFitInputError, check_positive_int
 from specfit.core.io import dumps
 
@@ -361,7 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     ap.add_argument("--name", default="measured", help="the profile's name")
     ap.add_argument("--like", default=None, help="datasheet profile for draft_level_ms, host_level_ms, num_experts "
-                                                  "(specfit eval needs draft_level_ms)")
+                                                  "(specfit eval needs draft_level_ms); 'auto': the device's own "
+                                                  "(e.g. qwen3-30b-a3b-h100 on an H100; else qwen3-30b-a3b-h200)")
     ap.add_argument("--reference-layers", type=int, default=REFERENCE_LAYERS)
     ap.add_argument("--json", default=None, help="write the profile (for specfit eval --profile) to this file")
     ap.add_argument("--report", default=None, help="also write the measurements and the fit to this JSON file")
@@ -380,7 +381,9 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
         device = resolve_device(args.device)
         layer_counts = [check_positive_int("--layers", int(x)) for x in str(args.layers).split(",")] if args.synthetic else [None]
-        like = get_profile(args.like) if args.like else None
+        like_name = (datasheet_profile(torch.cuda.get_device_name(device) if device.type == "cuda" else "")
+                     if args.like == "auto" else args.like)
+        like = get_profile(like_name) if like_name else None
         records, expert_bytes, dense, t0 = [], None, None, time.perf_counter()
         if args.in_memory and not args.synthetic:
             raise SpecFitInputError("--in-memory", "needs --synthetic (a checkpoint is loaded as it is)")

@@ -41,7 +41,8 @@ from specfit.models.devices import resolve_device
 from specfit.models.qwen3_moe import OffloadedQwen3Moe, read_spec
 from specfit.models.qwen3_moe.checkpoint import dense_shapes
 from specfit.core.io import dumps
-from specfit.core.cost import calibrate
+from specfit.core.cost import calibrate, datasheet_profile, get_profile
+from specfit.core.errors import SpecFitInputError
 from specfit.eval.machine import command_line, machine, publish
 
 #: Shapes for ``--synthetic``. ``qwen3-30b-a3b`` is the real model's config (SPECFIT.md §5).
@@ -281,8 +282,6 @@ def modeled_ar_step(profile: str, num_moe_layers: int) -> dict | None:
     """The profile's modeled AR step with every expert resident (SPECFIT.md §3: ``fixed_ms + per_node_ms`` + one
     read per routed expert in every MoE layer), when ``num_moe_layers`` is the profile's own layer count (its
     fixed term stands for the whole model, so a slice of it is not compared); else None."""
-    from specfit.core.cost import get_profile
-
     cost = get_profile(profile)
     if num_moe_layers != (cost.reference_layers or 0):
         return None
@@ -298,8 +297,9 @@ def format_table(result: dict) -> str:
         lines.append(f"| {name} | {m['total_ms']:.2f} | {m['total_ms'] / ar:.2f} | {m['dense_ms']:.2f} | "
                      f"{m['expert_ms']:.2f} | {m['h2d_ms']:.2f} | "
                      f"{m['experts_moved']:.0f} | {m['gb_per_s']:.2f} | {m['ms_per_expert']:.4f} |")
-    modeled = result.get("modeled_ar_step")
-    if modeled and result.get("cache_slots") == result.get("num_experts"):
+    for modeled in result.get("modeled_ar_steps") or []:
+        if result.get("cache_slots") != result.get("num_experts"):
+            break
         lines.append(f"\nprofile {modeled['profile']} models this AR step (every expert resident) at "
                      f"{modeled['ms']:.2f} ms: " + ", ".join(f"{name} {m['total_ms'] / modeled['ms']:.2f} x"
                                                             for name, m in result["modes"].items()
@@ -338,14 +338,23 @@ def main(argv: list[str] | None = None) -> int:
                          "elsewhere) or both: mode ar_decode_<this>")
     ap.add_argument("--no-static-verifies", action="store_true",
                     help="with --decode-graph on and every expert resident, time the AR step's static forward only")
-    ap.add_argument("--profile", default="qwen3-30b-a3b-h200",
+    ap.add_argument("--profile", action="append", default=None,
                     help="with every expert resident at the profile's layer count (48), the AR steps as multiples of "
-                         "its modeled step (default qwen3-30b-a3b-h200)")
+                         "its modeled step; repeatable (default: on CUDA the device's datasheet profile, e.g. "
+                         "qwen3-30b-a3b-h100 on an H100, and qwen3-30b-a3b-h200)")
     ap.add_argument("--json", default=None, help="also write the full result to this file")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     slots = int(args.cache_slots) if args.cache_slots.isdigit() else args.cache_slots
     device = resolve_device(args.device)
+    profiles = args.profile or dict.fromkeys(
+        ([datasheet_profile(torch.cuda.get_device_name(device))] if device.type == "cuda" else [])
+        + ["qwen3-30b-a3b-h200"])
+    for name in profiles:
+        try:
+            get_profile(name)
+        except SpecFitInputError as exc:
+            ap.error(str(exc))
     max_len = args.prefix_len + 2 * (args.repeats + 1) + 80
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     if args.in_memory:
@@ -363,8 +372,8 @@ def main(argv: list[str] | None = None) -> int:
         model.decode_graph = args.decode_graph
     result = run_bench(model, prefix_len=args.prefix_len, repeats=args.repeats,
                        static_verifies=not args.no_static_verifies)
-    result.update(modeled_ar_step=modeled_ar_step(args.profile, len(model.spec.moe_layers)),
-                  num_experts=model.spec.num_experts)
+    steps = [modeled_ar_step(p, len(model.spec.moe_layers)) for p in profiles]
+    result.update(modeled_ar_steps=[s for s in steps if s is not None], num_experts=model.spec.num_experts)
     result.update(machine=machine(device=device), command=command_line("specfit.eval.runtime_bench", argv),
                   source=args.model or f"synthetic:{args.synthetic}" + (" (in memory)" if args.in_memory else ""),
                   layers=model.spec.num_layers)

@@ -447,7 +447,7 @@ class CostModel:
 #: (SPECFIT.md §5); this runtime's pinned copies moved 48-53 GB/s on an H200 (BENCHMARKS.md, "First CUDA
 #: run"): the profile takes 50. A read at the datasheet peak is a lower bound on the time of the real
 #: read (a batch-1 expert GEMV reaches 70-90% of peak): the model's reads are optimistic, not pessimistic.
-GPU_MEMORY_GB_PER_S = {"rtx-4090": 1008.0, "h200": 4800.0}
+GPU_MEMORY_GB_PER_S = {"rtx-4090": 1008.0, "h100-sxm": 3350.0, "h200": 4800.0}
 LINK_GB_PER_S = {"pcie4-x16-achieved": 24.0, "pcie5-x16-achieved": 50.0}
 
 #: Named hardware profiles for Qwen3-30B-A3B (datasheet-derived, not measured here).
@@ -487,6 +487,12 @@ LINK_GB_PER_S = {"pcie4-x16-achieved": 24.0, "pcie5-x16-achieved": 50.0}
 #: fixed_ms describes a runtime with fused MoE kernels and CUDA graphs. ``python -m specfit.eval.cost_fit``
 #: measures a profile of the runtime on the machine it runs on (BENCHMARKS.md, "Cycle-time model against
 #: the runtime").
+#:
+#: ``qwen3-30b-a3b-h100`` — an H100 SXM (80 GB HBM3, 3.35 TB/s; NVIDIA H100 datasheet) on PCIe Gen5 x16, the
+#: h200 profile with the H100's memory: a read takes 0.00282 ms (an AR step's 384 experts: 1.08 ms); fixed_ms
+#: 3.1 GB at ~3.0 TB/s (~1.0 ms) plus the same launches (~2.3 ms) ≈ 3.3 ms; per_node_ms 0.03 ms (the same
+#: ~990 dense bf16 TFLOP/s); draft_level_ms 0.3 GB at ~3.0 TB/s (0.1 ms) + ~0.2 ms ≈ 0.3 ms. It prices this
+#: project's runs on a lent H100 (:func:`datasheet_profile`); the grids use pcie4 and h200.
 PROFILES: dict[str, CostModel] = {
     "qwen3-30b-a3b-pcie4": CostModel.from_bandwidths(
         6.0, 0.1, expert_bytes=QWEN3_30B_A3B_EXPERT_BYTES, memory_gb_per_s=GPU_MEMORY_GB_PER_S["rtx-4090"],
@@ -498,10 +504,36 @@ PROFILES: dict[str, CostModel] = {
         link_gb_per_s=LINK_GB_PER_S["pcie5-x16-achieved"], name="qwen3-30b-a3b-h200",
         reference_layers=REFERENCE_LAYERS, num_experts=QWEN3_30B_A3B_EXPERTS, experts_per_token=QWEN3_30B_A3B_TOP_K,
         draft_level_ms=0.25, host_level_ms=0.6),
+    "qwen3-30b-a3b-h100": CostModel.from_bandwidths(
+        3.3, 0.03, expert_bytes=QWEN3_30B_A3B_EXPERT_BYTES, memory_gb_per_s=GPU_MEMORY_GB_PER_S["h100-sxm"],
+        link_gb_per_s=LINK_GB_PER_S["pcie5-x16-achieved"], name="qwen3-30b-a3b-h100",
+        reference_layers=REFERENCE_LAYERS, num_experts=QWEN3_30B_A3B_EXPERTS, experts_per_token=QWEN3_30B_A3B_TOP_K,
+        draft_level_ms=0.3, host_level_ms=0.6),
 }
 
 #: The profile the evaluation uses unless told otherwise (the consumer-GPU deployment).
 DEFAULT_PROFILE = "qwen3-30b-a3b-pcie4"
+
+
+def datasheet_profile(device_name: str) -> str:
+    """The named profile whose datasheet figures describe a GPU, from its name as CUDA reports it
+    (``torch.cuda.get_device_name()``, e.g. ``"NVIDIA H100 80GB HBM3"``).
+
+    Parameters
+    ----------
+    device_name : str
+        The device's name.
+
+    Returns
+    -------
+    str
+        ``qwen3-30b-a3b-h100`` for an H100 SXM (HBM3; the PCIe and NVL boards have other memory bandwidths),
+        ``qwen3-30b-a3b-h200`` for an H200 and for any other device (the profile the runtime's targets name).
+    """
+    name = str(device_name).upper()
+    if "H100" in name and "PCIE" not in name and "NVL" not in name:
+        return "qwen3-30b-a3b-h100"
+    return "qwen3-30b-a3b-h200"
 
 
 #: Peak DRAM bandwidths of named desktop hosts, GB/s (1 GB = 1e9 bytes), from datasheets: a DDR channel

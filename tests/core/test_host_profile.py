@@ -56,10 +56,13 @@ def test_named_host_profiles_read_experts_at_datasheet_bandwidth():
 
 
 def test_transfer_profiles_are_unchanged():
-    assert set(PROFILES) == {"qwen3-30b-a3b-pcie4", "qwen3-30b-a3b-h200"}
+    assert set(PROFILES) == {"qwen3-30b-a3b-pcie4", "qwen3-30b-a3b-h200", "qwen3-30b-a3b-h100"}
     # the copy term as before; the read of every routed expert at the RTX 4090's 1,008 GB/s is the new term
     assert PROFILES["qwen3-30b-a3b-pcie4"].to_json() == {"fixed_ms": 6.0, "per_node_ms": 0.1, "per_expert_ms": 0.3932,
                                                          "read_ms": 0.009362}
+    # the H100 SXM's: h200's link and launches, its HBM3's 3.35 TB/s (datasheet)
+    assert PROFILES["qwen3-30b-a3b-h100"].to_json() == {"fixed_ms": 3.3, "per_node_ms": 0.03, "per_expert_ms": 0.1887,
+                                                        "read_ms": 0.002817}
 
 
 def test_node_extra_is_paid_per_draft_node_outside_the_max_and_round_trips():

@@ -196,8 +196,11 @@ def test_in_memory_fit_writes_a_profile_from_eager_forwards(tmp_path, monkeypatc
     monkeypatch.setattr(runtime_bench, "synthetic_model", static_by_default)
     monkeypatch.setattr(decode_graph.StaticForward, "__init__", refuse)
     out = tmp_path / "profile.json"
-    assert main(["--synthetic", "tiny", "--in-memory", "--layers", "1,2", "--repeats", "1", "--json", str(out)]) == 0
+    assert main(["--synthetic", "tiny", "--in-memory", "--layers", "1,2", "--repeats", "1", "--like", "auto",
+                 "--json", str(out)]) == 0
     assert "| new" in capsys.readouterr().out
-    assert load_profile(str(out)).per_expert_ms > 0
+    fitted = load_profile(str(out))
+    assert fitted.per_expert_ms > 0
+    assert fitted.draft_level_ms == 0.25  # --like auto off CUDA: the h200 profile's
     assert main(["--model", str(tmp_path), "--in-memory"]) == 2
     assert "--in-memory: needs --synthetic" in capsys.readouterr().err

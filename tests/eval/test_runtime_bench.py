@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 
 def test_runtime_bench_counts(tmp_path):
     out = tmp_path / "bench.json"
@@ -52,8 +54,33 @@ def test_the_ar_steps_against_the_profiles_modeled_step():
     row = {"total_ms": 2 * m["ms"], "dense_ms": 1.0, "expert_ms": 1.0, "h2d_ms": 0.0, "experts_moved": 0,
            "gb_per_s": float("nan"), "ms_per_expert": float("nan")}
     result = {"modes": {"ar_decode": {**row, "total_ms": 8 * m["ms"]}, "ar_decode_cuda-graph": row},
-              "modeled_ar_step": m, "cache_slots": 128, "num_experts": 128,
+              "modeled_ar_steps": [m, modeled_ar_step("qwen3-30b-a3b-h100", 48)], "cache_slots": 128,
+              "num_experts": 128,
               "calibration": {"records": 1, "rel_residual": 0.0, "cost": {}}}
     assert "models this AR step (every expert resident) at 3.78 ms: ar_decode 8.00 x, ar_decode_cuda-graph 2.00 x" \
         in format_table(result)
+    assert "profile qwen3-30b-a3b-h100 models this AR step (every expert resident) at 4.41 ms" in format_table(result)
     assert "models this AR step" not in format_table({**result, "cache_slots": 32})
+
+
+def test_a_gpu_is_compared_with_its_own_datasheet_profile():
+    """An H100 SXM is priced by the h100 profile (its HBM3's 3.35 TB/s), an H200 and any other device by h200's;
+    the H100's PCIe and NVL boards have other memories."""
+    from specfit.core.cost import datasheet_profile, get_profile
+
+    assert datasheet_profile("NVIDIA H100 80GB HBM3") == "qwen3-30b-a3b-h100"
+    assert datasheet_profile("NVIDIA H200") == "qwen3-30b-a3b-h200"
+    assert datasheet_profile("NVIDIA H100 PCIe") == datasheet_profile("NVIDIA H100 NVL") == "qwen3-30b-a3b-h200"
+    assert datasheet_profile("NVIDIA A100-SXM4-80GB") == "qwen3-30b-a3b-h200"
+    h100, h200 = get_profile("qwen3-30b-a3b-h100"), get_profile("qwen3-30b-a3b-h200")
+    assert h100.read_ms == pytest.approx(9_437_184 / 3.35e12 * 1e3, abs=1e-6)
+    assert h100.read_ms > h200.read_ms
+    assert h100.per_expert_ms == h200.per_expert_ms
+
+
+def test_a_bad_profile_is_refused_before_the_benchmark_runs(capsys):
+    from specfit.eval.runtime_bench import main
+
+    with pytest.raises(SystemExit):
+        main(["--synthetic", "tiny", "--profile", "no-such-gpu"])
+    assert "no-such-gpu" in capsys.readouterr().err
