@@ -192,13 +192,47 @@ def grouped_kernel_available(device: torch.device, dtype: torch.dtype, hidden_si
     PyTorch, ``aten/src/ATen/native/cuda/GroupedBlas.cpp`` (2.10): the CUTLASS bf16 path on sm90/sm100,
     ``_grouped_mm_fallback`` (``offs`` copied to the host, one ``mm`` per group) elsewhere.
     """
-    fn = grouped_mm_function()
-    if fn is None or device.type != "cuda" or dtype != torch.bfloat16:
+    if grouped_mm_function() is None or device.type != "cuda" or dtype != torch.bfloat16:
         return False
-    gen = torch.Generator().manual_seed(0)
     try:
         if torch.cuda.get_device_capability(device)[0] not in (9, 10):
             return False
+    except _PROBE_ERRORS:
+        return False
+    return _grouped_mm_agrees(device, dtype, hidden_size, intermediate_size)
+
+
+def cpu_grouped_mm_available(dtype: torch.dtype, hidden_size: int, intermediate_size: int) -> bool:
+    """Whether this torch's CPU ``grouped_mm`` runs the runtime's products of a model with these sizes: it
+    multiplies group by group on the host (no sync, one product per group); torch 2.8 has no CPU kernel and
+    2.9+ need 16-byte-aligned strides, so it is probed like :func:`grouped_kernel_available`.
+
+    Parameters
+    ----------
+    dtype : torch.dtype
+        The model's dtype.
+    hidden_size, intermediate_size : int
+        H and an expert's I.
+
+    Returns
+    -------
+    bool
+        True where it runs and agrees with ``F.linear``.
+
+    References
+    ----------
+    transformers PR #46743 (the CPU ``torch._grouped_mm`` by torch version).
+    """
+    cpu = torch.device("cpu")
+    return grouped_mm_function() is not None and _grouped_mm_agrees(cpu, dtype, hidden_size, intermediate_size)
+
+
+def _grouped_mm_agrees(device: torch.device, dtype: torch.dtype, hidden_size: int, intermediate_size: int) -> bool:
+    """One probe of :func:`grouped_mm_function` in the runtime's layout (the slot tensors transposed): (3, H) by
+    two (H, 2I) groups and (3, I) by two (I, H), against ``F.linear``; any error means False."""
+    fn = grouped_mm_function()
+    gen = torch.Generator().manual_seed(0)
+    try:
         offs = torch.tensor([1, 3], dtype=torch.int32, device=device)
         for k, n in ((hidden_size, 2 * intermediate_size), (intermediate_size, hidden_size)):
             x = torch.randn(3, k, generator=gen).to(device, dtype)
@@ -208,9 +242,13 @@ def grouped_kernel_available(device: torch.device, dtype: torch.dtype, hidden_si
             if y.shape != ref.shape or y.dtype != dtype or not torch.allclose(y.float(), ref.float(), rtol=0.02,
                                                                              atol=0.02 * k ** 0.5):
                 return False
-    except (RuntimeError, TypeError, ValueError, NotImplementedError, AssertionError):
+    except _PROBE_ERRORS:
         return False
     return True
+
+
+#: What a probe of a kernel this torch lacks may raise (AssertionError: a torch built without CUDA).
+_PROBE_ERRORS = (RuntimeError, TypeError, ValueError, NotImplementedError, AssertionError)
 
 
 #: The parents of a tree that is its root alone.
@@ -288,10 +326,10 @@ class OffloadedQwen3Moe:
         :attr:`resident_grouped_mm`.
     resident_grouped_mm : bool
         Whether larger resident forwards use ``grouped_mm``: where the grouped kernel runs
-        (:func:`grouped_kernel_available`: bfloat16 on compute capability 9.x/10.x) and on the CPU (torch's
-        CPU ``grouped_mm`` multiplies group by group on the host: no sync, one product per group, bitwise the
-        per-expert path). Elsewhere (other GPUs, float32 on CUDA) they read the routing on the host once per
-        layer and run the rounds path.
+        (:func:`grouped_kernel_available`: bfloat16 on compute capability 9.x/10.x) and on the CPU where torch
+        has its kernel (:func:`cpu_grouped_mm_available`; it multiplies group by group on the host: no sync,
+        one product per group, bitwise the per-expert path). Elsewhere (other GPUs, float32 on CUDA, torch
+        without the CPU kernel) they read the routing on the host once per layer and run the rounds path.
     offload : str
         ``"transfer"`` (default): uncached experts are copied host-to-device into the cache;
         ``"host"``: they are computed on the CPU from :attr:`store` and the cache holds a static hot
@@ -351,7 +389,8 @@ class OffloadedQwen3Moe:
         self.gather_max_tokens = 0 if self.grouped_kernel else 1  # the kernel reads weights in place; a gather copies them
         # torch's CPU grouped_mm multiplies group by group on the host (no sync there, bitwise one mm per
         # group); CUDA's fallback reads the group ends back, so there only the grouped kernel itself is used
-        self.resident_grouped_mm = self.grouped_kernel or (self.device.type == "cpu" and grouped_mm_function() is not None)
+        self.resident_grouped_mm = self.grouped_kernel or (
+            self.device.type == "cpu" and cpu_grouped_mm_available(dtype, spec.hidden_size, spec.moe_intermediate_size))
         self.gather_max_bytes = 4 << 20 if self.device.type == "cpu" else None
         self._layers = self._fuse_layers()
         pos = torch.arange(max_len, dtype=torch.float32, device=self.device)[:, None] * self._inv_freq

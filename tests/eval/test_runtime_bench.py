@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from torch_features import needs_cpu_grouped_mm
+
 
 def test_runtime_bench_counts(tmp_path):
     out = tmp_path / "bench.json"
@@ -27,6 +29,7 @@ def test_runtime_bench_counts(tmp_path):
     assert "| verify_64 |" in proc.stdout
 
 
+@needs_cpu_grouped_mm
 def test_runtime_bench_times_the_static_ar_step(tmp_path):
     """Every expert resident and ``--decode-graph static``: the AR step as the static forward is a mode of its own."""
     out = tmp_path / "bench.json"

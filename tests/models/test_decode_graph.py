@@ -13,6 +13,7 @@ from specfit.models.devices import HostSyncGuard
 from specfit.models.proxy import paths
 from specfit.models.qwen3_moe import OffloadedQwen3Moe, greedy_generate
 from specfit.models.qwen3_moe.decode_graph import StaticForward
+from torch_features import needs_cpu_grouped_mm
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -75,6 +76,7 @@ def random_tree(n: int, rng: np.random.Generator) -> tuple[torch.Tensor, list[in
     return torch.as_tensor(rng.integers(0, 4096, n)), [-1] + [int(rng.integers(0, i)) for i in range(1, n)]
 
 
+@needs_cpu_grouped_mm
 def test_static_verify_equals_eager_verify_and_commits_the_same_kv(device):
     """Trees of 2 to 100 nodes padded to VERIFY_SIZES: the same experts routed to, logits within rounding, the same
     expert cache counts; after committing a random root path both decode the same tokens."""
@@ -118,6 +120,7 @@ def test_eager_verify_where_no_padded_size_applies():
     assert not static._static
 
 
+@needs_cpu_grouped_mm
 def test_speculative_generation_with_static_forwards_equals_ar():
     """The public API with every forward static (AR steps and verifies): each method's greedy output equals AR's."""
     from specfit import SpecFit
@@ -168,6 +171,7 @@ def test_compiled_step_equals_eager_step():
     assert eager.cache.stats()["total"] == compiled.cache.stats()["total"]
 
 
+@needs_cpu_grouped_mm
 def test_static_step_and_verify_never_sync(device):
     """The static AR step never syncs; nor does the static verify where it runs (the CPU; on CUDA bfloat16 with the
     grouped kernel: a float32 verify there takes the host-routed rounds, whose one sync per layer is by design)."""
@@ -184,7 +188,8 @@ def test_static_step_and_verify_never_sync(device):
 
 
 @pytest.mark.parametrize("dtype,rows,grouped", [(torch.float32, 1, False), (torch.bfloat16, 1, False),
-                                               (torch.bfloat16, 1, True), (torch.bfloat16, 8, True)])
+                                               pytest.param(torch.bfloat16, 1, True, marks=needs_cpu_grouped_mm),
+                                               pytest.param(torch.bfloat16, 8, True, marks=needs_cpu_grouped_mm)])
 def test_static_forward_is_one_graph_for_dynamo(dtype, rows, grouped):
     """``fullgraph=True`` fails on any graph break; the eager backend traces without compiling kernels. (torch's
     meta kernel of ``grouped_mm`` takes bfloat16 only, the dtype its CUDA kernel runs.) Rows > 1: a chain."""

@@ -12,6 +12,7 @@ import torch
 from specfit.models.devices import SYNC_OPS, HostSyncGuard, OpCounter
 from specfit.models.proxy import paths
 from specfit.models.qwen3_moe import OffloadedQwen3Moe
+from torch_features import needs_cpu_grouped_mm
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -133,6 +134,7 @@ def test_root_only_verify_is_the_tree_verify_and_its_commit_the_decode(slots):
     assert torch.equal(fast.decode(4).logits, dec.decode(4).logits)
 
 
+@needs_cpu_grouped_mm
 def test_ar_step_reads_slots_in_place_where_the_grouped_kernel_runs(monkeypatch):
     """Where the grouped kernel runs (bfloat16 on sm90/sm100) the eager AR step multiplies the slots in place, as
     its static forward does, instead of gathering 8 experts' weights per layer (a copy of ~75 MB per layer at
@@ -151,3 +153,26 @@ def test_ar_step_reads_slots_in_place_where_the_grouped_kernel_runs(monkeypatch)
     assert grouped.gather_max_tokens == 0 and not grouped._gathered
     assert torch.equal(out.routing, ref.routing)
     torch.testing.assert_close(out.logits, ref.logits, atol=1e-4, rtol=0)
+
+
+def test_a_torch_without_a_cpu_grouped_mm_kernel_routes_on_the_host(monkeypatch):
+    """torch 2.8 has ``torch._grouped_mm`` without a CPU kernel (it raises NotImplementedError) and 2.9+ refuse
+    strides that are not 16-byte multiples: the runtime probes it, and where it does not run a resident verify
+    takes the host-routed rounds instead, with the same logits."""
+    import specfit.models.qwen3_moe.model as model_module
+
+    def no_cpu_kernel(*args, **kwargs):
+        raise NotImplementedError("no CPU kernel")
+
+    tokens, parents = torch.tensor([5, 9, 11, 2]), [-1, 0, 0, 1]
+    this_torch = model_module.cpu_grouped_mm_available(torch.float32, 128, 64)
+    runs = []
+    for patch in (False, True):
+        if patch:
+            monkeypatch.setattr(model_module, "grouped_mm_function", lambda: no_cpu_kernel)
+        model = proxy("cpu")
+        model.prefill(torch.arange(20) * 7 % 4096)
+        runs.append((model.resident_grouped_mm, model.verify(tokens, parents)))
+    assert [r[0] for r in runs] == [this_torch, False]
+    assert torch.equal(runs[0][1].routing, runs[1][1].routing)
+    assert torch.equal(runs[0][1].logits, runs[1][1].logits)
