@@ -228,14 +228,16 @@ def verify_parts(model: OffloadedQwen3Moe, prompt: torch.Tensor, nodes: int = 32
         weights = [t for pair in zip(cache.gate_up, cache.down) for t in pair]
         total = sum(t.numel() * t.element_size() for t in weights)
         read_ms = median_ms(lambda: [t.sum() for t in weights])
-        grouped_mm = grouped_mm_function()
-        x = torch.randn(nodes * k, spec.hidden_size, dtype=weights[0].dtype, device=weights[0].device)
+        products_ms = None  # where the resident verify does not run grouped_mm, a replay would time other code
+        if model.resident_grouped_mm:
+            grouped_mm = grouped_mm_function()
+            x = torch.randn(nodes * k, spec.hidden_size, dtype=weights[0].dtype, device=weights[0].device)
 
-        def products():
-            for l in range(L):
-                gate, up = grouped_mm(x, cache.gate_up[l].transpose(1, 2), offs=offs[l]).chunk(2, dim=-1)
-                grouped_mm(torch.nn.functional.silu(gate) * up, cache.down[l].transpose(1, 2), offs=offs[l])
-        products_ms = median_ms(products) if model.resident_grouped_mm else None  # else not what the verify runs
+            def products():
+                for l in range(L):
+                    gate, up = grouped_mm(x, cache.gate_up[l].transpose(1, 2), offs=offs[l]).chunk(2, dim=-1)
+                    grouped_mm(torch.nn.functional.silu(gate) * up, cache.down[l].transpose(1, 2), offs=offs[l])
+            products_ms = median_ms(products)
     used = float(np.mean([int((c > 0).sum()) for c in per_layer]))
     gb_per_s = total / read_ms / 1e6
     expert_bytes = total / (L * cache.slots)
